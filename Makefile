@@ -1,0 +1,35 @@
+# Two commands a newcomer needs: `make demo` and `make test`. Both set everything up first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test test-fast golden fixtures fuzz bench clean
+
+setup: $(STAMP) .cache/e2e/.debian
+
+# Debian packages (libvirt, QEMU, pciutils, ...) and the guest kernel for the e2e tier.
+.cache/e2e/.debian: scripts/setup-debian.sh
+	bash scripts/setup-debian.sh
+	mkdir -p .cache/e2e && touch $@
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: setup
+	$(BIN)/pcitopo topo --sysfs fixtures/hgx-b200
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m 'not e2e'
+
+fixtures: setup
+	$(BIN)/python fixtures/generate.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .hypothesis build *.egg-info

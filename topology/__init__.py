@@ -1,0 +1,1 @@
+"""pcitopo's library: host PCIe topology, path classification, mirror planning, domain rewrite."""
