@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Install the Debian packages the project needs (e2e tier: QEMU/TCG + a private
+# libvirtd + a guest kernel) on a fresh Debian 12 machine, as root, without
+# manual steps. Idempotent and fast when everything is already there, so that
+# `make setup` / `make test` cost nothing on a warm machine.
+#
+# Deliberately NOT installed: libvirt-daemon-system (pulls systemd/udev
+# upgrades and starts a system libvirtd) and any linux-image package (pulls
+# initramfs-tools, udev upgrades ...). The guest kernel is extracted from the
+# .deb instead (see fetch_kernel below).
+#
+# Environment:
+#   PCITOPO_CACHE   cache dir for the guest kernel (default: <repo>/.cache/e2e)
+#   SKIP_KERNEL=1   do not fetch the guest kernel
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${PCITOPO_CACHE:-$REPO_ROOT/.cache/e2e}"
+
+PACKAGES=(
+    qemu-system-x86          # qemu-system-x86_64 (TCG: /dev/kvm here does not work)
+    busybox-static           # the guest's userland; also builds the initramfs cpio
+    pciutils                 # lspci (copied into the guest with its libraries)
+    pci.ids                  # names for lspci, in the guest too
+    libvirt-daemon           # monolithic libvirtd (run privately, no systemd)
+    libvirt-daemon-driver-qemu
+    libvirt-clients          # virsh, virt-xml-validate
+    libxml2-utils            # xmllint, used by virt-xml-validate
+)
+
+log() { printf 'setup-debian: %s\n' "$*" >&2; }
+
+if [[ $(id -u) -ne 0 ]]; then
+    SUDO=sudo
+else
+    SUDO=
+fi
+
+APT_UPDATED=0
+apt_update_once() {
+    if [[ $APT_UPDATED -eq 0 ]]; then
+        log "apt-get update"
+        $SUDO apt-get update -qq
+        APT_UPDATED=1
+    fi
+}
+
+missing_packages() {
+    local p status
+    for p in "${PACKAGES[@]}"; do
+        status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+        [[ $status == installed ]] || printf '%s\n' "$p"
+    done
+}
+
+install_packages() {
+    local missing
+    mapfile -t missing < <(missing_packages)
+    if [[ ${#missing[@]} -eq 0 ]]; then
+        log "packages: all ${#PACKAGES[@]} installed"
+        return
+    fi
+    apt_update_once
+    log "installing: ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+        --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# The libvirt-qemu user/group: libvirt's QEMU driver refuses to start
+# without them, and libvirt-daemon (unlike -system) does not create them.
+ensure_libvirt_user() {
+    if ! getent group libvirt-qemu >/dev/null; then
+        log "creating group libvirt-qemu"
+        $SUDO groupadd --system libvirt-qemu
+    fi
+    if ! getent passwd libvirt-qemu >/dev/null; then
+        log "creating user libvirt-qemu"
+        $SUDO useradd --system --gid libvirt-qemu --home-dir /var/lib/libvirt \
+            --no-create-home --shell /usr/sbin/nologin libvirt-qemu
+    fi
+}
+
+# Guest kernel: the versioned linux-image-*-cloud-amd64 that the
+# linux-image-cloud-amd64 metapackage depends on (PCI, pcieport and ACPI NUMA
+# built in). Only ./boot/vmlinuz-* is extracted; the package is not installed.
+fetch_kernel() {
+    if compgen -G "$CACHE/vmlinuz-*" >/dev/null; then
+        log "kernel: $(basename "$(ls "$CACHE"/vmlinuz-* | head -n1)") cached"
+        return
+    fi
+    mkdir -p "$CACHE"
+    local dep
+    dep=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null \
+          | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+    if [[ -z $dep ]]; then
+        apt_update_once
+        dep=$(apt-cache depends linux-image-cloud-amd64 \
+              | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+    fi
+    [[ -n $dep ]] || { log "cannot resolve linux-image-cloud-amd64"; exit 1; }
+    local tmp
+    rm -rf "$CACHE"/.kernel.*
+    tmp=$(mktemp -d "$CACHE/.kernel.XXXXXX")
+    log "kernel: downloading $dep"
+    # apt-get download writes into the cwd; as root it warns about the
+    # sandbox user being unable to read the dir, so make it world-readable.
+    chmod 755 "$tmp"
+    (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "$dep")
+    local deb
+    deb=$(ls "$tmp"/*.deb | head -n1)
+    dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards './boot/vmlinuz-*'
+    local k
+    k=$(ls "$tmp"/boot/vmlinuz-* | head -n1)
+    mv "$k" "$CACHE/"
+    rm -rf "$tmp"
+    log "kernel: $CACHE/$(basename "$k")"
+}
+
+install_packages
+ensure_libvirt_user
+if [[ ${SKIP_KERNEL:-0} != 1 ]]; then
+    fetch_kernel
+fi
