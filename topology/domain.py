@@ -1,0 +1,350 @@
+"""Typed views over the few libvirt domain elements we read and write.
+
+XPath strings and attribute spellings live here and nowhere else. Parsing is hardened: no DTD,
+no entities, no network, bounded size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, NamedTuple
+
+from lxml import etree
+
+from .errors import DomainError
+from .model import Bdf
+
+MAX_DOMAIN_BYTES = 8 * 1024 * 1024  # a KubeVirt domain is a few KB; 8 MiB is generous
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+
+# Every controller we create carries an alias with this prefix; KubeVirt keeps controller
+# aliases through its re-parse only when they start with "ua-".
+OUR_ALIAS_PREFIX = "ua-pcitopo-"
+
+PXB = "pcie-expander-bus"
+ROOT_PORT = "pcie-root-port"
+UPSTREAM = "pcie-switch-upstream-port"
+DOWNSTREAM = "pcie-switch-downstream-port"
+PCIE_ROOT = "pcie-root"
+
+# libvirt model → QEMU device, written explicitly because KubeVirt's re-parse drops it.
+QEMU_MODEL_NAME = {PXB: "pxb-pcie", ROOT_PORT: "pcie-root-port", UPSTREAM: "x3130-upstream", DOWNSTREAM: "xio3130-downstream"}
+
+
+def parse_domain(data: bytes) -> etree._ElementTree:
+    if not isinstance(data, (bytes, bytearray)):
+        raise DomainError("domain XML must be bytes")
+    if len(data) > MAX_DOMAIN_BYTES:
+        raise DomainError(f"domain XML is {len(data)} bytes, more than the {MAX_DOMAIN_BYTES} we accept")
+    if not data.strip():
+        raise DomainError("domain XML is empty")
+    parser = etree.XMLParser(
+        resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False, huge_tree=False
+    )
+    try:
+        tree = etree.fromstring(bytes(data), parser).getroottree()
+    except etree.XMLSyntaxError as e:
+        raise DomainError(f"malformed domain XML: {e.msg if hasattr(e, 'msg') else e}") from None
+    if tree.docinfo.doctype or tree.docinfo.internalDTD is not None:
+        # libvirt never writes a DOCTYPE; one here can only carry entity tricks (XXE, billion laughs).
+        raise DomainError("domain XML has a DOCTYPE; refusing (entities are not allowed)")
+    for _ in tree.iter(etree.Entity):
+        raise DomainError("domain XML uses entity references; refusing")
+    root = tree.getroot()
+    if root.tag != "domain":
+        raise DomainError(f"root element is <{root.tag}>, not <domain>")
+    return tree
+
+
+def serialize(tree: etree._ElementTree, original: bytes) -> bytes:
+    declaration = original.lstrip().startswith(b"<?xml")
+    out = etree.tostring(tree, encoding="utf-8", xml_declaration=declaration)
+    return out if out.endswith(b"\n") else out + b"\n"
+
+
+def parse_int(text: str | None, what: str) -> int:
+    """Addresses come as hex ('0x0a') from libvirt and KubeVirt, or decimal from re-parses."""
+    if text is None:
+        raise DomainError(f"{what} is missing")
+    t = text.strip().lower()
+    try:
+        return int(t, 16) if t.startswith("0x") else int(t, 10)
+    except ValueError:
+        raise DomainError(f"{what}={text!r} is not a number") from None
+
+
+class GuestAddress(NamedTuple):
+    """A guest PCI address: ``bus`` is the index of the controller it plugs into."""
+
+    bus: int
+    slot: int
+    function: int
+    domain: int = 0
+
+
+def read_guest_address(el: etree._Element) -> GuestAddress | None:
+    addr = el.find("address")
+    if addr is None or addr.get("type") != "pci":
+        return None
+    where = f"<{el.tag}> address"
+    return GuestAddress(
+        bus=parse_int(addr.get("bus", "0"), f"{where} bus"),
+        slot=parse_int(addr.get("slot", "0"), f"{where} slot"),
+        function=parse_int(addr.get("function", "0"), f"{where} function"),
+        domain=parse_int(addr.get("domain", "0"), f"{where} domain"),
+    )
+
+
+def write_guest_address(el: etree._Element, a: GuestAddress, multifunction: bool = False) -> None:
+    old = el.find("address")
+    new = etree.Element("address")
+    new.set("type", "pci")
+    new.set("domain", f"0x{a.domain:04x}")
+    new.set("bus", f"0x{a.bus:02x}")
+    new.set("slot", f"0x{a.slot:02x}")
+    new.set("function", f"0x{a.function:x}")
+    if multifunction:
+        new.set("multifunction", "on")
+    if old is not None:
+        new.tail = old.tail
+        el.replace(old, new)
+    else:
+        append_child(el, new)
+
+
+def append_child(parent: etree._Element, child: etree._Element, after: etree._Element | None = None) -> None:
+    """Insert keeping the document's indentation style (KubeVirt indents with tabs)."""
+    indent, closing = _indent_of(parent)
+    if after is None:
+        after = parent[-1] if len(parent) else None
+    if after is None:
+        parent.text = "\n" + indent
+        child.tail = closing
+        parent.append(child)
+        return
+    child.tail = after.tail if after.tail is not None else closing
+    after.tail = "\n" + indent
+    after.addnext(child)
+
+
+def remove_element(el: etree._Element) -> None:
+    """Remove an element, keeping the indentation of what follows it."""
+    parent = el.getparent()
+    if parent is None:
+        return
+    prev = el.getprevious()
+    if el.getnext() is None:
+        # The last child's tail is the parent's closing indentation: hand it on.
+        if prev is not None:
+            prev.tail = el.tail
+        else:
+            parent.text = el.tail
+    parent.remove(el)
+
+
+def _indent_of(parent: etree._Element) -> tuple[str, str]:
+    unit = "\t"
+    if parent.text and parent.text.strip() == "" and "\n" in parent.text:
+        inner = parent.text.rsplit("\n", 1)[-1]
+        outer = (parent[-1].tail or "\n").rsplit("\n", 1)[-1] if len(parent) else inner[: -1]
+        return inner, "\n" + outer
+    depth = len(list(parent.iterancestors())) + 1
+    sample = parent.getroottree().getroot().text or ""
+    if sample and "\n" in sample:
+        unit = sample.rsplit("\n", 1)[-1] or "\t"
+    return unit * depth, "\n" + unit * (depth - 1)
+
+
+def indent_subtree(el: etree._Element, level: int, unit: str) -> None:
+    """Pretty-print an element we built, to sit at ``level`` in a document indented by ``unit``."""
+    if len(el):
+        el.text = "\n" + unit * (level + 1)
+        for i, child in enumerate(el):
+            indent_subtree(child, level + 1, unit)
+            child.tail = "\n" + unit * (level + 1 if i < len(el) - 1 else level)
+
+
+def indent_unit(tree: etree._ElementTree) -> str:
+    text = tree.getroot().text or ""
+    if "\n" in text:
+        tail = text.rsplit("\n", 1)[-1]
+        if tail:
+            return tail
+    return "\t"
+
+
+# -- views ------------------------------------------------------------------------------------
+
+@dataclass
+class PciController:
+    """A ``<controller type='pci'>``."""
+
+    el: etree._Element
+
+    @property
+    def index(self) -> int:
+        return parse_int(self.el.get("index"), "pci controller index")
+
+    @property
+    def model(self) -> str:
+        return self.el.get("model") or ""
+
+    @property
+    def alias(self) -> str | None:
+        a = self.el.find("alias")
+        return a.get("name") if a is not None else None
+
+    @property
+    def ours(self) -> bool:
+        return (self.alias or "").startswith(OUR_ALIAS_PREFIX)
+
+    @property
+    def address(self) -> GuestAddress | None:
+        return read_guest_address(self.el)
+
+    @property
+    def bus_nr(self) -> int | None:
+        t = self.el.find("target")
+        return parse_int(t.get("busNr"), "busNr") if t is not None and t.get("busNr") is not None else None
+
+    @property
+    def chassis(self) -> int | None:
+        t = self.el.find("target")
+        return parse_int(t.get("chassis"), "chassis") if t is not None and t.get("chassis") is not None else None
+
+    @property
+    def node(self) -> int | None:
+        n = self.el.find("target/node")
+        return parse_int(n.text, "target node") if n is not None else None
+
+
+@dataclass
+class PciHostdev:
+    """A ``<hostdev mode='subsystem' type='pci'>`` (KubeVirt omits mode)."""
+
+    el: etree._Element
+
+    @property
+    def source_address(self) -> etree._Element | None:
+        return self.el.find("source/address")
+
+    @property
+    def source(self) -> Bdf:
+        a = self.source_address
+        if a is None:
+            raise DomainError(f"hostdev {self.alias or ''} has no <source><address>".replace("  ", " "))
+        where = f"hostdev {self.alias or '(no alias)'} source"
+        dom = parse_int(a.get("domain", "0"), f"{where} domain")
+        bus = parse_int(a.get("bus"), f"{where} bus")
+        slot = parse_int(a.get("slot"), f"{where} slot")
+        fn = parse_int(a.get("function", "0"), f"{where} function")
+        if not (0 <= dom <= 0xFFFF and 0 <= bus <= 0xFF and 0 <= slot <= 0x1F and 0 <= fn <= 7):
+            raise DomainError(f"{where} {dom:x}:{bus:x}:{slot:x}.{fn:x} is out of range")
+        return Bdf(dom, bus, slot, fn)
+
+    @property
+    def alias(self) -> str | None:
+        a = self.el.find("alias")
+        return a.get("name") if a is not None else None
+
+    @property
+    def address(self) -> GuestAddress | None:
+        return read_guest_address(self.el)
+
+
+@dataclass(frozen=True)
+class NumaCell:
+    id: int
+    cpus: str | None
+
+
+class DomainView:
+    """Read-only facts from a domain that the planner needs, and the elements it edits."""
+
+    def __init__(self, tree: etree._ElementTree):
+        self.tree = tree
+        self.root = tree.getroot()
+        devices = self.root.find("devices")
+        if devices is None:
+            raise DomainError("domain has no <devices>")
+        self.devices = devices
+
+    def machine(self) -> str:
+        t = self.root.find("os/type")
+        return (t.get("machine") or "") if t is not None else ""
+
+    def check_q35(self) -> None:
+        machine = self.machine()
+        if "q35" not in machine:
+            raise DomainError(
+                f"machine type is {machine or 'unset'!r}, not q35: PCIe expander buses and switches need q35"
+            )
+
+    def pci_controllers(self) -> list[PciController]:
+        return [PciController(el) for el in self.devices.findall("controller") if el.get("type") == "pci"]
+
+    def pci_hostdevs(self) -> list[PciHostdev]:
+        return [PciHostdev(el) for el in self.devices.findall("hostdev") if el.get("type") == "pci"]
+
+    def has_acpi(self) -> bool:
+        return self.root.find("features/acpi") is not None
+
+    def numa_cells(self) -> list[NumaCell]:
+        cells = []
+        for c in self.root.findall("cpu/numa/cell"):
+            cid = c.get("id")
+            if cid is None:
+                continue
+            cells.append(NumaCell(parse_int(cid, "numa cell id"), c.get("cpus")))
+        return cells
+
+    def memnodes(self) -> list[tuple[int, str]]:
+        """(guest cell, host nodeset) from <numatune><memnode>."""
+        out = []
+        for m in self.root.findall("numatune/memnode"):
+            if m.get("cellid") is not None and m.get("nodeset"):
+                out.append((parse_int(m.get("cellid"), "memnode cellid"), m.get("nodeset") or ""))
+        return out
+
+    def vcpupins(self) -> list[tuple[int, str]]:
+        out = []
+        for p in self.root.findall("cputune/vcpupin"):
+            if p.get("vcpu") is not None and p.get("cpuset"):
+                out.append((parse_int(p.get("vcpu"), "vcpupin vcpu"), p.get("cpuset") or ""))
+        return out
+
+    def addressed_elements(self) -> Iterator[tuple[etree._Element, GuestAddress]]:
+        """Every device element (anywhere under <devices>) with a guest PCI address."""
+        for el in self.devices.iter():
+            if not isinstance(el.tag, str) or el.tag == "address":
+                continue
+            if el.tag == "source" or el.getparent() is None:
+                continue
+            a = read_guest_address(el)
+            if a is not None:
+                yield el, a
+
+
+def parse_cpuset(text: str) -> set[int]:
+    """libvirt/kernel cpu lists: '0-3,8,10-11', with '^N' exclusions."""
+    out: set[int] = set()
+    excluded: set[int] = set()
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        target = out
+        if part.startswith("^"):
+            target, part = excluded, part[1:]
+        try:
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                lo_i, hi_i = int(lo), int(hi)
+                if hi_i - lo_i > 65536:
+                    raise ValueError
+                target.update(range(lo_i, hi_i + 1))
+            else:
+                target.add(int(part))
+        except ValueError:
+            raise DomainError(f"cannot read cpu/node list {text!r}") from None
+    return out - excluded
