@@ -77,14 +77,15 @@ def render_matrix(
 ) -> str:
     """An ``nvidia-smi topo -m`` shaped table."""
     labels = [r.label for r in rows]
-    width = max([6] + [len(x) + 2 for x in labels])
+    cells = {(r.label, c.label): ("X" if c is r else cell(r, c)) for r in rows for c in rows}
+    width = max([6] + [len(x) + 2 for x in labels] + [len(v) + 2 for v in cells.values()])
     head = " " * width + "".join(f"{x:<{width}}" for x in labels)
     head += "".join(f"{name:<16}" for name, _ in extra_cols)
     lines = [head.rstrip()]
     for r in rows:
         line = f"{r.label:<{width}}"
         for c in rows:
-            line += f"{'X' if c is r else cell(r, c):<{width}}"
+            line += f"{cells[r.label, c.label]:<{width}}"
         line += "".join(f"{fn(r):<16}" for _, fn in extra_cols)
         lines.append(line.rstrip())
     return "\n".join(lines)
@@ -220,3 +221,81 @@ __all__ = [
     "render_matrix",
     "root_complex_sort_key",
 ]
+
+
+# -- xmlfix --explain --------------------------------------------------------------------------
+
+def explain_text(result, host: Topology, live_root: str | None = None) -> str:
+    """Host and predicted guest classes side by side (``HOST>GUEST*`` where they differ), the
+    reasons, and the guest tree as ``lspci -tv`` would draw it."""
+    report = result.report
+    guest = result.guest
+    placed = [d.host for d in report.placed]
+    rows = label_devices(host, placed)
+    by_pair = {}
+    for p in report.pairs:
+        by_pair[(p.a, p.b)] = by_pair[(p.b, p.a)] = p
+    oracle = NvlinkOracle(host)
+
+    def cell(view: str):
+        def fn(a: Labeled, b: Labeled) -> str:
+            p = by_pair[(a.function.bdf, b.function.bdf)]
+            links = oracle.count(a.function, b.function)
+            if links:
+                return f"NV{links}"
+            h = p.host.nvml.value if view == "nvml" else p.host.nccl.value
+            if p.guest is None:
+                return f"{h}>?*"
+            g = p.guest.nvml.value if view == "nvml" else p.guest.nccl.value
+            return h if h == g else f"{h}>{g}*"
+
+        return fn
+
+    placed_by_host = {d.host: d for d in report.placed}
+
+    def guest_col(r: Labeled) -> str:
+        d = placed_by_host[r.function.bdf]
+        return str(d.guest) if d.guest else "unplaced"
+
+    def numa_col(r: Labeled) -> str:
+        d = placed_by_host[r.function.bdf]
+        cellv = "-" if d.guest_cell is None else str(d.guest_cell)
+        return f"{d.host_node if d.host_node >= 0 else '-'}>{cellv}"
+
+    extra = [("Guest BDF", guest_col), ("NUMA>cell", numa_col)]
+    out = [
+        "Host vs predicted guest, nvidia-smi view (cells read HOST>GUEST* where they differ):",
+        "",
+        render_matrix(rows, cell("nvml"), extra),
+        "",
+        "Host vs predicted guest, NCCL view (GPUDirect RDMA needs PXB or closer):",
+        "",
+        render_matrix(rows, cell("nccl")),
+        "",
+        device_legend(host, rows, live_root),
+        "",
+    ]
+    diffs = [p for p in report.pairs if p.why]
+    if diffs:
+        out.append("Differences:")
+        label_of = {r.function.bdf: r.label for r in rows}
+        for p in diffs:
+            g = f"{p.guest.nccl.value}/{p.guest.nvml.value}" if p.guest else "?"
+            out.append(
+                f"  {label_of[p.a]}-{label_of[p.b]}: host {p.host.nccl.value}/{p.host.nvml.value} "
+                f"(NCCL/NVML), guest {g}: {p.why}"
+            )
+    else:
+        out.append("Every pair's guest class equals the host's (NCCL and NVML).")
+    numa = ", ".join(f"host {h} -> cell {c}" for h, c in sorted(report.numa_map.items())) or "none"
+    out += ["", f"NUMA map ({report.numa_source}): {numa}"]
+    for n in report.notes:
+        out.append(f"note: {n}")
+    out += ["", "Guest PCI tree (predicted, as lspci -tv would show it):", ""]
+    guest_labels = {}
+    for r in rows:
+        g = placed_by_host[r.function.bdf].guest
+        if g is not None:
+            guest_labels[g] = f"{r.label} = host {r.function.bdf}"
+    out.append(tree_text(guest.topology, None, guest_labels).rstrip("\n"))
+    return "\n".join(out) + "\n"

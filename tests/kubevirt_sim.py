@@ -1,0 +1,321 @@
+"""What KubeVirt and libvirt do to a domain around our hook, written down so tests can do it too.
+
+- :func:`kubevirt_domain`: a domain shaped exactly like KubeVirt's first ``OnDefineDomain`` call
+  (tabs, double quotes, explicit end tags, ``xmlns:qemu`` on the root, kubevirt metadata,
+  ``ua-gpu-…``/``ua-sriov-…`` hostdev aliases, guest NUMA cells and memnode maps as
+  ``guestMappingPassthrough`` writes them).
+- :func:`kubevirt_numa_preplace`: KubeVirt's ``PCINUMAAwareTopology`` placement (one
+  pcie-expander-bus per guest cell, one root port per device, busNr counted down from 255).
+- :func:`libvirt_define`: what libvirt adds at define (pcie-root, a root port on pcie-root and an
+  address for every PCI device that has none, chassis/port on root ports).
+- :func:`kubevirt_reparse`: KubeVirt's lossy re-parse between hook calls (facts from the brief):
+  drops controller ``<model name>``, ``target chassis/port``, ``address multifunction``, hostdev
+  ``<driver>``, ``<rom>`` and ``mode``; keeps type/index/model, alias, address, busNr, hotplug, node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from lxml import etree
+
+from topology.domain import ROOT_PORT, parse_cpuset, parse_int
+from topology.model import Bdf, Role, Topology
+
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+KUBEVIRT_NS = "http://kubevirt.io"
+
+
+def to_kubevirt_bytes(root: etree._Element) -> bytes:
+    """KubeVirt's serialisation style: tab indents, explicit end tags, no declaration."""
+    for el in root.iter():
+        if isinstance(el.tag, str) and len(el) == 0 and el.text is None:
+            el.text = ""
+    for el in root.iter():
+        if isinstance(el.tag, str) and len(el):
+            el.text = None
+            for c in el:
+                c.tail = None
+    etree.indent(root, space="\t")
+    for el in root.iter():
+        if isinstance(el.tag, str) and len(el) == 0 and el.text is None:
+            el.text = ""
+    return etree.tostring(root, encoding="utf-8") + b"\n"
+
+
+def _sub(parent: etree._Element, tag: str, text: str | None = None, **attrs: str) -> etree._Element:
+    el = etree.SubElement(parent, tag)
+    for k, v in attrs.items():
+        el.set(k.rstrip("_").replace("__", ":"), v)
+    if text is not None:
+        el.text = text
+    return el
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    name: str
+    devices: tuple[Bdf, ...]
+    guest_numa: bool = True  # guestMappingPassthrough: one cell per host node used
+    vcpus_per_cell: int = 4
+    acpi: bool = True
+
+
+def alias_for_hostdev(host: Topology, bdf: Bdf, n: int) -> str:
+    role = host.role(host.function(bdf))
+    if role == Role.GPU:
+        return f"ua-gpu-gpu{n}"
+    if role == Role.NIC:
+        return f"ua-sriov-net{n}"
+    return f"ua-hostdevice-dev{n}"
+
+
+def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
+    nsmap = {"qemu": QEMU_NS}
+    root = etree.Element("domain", nsmap=nsmap)
+    root.set("type", "kvm")
+    _sub(root, "name", f"default_{spec.name}")
+    nodes = sorted({host.numa_of(host.function(b)) for b in spec.devices} - {-1}) or [0]
+    cells = len(nodes) if spec.guest_numa else 1
+    vcpus = spec.vcpus_per_cell * cells
+    mem_per_cell = 4 * 1024**3
+    _sub(root, "memory", str(mem_per_cell * cells), unit="b")
+    os_el = _sub(root, "os")
+    _sub(os_el, "type", "hvm", arch="x86_64", machine="pc-q35-rhel9.6.0")
+    _sub(os_el, "smbios", mode="sysinfo")
+    devices = _sub(root, "devices")
+    iface = _sub(devices, "interface", type="ethernet")
+    _sub(iface, "source")
+    _sub(iface, "target", dev="tap0", managed="no")
+    _sub(iface, "model", type="virtio-non-transitional")
+    _sub(iface, "mac", address="02:00:00:aa:bb:cc")
+    _sub(iface, "mtu", size="1500")
+    _sub(iface, "alias", name="ua-default")
+    _sub(iface, "rom", enabled="no")
+    ch = _sub(devices, "channel", type="unix")
+    _sub(ch, "target", name="org.qemu.guest_agent.0", type="virtio")
+    _sub(devices, "controller", type="usb", index="0", model="none")
+    scsi = _sub(devices, "controller", type="scsi", index="0", model="virtio-non-transitional")
+    _sub(scsi, "driver", iothread="1")
+    _sub(devices, "controller", type="virtio-serial", index="0", model="virtio-non-transitional")
+    video = _sub(devices, "video")
+    _sub(video, "model", type="vga", heads="1", vram="16384")
+    graphics = _sub(devices, "graphics", type="vnc")
+    _sub(graphics, "listen", type="socket", socket="/var/run/kubevirt-private/1234/virt-vnc")
+    balloon = _sub(devices, "memballoon", model="virtio-non-transitional")
+    _sub(balloon, "stats", period="10")
+    disk = _sub(devices, "disk", device="disk", type="file", model="virtio-non-transitional")
+    _sub(disk, "source", file="/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img")
+    _sub(disk, "target", bus="virtio", dev="vda")
+    _sub(disk, "driver", cache="none", error_policy="stop", io="native", name="qemu", type="raw", discard="unmap")
+    _sub(disk, "alias", name="ua-rootdisk")
+    counters: dict[str, int] = {}
+    for bdf in spec.devices:
+        role = host.role(host.function(bdf))
+        key = role.value
+        n = counters.get(key, 0)
+        counters[key] = n + 1
+        hd = _sub(devices, "hostdev", type="pci", managed="no")
+        src = _sub(hd, "source")
+        _sub(src, "address", type="pci", domain=f"0x{bdf.domain:04x}", bus=f"0x{bdf.bus:02x}",
+             slot=f"0x{bdf.slot:02x}", function=f"0x{bdf.function:x}")
+        _sub(hd, "alias", name=alias_for_hostdev(host, bdf, n))
+    _sub(root, "clock", offset="utc")
+    res = _sub(root, "resource")
+    _sub(res, "partition", "/machine")
+    feats = _sub(root, "features")
+    if spec.acpi:
+        _sub(feats, "acpi")
+    cpu = _sub(root, "cpu", mode="host-passthrough")
+    _sub(cpu, "topology", sockets=str(cells), cores=str(spec.vcpus_per_cell), threads="1")
+    if spec.guest_numa:
+        numa = _sub(cpu, "numa")
+        for i in range(cells):
+            lo = i * spec.vcpus_per_cell
+            _sub(numa, "cell", id=str(i), cpus=f"{lo}-{lo + spec.vcpus_per_cell - 1}", memory=str(mem_per_cell), unit="b")
+        tune = _sub(root, "numatune")
+        _sub(tune, "memory", mode="strict", nodeset=",".join(str(n) for n in nodes))
+        for i, node in enumerate(nodes):
+            _sub(tune, "memnode", cellid=str(i), mode="strict", nodeset=str(node))
+        cputune = _sub(root, "cputune")
+        host_nodes = host.numa_nodes()
+        for i, node in enumerate(nodes):
+            cpus = sorted(parse_cpuset(host_nodes[node].cpulist or "")) if node in host_nodes else []
+            for k in range(spec.vcpus_per_cell):
+                pin = cpus[k + 2] if len(cpus) > k + 2 else k
+                _sub(cputune, "vcpupin", vcpu=str(i * spec.vcpus_per_cell + k), cpuset=str(pin))
+    mb = _sub(root, "memoryBacking")
+    hp = _sub(mb, "hugepages")
+    _sub(hp, "page", size="1048576", unit="KiB")
+    _sub(root, "vcpu", str(vcpus), placement="static")
+    _sub(root, "iothreads", "1")
+    meta = _sub(root, "metadata")
+    kv = etree.SubElement(meta, f"{{{KUBEVIRT_NS}}}kubevirt", nsmap={None: KUBEVIRT_NS})
+    etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}uid").text = "0b9f0d4e-6f39-4d0b-9c5e-2f1b9a0d7c11"
+    gp = etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}graceperiod")
+    etree.SubElement(gp, f"{{{KUBEVIRT_NS}}}deletionGracePeriodSeconds").text = "30"
+    return to_kubevirt_bytes(root)
+
+
+def kubevirt_numa_preplace(xml: bytes, host: Topology) -> bytes:
+    """KubeVirt's PCINUMAAwareTopology: a pxb per guest cell, a root port per device, busNr
+    counted down from 255. It groups by NUMA only, never by switch."""
+    root = etree.fromstring(xml)
+    devices = root.find("devices")
+    cell_of_node = {int(m.get("nodeset")): int(m.get("cellid")) for m in root.findall("numatune/memnode")}
+    by_cell: dict[int, list[etree._Element]] = {}
+    for hd in devices.findall("hostdev"):
+        a = hd.find("source/address")
+        bdf = Bdf(parse_int(a.get("domain"), "d"), parse_int(a.get("bus"), "b"), parse_int(a.get("slot"), "s"),
+                  parse_int(a.get("function"), "f"))
+        cell = cell_of_node.get(host.numa_of(host.function(bdf)), 0)
+        by_cell.setdefault(cell, []).append(hd)
+    index = 1
+    bus_nr = 255
+    first = devices.find("hostdev")
+    for slot_base, cell in enumerate(sorted(by_cell)):
+        hds = by_cell[cell]
+        bus_nr -= len(hds) + 1
+        pxb = etree.Element("controller", type="pci", index=str(index), model="pcie-expander-bus")
+        t = _sub(pxb, "target", busNr=str(bus_nr))
+        _sub(t, "node", str(cell))
+        _sub(pxb, "address", type="pci", domain="0x0000", bus="0x00", slot=f"0x{0x0a + slot_base:02x}", function="0x0")
+        first.addprevious(pxb)
+        pxb_index = index
+        index += 1
+        for n, hd in enumerate(hds):
+            rp = etree.Element("controller", type="pci", index=str(index), model=ROOT_PORT)
+            _sub(rp, "address", type="pci", domain="0x0000", bus=f"0x{pxb_index:02x}", slot=f"0x{n:02x}", function="0x0")
+            first.addprevious(rp)
+            old = hd.find("address")
+            if old is not None:
+                hd.remove(old)
+            _sub(hd, "address", type="pci", domain="0x0000", bus=f"0x{index:02x}", slot="0x00", function="0x0")
+            index += 1
+    return to_kubevirt_bytes(root)
+
+
+_PCI_TAGS = ("interface", "memballoon", "disk", "controller", "channel_never")
+
+
+def libvirt_define(xml: bytes) -> bytes:
+    """libvirt's additions at define: pcie-root, root ports on pcie-root for every unaddressed
+    PCI device, chassis/port on every root/downstream port that lacks them."""
+    root = etree.fromstring(xml)
+    devices = root.find("devices")
+    pci = [c for c in devices.findall("controller") if c.get("type") == "pci"]
+    if not any(c.get("model") == "pcie-root" for c in pci):
+        el = etree.Element("controller", type="pci", index="0", model="pcie-root")
+        devices.insert(0, el)
+        pci.append(el)
+    used_slots = set()
+    for el in devices.iter("address"):
+        if el.get("type") == "pci" and parse_int(el.get("bus", "0"), "bus") == 0 and el.getparent().tag != "source":
+            used_slots.add(parse_int(el.get("slot"), "slot"))
+    next_index = max(parse_int(c.get("index"), "i") for c in pci) + 1
+    slot, fn = 2, 0
+    needing = []
+    for el in devices:
+        if not isinstance(el.tag, str) or el.find("address") is not None:
+            continue
+        if el.tag in ("interface", "memballoon") or (el.tag == "disk" and el.find("target").get("bus") == "virtio") or (
+            el.tag == "controller" and el.get("type") in ("scsi", "virtio-serial")
+        ):
+            needing.append(el)
+    for el in needing:
+        while slot in used_slots:
+            slot += 1
+        rp = etree.Element("controller", type="pci", index=str(next_index), model=ROOT_PORT)
+        _sub(rp, "model", name="pcie-root-port")
+        _sub(rp, "target", chassis=str(next_index), port=f"0x{(slot << 3) | fn:x}")
+        _sub(rp, "address", type="pci", domain="0x0000", bus="0x00", slot=f"0x{slot:02x}", function=f"0x{fn:x}",
+             **({"multifunction": "on"} if fn == 0 else {}))
+        pci[-1].addnext(rp)
+        pci.append(rp)
+        _sub(el, "address", type="pci", domain="0x0000", bus=f"0x{next_index:02x}", slot="0x00", function="0x0")
+        next_index += 1
+        fn += 1
+        if fn == 8:
+            used_slots.add(slot)
+            slot, fn = slot + 1, 0
+    for c in pci:
+        if c.get("model") == ROOT_PORT and c.find("target") is None:
+            _sub(c, "target", chassis=c.get("index"), port="0x0")
+    return to_kubevirt_bytes(root)
+
+
+def kubevirt_reparse(xml: bytes, decimal_bus: bool = False) -> bytes:
+    root = etree.fromstring(xml)
+    for c in root.iter("controller"):
+        m = c.find("model")
+        if m is not None:
+            c.remove(m)
+        t = c.find("target")
+        if t is not None:
+            for a in ("chassis", "port"):
+                t.attrib.pop(a, None)
+            if not t.attrib and len(t) == 0:
+                c.remove(t)
+    for a in root.iter("address"):
+        a.attrib.pop("multifunction", None)
+        if decimal_bus and a.getparent().tag != "source" and a.get("bus") is not None:
+            a.set("bus", str(parse_int(a.get("bus"), "bus")))
+    for hd in root.iter("hostdev"):
+        hd.attrib.pop("mode", None)
+        for tag in ("driver", "rom"):
+            for el in hd.findall(tag):
+                hd.remove(el)
+    return to_kubevirt_bytes(root)
+
+
+def hook_calls(xml: bytes, rewrite, calls: int = 3, decimal_bus: bool = False) -> list[bytes]:
+    """The 1–3 OnDefineDomain calls of one boot: each later call gets the previous output after
+    libvirt's define additions and KubeVirt's lossy re-parse."""
+    outputs = []
+    current = xml
+    for i in range(calls):
+        out = rewrite(current)
+        outputs.append(out)
+        current = kubevirt_reparse(libvirt_define(out), decimal_bus=decimal_bus and i % 2 == 0)
+    return outputs
+
+
+def gpus_and_nics(host: Topology, vfs: bool = False) -> list[Bdf]:
+    out = []
+    for f in host.functions():
+        if host.role(f) in (Role.GPU, Role.NIC) and (vfs or not f.is_vf):
+            out.append(f.bdf)
+    return out
+
+
+def canonical(xml: bytes) -> bytes:
+    parser = etree.XMLParser(remove_blank_text=True)
+    return etree.tostring(etree.fromstring(xml, parser), method="c14n")
+
+
+def non_owned_elements(xml: bytes) -> list[bytes]:
+    """Every top-level domain child and every device except PCI controllers and PCI hostdevs'
+    addresses, canonicalised: what the rewrite promises not to touch."""
+    root = etree.fromstring(xml, etree.XMLParser(remove_blank_text=True))
+    out = []
+    for el in root:
+        if el.tag == "devices":
+            continue
+        out.append(etree.tostring(el, method="c14n"))
+    for el in root.find("devices"):
+        if el.tag == "controller" and el.get("type") == "pci":
+            continue
+        if el.tag == "hostdev" and el.get("type") == "pci":
+            el = etree.fromstring(etree.tostring(el))
+            for a in el.findall("address"):
+                el.remove(a)
+            src = el.find("source/address")
+            if src is not None:
+                src.attrib.pop("type", None)
+        out.append(etree.tostring(el, method="c14n"))
+    return sorted(out)
+
+
+def pick(host: Topology, bdfs: Iterable[Bdf], nodes: Sequence[int]) -> list[Bdf]:
+    return [b for b in bdfs if host.numa_of(host.function(b)) in nodes]
