@@ -1,0 +1,515 @@
+"""Turn a rewritten (KubeVirt-shaped) domain into one that boots here, boot
+it with a private libvirtd under TCG, and read the guest's PCI tree back.
+
+``make_bootable`` keeps everything the planner decides (PCI controllers with
+their indexes, addresses, ``busNr``, ``<node>``, chassis/port, aliases,
+``<cpu><numa>`` cell ids, ``<numatune>`` cell ids, ``<qemu:override>`` of
+controllers, ``<features><acpi/>`` or its absence) and changes only what
+cannot work on this machine. Each change is appended to ``notes`` if given.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from lxml import etree
+
+from .guesttree import (
+    GuestAddr,
+    GuestPrintout,
+    StandIn,
+    _int,
+    guest_sysfs_tree,
+    map_guest_bdfs,
+    parse_printout,
+)
+from .initramfs import END_MARKER, build_initramfs
+from .libvirtd import LibvirtError, PrivateLibvirtd
+from .paths import cache_dir, find_kernel
+
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+Q = "{%s}" % QEMU_NS
+
+KERNEL_CMDLINE = "console=ttyS0 quiet loglevel=1 panic=-1"
+
+# hostdev alias prefixes (KubeVirt) -> stand-in kind
+ALIAS_KINDS = (
+    ("ua-gpu-", "gpu"),
+    ("ua-dra-gpu-", "gpu"),
+    ("ua-sriov-", "nic"),
+    ("ua-hostdevice-", "other"),
+    ("ua-dra-hostdevice-", "other"),
+)
+
+# Children of <devices> that need pod paths, daemons or host devices we do not have.
+_DROP_DEVICES = (
+    "disk", "channel", "graphics", "filesystem", "tpm", "redirdev", "smartcard",
+    "shmem", "vsock", "lease", "serial", "console", "parallel", "emulator", "crypto",
+)
+_DROP_DOMAIN = (
+    "memoryBacking", "cputune", "memtune", "blkiotune", "resource", "seclabel",
+    "perf", "launchSecurity", "uuid", "genid", "iothreadids", "on_poweroff",
+    "on_reboot", "on_crash", "on_lockfailure", "currentMemory", "maxMemory",
+)
+_DROP_FEATURES = ("kvm", "hyperv", "pvspinlock", "hap", "msrs", "tsc", "xen")
+
+
+class BootError(RuntimeError):
+    pass
+
+
+def _parser() -> etree.XMLParser:
+    return etree.XMLParser(resolve_entities=False, no_network=True, remove_blank_text=False)
+
+
+def _kind_of(hd: etree._Element, alias: str, source: str | None,
+             kinds: Mapping[str, str] | None) -> str:
+    if kinds:
+        if alias in kinds:
+            return kinds[alias]
+        if source and source in kinds:
+            return kinds[source]
+    if hd.tag == "interface":
+        return "nic"
+    if hd.get("type") == "mdev":
+        return "gpu"
+    for prefix, kind in ALIAS_KINDS:
+        if alias.startswith(prefix):
+            return kind
+    return "other"
+
+
+def _source_bdf(hd: etree._Element) -> str | None:
+    a = hd.find("source/address")
+    if a is None or a.get("uuid") is not None:
+        return None
+    try:
+        return "%04x:%02x:%02x.%x" % (
+            _int(a.get("domain"), 0), _int(a.get("bus")), _int(a.get("slot")),
+            _int(a.get("function"), 0),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def _standin(kind: str, alias: str, addr: etree._Element | None, primary: bool) -> etree._Element:
+    """An emulated PCIe endpoint for ``kind`` carrying ``alias`` at ``addr``."""
+    if kind == "gpu":
+        el = etree.Element("video")
+        # Only qxl/virtio may be secondary video devices in libvirt; bochs
+        # ("bochs-display", class 0x0380) is used when it is the first video.
+        etree.SubElement(el, "model", type="bochs" if primary else "virtio", heads="1")
+    elif kind == "nic":
+        el = etree.Element("interface", type="user")
+        etree.SubElement(el, "model", type="e1000e")
+        etree.SubElement(el, "rom", enabled="no")  # no iPXE: faster firmware
+    else:
+        el = etree.Element("rng", model="virtio")
+        b = etree.SubElement(el, "backend", model="random")
+        b.text = "/dev/urandom"
+    etree.SubElement(el, "alias", name=alias)
+    if addr is not None:
+        el.append(copy.deepcopy(addr))
+    return el
+
+
+def _host_nodes() -> set[int]:
+    from .paths import host_numa_nodes
+
+    return host_numa_nodes()
+
+
+def _fmt_nodeset(nodes: set[int]) -> str:
+    return ",".join(str(n) for n in sorted(nodes))
+
+
+def _parse_nodeset(s: str) -> set[int]:
+    out: set[int] = set()
+    for part in s.split(","):
+        part = part.strip()
+        if not part or part.startswith("^"):
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.update(range(int(a), int(b) + 1))
+        else:
+            out.add(int(part))
+    return out
+
+
+def make_bootable(
+    domain_xml: bytes,
+    kernel: str | os.PathLike,
+    initrd: str | os.PathLike,
+    serial_log_path: str | os.PathLike,
+    *,
+    kinds: Mapping[str, str] | None = None,
+    memory_mib: int = 512,
+    vcpus_per_cell: int = 1,
+    name: str | None = None,
+    cmdline: str = KERNEL_CMDLINE,
+    notes: list[str] | None = None,
+) -> tuple[bytes, dict[GuestAddr, StandIn]]:
+    """Return ``(bootable_xml, mapping)``.
+
+    ``mapping`` maps each stand-in's guest address (controller index, slot,
+    function) to the hostdev it replaces. Hostdevs without a guest address get
+    a stand-in without one (libvirt places it) and are not in the mapping.
+    ``kinds`` maps a hostdev alias or source BDF to "gpu" / "nic" / "other";
+    otherwise the alias prefix decides (ua-gpu- gpu, ua-sriov- nic, ...).
+    """
+    log = notes if notes is not None else []
+    root = etree.fromstring(domain_xml, _parser())
+    if root.tag != "domain":
+        raise BootError(f"not a domain: <{root.tag}>")
+    root.set("type", "qemu")
+    if name is not None:
+        nm = root.find("name")
+        if nm is None:
+            nm = etree.SubElement(root, "name")
+        nm.text = name
+
+    for tag in _DROP_DOMAIN:
+        for el in root.findall(tag):
+            log.append(f"removed <{tag}>")
+            root.remove(el)
+
+    # --- os: direct kernel boot -----------------------------------------
+    os_el = root.find("os")
+    if os_el is None:
+        os_el = etree.SubElement(root, "os")
+    type_el = os_el.find("type")
+    if type_el is None:
+        type_el = etree.Element("type")
+        type_el.text = "hvm"
+    machine = type_el.get("machine") or "q35"
+    if "q35" in machine and machine != "q35":
+        log.append(f"machine {machine} -> q35")
+        machine = "q35"
+    type_el.set("machine", machine)
+    type_el.set("arch", "x86_64")
+    for k in list(os_el.attrib):
+        del os_el.attrib[k]
+    for child in list(os_el):
+        os_el.remove(child)
+    os_el.append(type_el)
+    for tag, text in (("kernel", str(kernel)), ("initrd", str(initrd)), ("cmdline", cmdline)):
+        etree.SubElement(os_el, tag).text = text
+
+    # --- features / clock -------------------------------------------------
+    feats = root.find("features")
+    if feats is not None:
+        for child in list(feats):
+            if child.tag in _DROP_FEATURES or (child.tag == "ioapic" and child.get("driver") == "kvm"):
+                log.append(f"removed <features><{child.tag}>")
+                feats.remove(child)
+    clock = root.find("clock")
+    if clock is not None:
+        for t in clock.findall("timer"):
+            if t.get("name") in ("kvmclock", "hypervclock", "tsc"):
+                clock.remove(t)
+
+    # --- CPU / NUMA / memory ----------------------------------------------
+    cpu = root.find("cpu")
+    cells = cpu.findall("numa/cell") if cpu is not None else []
+    ncpus = max(1, len(cells)) * vcpus_per_cell
+    vcpu = root.find("vcpu")
+    if vcpu is None:
+        vcpu = etree.Element("vcpu")
+        root.insert(root.index(root.find("os")), vcpu)
+    for k in list(vcpu.attrib):
+        del vcpu.attrib[k]
+    vcpu.set("placement", "static")
+    vcpu.text = str(ncpus)
+    for el in root.findall("vcpus"):
+        root.remove(el)
+    if cpu is not None:
+        log.append(f"cpu mode={cpu.get('mode')} -> custom qemu64 (TCG)")
+        for k in list(cpu.attrib):
+            del cpu.attrib[k]
+        cpu.set("mode", "custom")
+        cpu.set("match", "exact")
+        cpu.set("check", "none")
+        for child in list(cpu):
+            if child.tag not in ("numa", "topology"):
+                cpu.remove(child)
+        model = etree.Element("model", fallback="allow")
+        model.text = "qemu64"
+        cpu.insert(0, model)
+        topo = cpu.find("topology")
+        if topo is not None:
+            topo.set("sockets", str(max(1, len(cells))))
+            if topo.get("dies") is not None:
+                topo.set("dies", "1")
+            topo.set("cores", str(vcpus_per_cell))
+            topo.set("threads", "1")
+    if cells:
+        per_cell = max(64, memory_mib // len(cells))
+        memory_mib = per_cell * len(cells)
+        for i, cell in enumerate(cells):
+            first = i * vcpus_per_cell
+            cell.set("cpus", str(first) if vcpus_per_cell == 1 else f"{first}-{first + vcpus_per_cell - 1}")
+            cell.set("memory", str(per_cell))
+            cell.set("unit", "MiB")
+            for a in ("memAccess", "discard"):
+                if a in cell.attrib:
+                    del cell.attrib[a]
+        log.append(f"{len(cells)} NUMA cells: {vcpus_per_cell} vCPU and {per_cell} MiB each")
+    mem = root.find("memory")
+    if mem is None:
+        mem = etree.Element("memory")
+        root.insert(root.index(vcpu), mem)
+    mem.attrib.clear()
+    mem.set("unit", "MiB")
+    mem.text = str(memory_mib)
+
+    numatune = root.find("numatune")
+    if numatune is not None:
+        have = _host_nodes()
+        for el in numatune:
+            ns = el.get("nodeset")
+            if ns is not None and not _parse_nodeset(ns) <= have:
+                log.append(f"numatune <{el.tag}> nodeset {ns} -> {_fmt_nodeset(have)} (host nodes here)")
+                el.set("nodeset", _fmt_nodeset(have))
+
+    # --- devices ------------------------------------------------------------
+    devices = root.find("devices")
+    if devices is None:
+        devices = etree.SubElement(root, "devices")
+    for tag in _DROP_DEVICES:
+        for el in devices.findall(tag):
+            log.append(f"removed <{tag}>")
+            devices.remove(el)
+
+    mapping: dict[GuestAddr, StandIn] = {}
+    replaced_aliases: set[str] = set()
+    has_video = any(True for _ in devices.iterfind("video"))
+    first_gpu = not has_video
+    counter = itertools.count()
+    for hd in list(devices):
+        is_hostdev = hd.tag == "hostdev" and hd.get("type") in ("pci", "mdev")
+        is_hostdev_if = hd.tag == "interface" and hd.get("type") == "hostdev"
+        if hd.tag == "hostdev" and not is_hostdev:
+            log.append(f"removed <hostdev type={hd.get('type')}>")
+            devices.remove(hd)
+            continue
+        if not (is_hostdev or is_hostdev_if):
+            continue
+        alias_el = hd.find("alias")
+        alias = alias_el.get("name") if alias_el is not None else None
+        if not alias or not alias.startswith("ua-"):
+            alias = f"ua-standin-{next(counter)}"
+        source = _source_bdf(hd)
+        kind = _kind_of(hd, alias, source, kinds)
+        addr_el = hd.find("address")
+        if addr_el is not None and addr_el.get("type") != "pci":
+            addr_el = None
+        primary = kind == "gpu" and first_gpu
+        if primary:
+            first_gpu = False
+        st = _standin(kind, alias, addr_el, primary)
+        hd.addprevious(st)
+        devices.remove(hd)
+        replaced_aliases.add(alias)
+        model = st.find("model").get("type") if st.find("model") is not None else "virtio"
+        info = StandIn(alias=alias, source=source, kind=kind, element=st.tag, model=model)
+        if addr_el is not None:
+            ga = GuestAddr(_int(addr_el.get("bus")), _int(addr_el.get("slot")),
+                           _int(addr_el.get("function"), 0))
+            if ga in mapping:
+                raise BootError(f"two hostdevs at guest address {ga}")
+            mapping[ga] = info
+        log.append(f"hostdev {alias} ({source}) -> {st.tag} {model}")
+
+    # KubeVirt-only interfaces -> user-mode networking, same model and address
+    for itf in devices.findall("interface"):
+        if itf.get("type") == "user":
+            continue
+        if itf.get("type") == "hostdev":
+            continue  # already replaced above
+        log.append(f"interface type={itf.get('type')} -> user")
+        itf.set("type", "user")
+        for child in list(itf):
+            if child.tag not in ("mac", "model", "alias", "address", "rom", "link"):
+                itf.remove(child)
+        rom = itf.find("rom")
+        if rom is not None and rom.get("file"):
+            del rom.attrib["file"]
+
+    # inputs on USB need a USB controller
+    usb = devices.findall("controller[@type='usb']")
+    if not usb:
+        etree.SubElement(devices, "controller", type="usb", model="none")
+        log.append("added <controller type=usb model=none> (libvirt would add one on a new root port)")
+    elif all(c.get("model") == "none" for c in usb):
+        for inp in devices.findall("input[@bus='usb']"):
+            devices.remove(inp)
+    if devices.find("memballoon") is None:
+        etree.SubElement(devices, "memballoon", model="none")
+
+    # serial console to a file
+    serial = etree.SubElement(devices, "serial", type="file")
+    etree.SubElement(serial, "source", path=str(serial_log_path))
+    etree.SubElement(serial, "target", port="0")
+    console = etree.SubElement(devices, "console", type="file")
+    etree.SubElement(console, "source", path=str(serial_log_path))
+    etree.SubElement(console, "target", type="serial", port="0")
+
+    # the guest ends itself; make sure the domain ends with it
+    for tag in ("on_poweroff", "on_reboot", "on_crash"):
+        el = etree.Element(tag)
+        el.text = "destroy"
+        devices.addprevious(el)
+
+    # --- qemu namespace -------------------------------------------------------
+    for ov in root.findall(f"{Q}override"):
+        for dev in ov.findall(f"{Q}device"):
+            if dev.get("alias") in replaced_aliases:
+                log.append(f"removed <qemu:override> of replaced hostdev {dev.get('alias')}")
+                ov.remove(dev)
+        if len(ov) == 0:
+            root.remove(ov)
+    for cl in root.findall(f"{Q}commandline"):
+        if any((a.get("value") or "").find("/") >= 0 for a in cl.iter(f"{Q}arg")):
+            log.append("removed <qemu:commandline> with host paths")
+            root.remove(cl)
+
+    etree.indent(root, space="  ")
+    etree.cleanup_namespaces(root, top_nsmap={"qemu": QEMU_NS} if root.find(f"{Q}*") is not None else None)
+    return etree.tostring(root, encoding="utf-8"), mapping
+
+
+# ---------------------------------------------------------------------------
+# booting
+
+
+@dataclass
+class GuestResult:
+    name: str
+    printout: GuestPrintout
+    mapping: dict[GuestAddr, StandIn]  # guest address -> hostdev
+    bdf_map: dict[str, StandIn]  # guest BDF -> hostdev
+    defined_xml: bytes  # `virsh dumpxml` after define (all addresses filled in)
+    bootable_xml: bytes
+    serial_log: Path
+    work_dir: Path
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def sysfs_tree(self, out_dir: str | os.PathLike | None = None) -> Path:
+        return guest_sysfs_tree(self.printout, out_dir or self.work_dir / "sysfs")
+
+
+_seq = itertools.count()
+
+
+def boot(
+    domain_xml: bytes,
+    *,
+    kinds: Mapping[str, str] | None = None,
+    libvirtd: PrivateLibvirtd | None = None,
+    timeout: float = 120.0,
+    work_dir: str | os.PathLike | None = None,
+    memory_mib: int = 512,
+) -> GuestResult:
+    """Make ``domain_xml`` (a rewritten domain) bootable, define and start it
+    on a private libvirtd (``libvirtd`` if given, else a fresh one stopped
+    afterwards), wait for the guest's end marker, destroy/undefine it and
+    return the parsed printout. Raises ``BootError`` (with the tail of the
+    serial and QEMU logs) on any failure or after ``timeout`` seconds."""
+    t0 = time.monotonic()
+    name = f"pcitopo-e2e-{os.getpid()}-{next(_seq)}"
+    wd = Path(work_dir) if work_dir else cache_dir() / "runs" / name
+    wd.mkdir(parents=True, exist_ok=True)
+    serial = (wd / "serial.log").resolve()
+    if serial.exists():
+        serial.unlink()
+    kernel = find_kernel()
+    initrd = build_initramfs(cache_dir())
+    notes: list[str] = []
+    bootable, mapping = make_bootable(
+        domain_xml, kernel, initrd, serial, kinds=kinds, name=name,
+        memory_mib=memory_mib, notes=notes,
+    )
+    (wd / "bootable.xml").write_bytes(bootable)
+    timings: dict[str, float] = {"prepare": time.monotonic() - t0}
+
+    own = libvirtd is None
+    lv = libvirtd or PrivateLibvirtd()
+    defined = False
+    try:
+        t = time.monotonic()
+        if own:
+            lv.start()
+            timings["libvirtd_start"] = time.monotonic() - t
+        deadline = t0 + timeout
+
+        def left() -> float:
+            return max(1.0, deadline - time.monotonic())
+
+        t = time.monotonic()
+        r = lv.virsh("define", str(wd / "bootable.xml"), check=False, timeout=left())
+        if r.returncode != 0:
+            raise BootError(f"virsh define failed: {r.stderr.strip()}")
+        defined = True
+        timings["define"] = time.monotonic() - t
+        defined_xml = lv.virsh("dumpxml", name, timeout=left()).stdout.encode()
+        (wd / "defined.xml").write_bytes(defined_xml)
+
+        t = time.monotonic()
+        r = lv.virsh("start", name, check=False, timeout=left())
+        if r.returncode != 0:
+            raise BootError(f"virsh start failed: {r.stderr.strip()}\n{_tail(lv.qemu_log(name))}")
+        text = ""
+        while True:
+            text = serial.read_text(errors="replace") if serial.exists() else ""
+            if END_MARKER in text:
+                break
+            st = lv.virsh("domstate", name, check=False, timeout=left()).stdout.strip()
+            if st.startswith("shut off") or st.startswith("crashed"):
+                text = serial.read_text(errors="replace") if serial.exists() else ""
+                if END_MARKER in text:
+                    break
+                raise BootError(
+                    f"guest stopped ({st}) before the end marker\n"
+                    f"--- serial ---\n{_tail(serial)}\n--- qemu log ---\n{_tail(lv.qemu_log(name))}"
+                )
+            if time.monotonic() > deadline:
+                raise BootError(
+                    f"no end marker after {timeout:.0f}s\n--- serial ---\n{_tail(serial)}"
+                )
+            time.sleep(0.2)
+        timings["run"] = time.monotonic() - t
+    finally:
+        if defined:
+            lv.virsh("destroy", name, check=False, timeout=30)
+            lv.virsh("undefine", name, check=False, timeout=30)
+        if own:
+            lv.stop()
+            lv.cleanup(keep_logs=False)
+    printout = parse_printout(text)
+    timings["total"] = time.monotonic() - t0
+    return GuestResult(
+        name=name, printout=printout, mapping=mapping,
+        bdf_map=map_guest_bdfs(printout, defined_xml, mapping),
+        defined_xml=defined_xml, bootable_xml=bootable, serial_log=serial,
+        work_dir=wd, timings=timings, notes=notes,
+    )
+
+
+def _tail(p: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(p.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return f"({p} not readable)"
+
+
+__all__ = [
+    "BootError", "GuestResult", "LibvirtError", "PrivateLibvirtd", "boot", "make_bootable",
+]

@@ -1,0 +1,207 @@
+"""Build the e2e guest's initramfs: busybox-static, the real lspci with its
+shared libraries, pci.ids, and an /init that prints the guest's PCI tree to
+the serial console and powers off.
+
+The printout is line based; every line the init writes starts with ``@@`` so
+it can be picked out of a serial log that also carries kernel messages::
+
+    @@PCITOPO-BEGIN 1
+    @@DEV <BDF> <realpath>
+    @@ATTR <BDF> <name> <value as cat printed it, may contain spaces>
+    @@ABSENT <BDF> <name>          (the file does not exist in the guest)
+    @@UNREADABLE <BDF> <name>      (it exists but reading it failed)
+    @@LINK <BDF> <name> <link text>
+    @@NODE <N> <cpulist>
+    @@INFO <key> <value>           (acpi_tables, cmdline, kernel)
+    @@LSPCI <one line of `lspci -tvnn`>
+    @@PCITOPO-END
+
+The archive is a gzip'd newc cpio written here in Python (deterministic:
+mtime 0, uid/gid 0) and cached under ``.cache/e2e/`` keyed by a hash of
+everything that goes into it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+BEGIN_MARKER = "@@PCITOPO-BEGIN 1"
+END_MARKER = "@@PCITOPO-END"
+
+# Per-function attribute files the init prints: the reader's own lists
+# (topology/sysfs.py) so the guest tree always carries what the reader reads,
+# with a fallback for when the package is not importable.
+_FALLBACK_ATTRS = (
+    "vendor", "device", "class", "subsystem_vendor", "subsystem_device",
+    "numa_node", "max_link_speed", "max_link_width", "current_link_speed",
+    "current_link_width", "local_cpulist",
+)
+_FALLBACK_LINKS = ("driver", "iommu_group", "physfn")
+try:
+    from topology.sysfs import LINK_ATTRS as _LINKS
+    from topology.sysfs import OPTIONAL_ATTRS as _OPT
+    from topology.sysfs import REQUIRED_ATTRS as _REQ
+
+    ATTRS = tuple(dict.fromkeys((*_REQ, *_OPT, *_FALLBACK_ATTRS)))
+    LINKS = tuple(dict.fromkeys((*_LINKS, *_FALLBACK_LINKS)))
+except ImportError:  # pragma: no cover
+    ATTRS, LINKS = _FALLBACK_ATTRS, _FALLBACK_LINKS
+
+BUSYBOX = Path("/bin/busybox")
+PCI_IDS = Path("/usr/share/misc/pci.ids")
+
+INIT_SCRIPT = r"""#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev 2>/dev/null
+echo 1 > /proc/sys/kernel/printk 2>/dev/null
+echo "@@PCITOPO-BEGIN 1"
+for d in /sys/bus/pci/devices/*; do
+    [ -e "$d" ] || continue
+    b=${d##*/}
+    echo "@@DEV $b $(readlink -f "$d")"
+    for a in __ATTRS__; do
+        if [ -e "$d/$a" ]; then
+            if v=$(cat "$d/$a" 2>/dev/null); then
+                echo "@@ATTR $b $a $v"
+            else
+                echo "@@UNREADABLE $b $a"
+            fi
+        else
+            echo "@@ABSENT $b $a"
+        fi
+    done
+    for l in __LINKS__; do
+        [ -L "$d/$l" ] && echo "@@LINK $b $l $(readlink "$d/$l")"
+    done
+done
+for n in /sys/devices/system/node/node*; do
+    [ -e "$n/cpulist" ] && echo "@@NODE ${n##*/node} $(cat "$n/cpulist")"
+done
+echo "@@INFO acpi_tables $(ls /sys/firmware/acpi/tables 2>/dev/null | tr '\n' ' ')"
+echo "@@INFO cmdline $(cat /proc/cmdline)"
+echo "@@INFO kernel $(uname -r)"
+lspci -tvnn 2>&1 | while IFS= read -r line; do echo "@@LSPCI $line"; done
+echo "@@PCITOPO-END"
+sync
+# Without ACPI the kernel cannot power off (it would halt and QEMU would keep
+# running); a forced reboot ends the domain too (<on_reboot>destroy).
+if [ -d /sys/firmware/acpi ]; then poweroff -f; fi
+reboot -f
+"""
+
+
+def init_script() -> str:
+    return INIT_SCRIPT.replace("__ATTRS__", " ".join(ATTRS)).replace(
+        "__LINKS__", " ".join(LINKS)
+    )
+
+
+def _ldd(binary: Path) -> list[Path]:
+    """Shared objects a dynamically linked binary needs (ldd's resolution)."""
+    out = subprocess.run(
+        ["ldd", str(binary)], check=True, capture_output=True, text=True, timeout=30
+    ).stdout
+    libs: list[Path] = []
+    for line in out.splitlines():
+        m = re.search(r"=>\s*(/\S+)", line) or re.match(r"\s*(/\S+)\s+\(", line)
+        if m:
+            libs.append(Path(m.group(1)))
+    return libs
+
+
+@dataclass(frozen=True)
+class _Entry:
+    path: str  # inside the archive, no leading slash
+    mode: int
+    data: bytes = b""
+
+
+def _cpio_newc(entries: list[_Entry]) -> bytes:
+    out = bytearray()
+
+    def put(name: str, mode: int, data: bytes, ino: int) -> None:
+        nb = name.encode() + b"\0"
+        hdr = "070701" + "".join(
+            f"{v:08x}"
+            for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(nb), 0)
+        )
+        out.extend(hdr.encode())
+        out.extend(nb)
+        out.extend(b"\0" * ((4 - (len(hdr) + len(nb)) % 4) % 4))
+        out.extend(data)
+        out.extend(b"\0" * ((4 - len(data) % 4) % 4))
+
+    for ino, e in enumerate(entries, start=1):
+        put(e.path, e.mode, e.data, ino)
+    put("TRAILER!!!", 0, b"", 0)
+    return bytes(out)
+
+
+def _entries() -> list[_Entry]:
+    lspci = Path(shutil.which("lspci") or "/usr/bin/lspci")
+    files: dict[str, tuple[int, bytes]] = {}
+    dirs: set[str] = set()
+    symlinks: dict[str, str] = {}
+
+    def add_file(dest: str, src: Path, mode: int = 0o755) -> None:
+        files[dest.lstrip("/")] = (mode, src.read_bytes())
+
+    def add_host_path(p: Path) -> None:
+        """Copy a library under its own path, and under its resolved path
+        when it is a symlink (ld.so looks names up as ldd printed them)."""
+        real = p.resolve()
+        add_file(str(real), real)
+        if str(real) != str(p):
+            symlinks[str(p).lstrip("/")] = str(real)
+
+    add_file("bin/busybox", BUSYBOX)
+    add_file("usr/bin/lspci", lspci.resolve())
+    for lib in _ldd(lspci):
+        add_host_path(lib)
+    add_file(str(PCI_IDS), PCI_IDS, 0o644)
+    files["init"] = (0o755, init_script().encode())
+    # Debian's merged /usr: /lib64 -> usr/lib64 etc. may appear as symlinked
+    # dirs on the host; in the archive all are real dirs, which is fine.
+    for name in list(files) + list(symlinks):
+        parent = os.path.dirname(name)
+        while parent:
+            dirs.add(parent)
+            parent = os.path.dirname(parent)
+    for d in ("proc", "sys", "dev", "bin", "sbin", "usr/bin", "usr/sbin", "tmp", "etc"):
+        dirs.add(d)
+    entries = [_Entry(d, 0o040755) for d in sorted(dirs)]
+    entries += [_Entry(n, 0o100000 | m, data) for n, (m, data) in sorted(files.items())]
+    entries += [
+        _Entry(n, 0o120777, t.encode()) for n, t in sorted(symlinks.items()) if n not in files
+    ]
+    return entries
+
+
+def build_initramfs(cache_dir: Path) -> Path:
+    """Return the path of the (cached) initramfs, building it if needed."""
+    entries = _entries()
+    h = hashlib.sha256()
+    for e in entries:
+        h.update(e.path.encode() + b"\0" + str(e.mode).encode() + b"\0")
+        h.update(hashlib.sha256(e.data).digest())
+    key = h.hexdigest()[:16]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / f"initramfs-{key}.cpio.gz"
+    if target.exists():
+        return target
+    data = gzip.compress(_cpio_newc(entries), compresslevel=6, mtime=0)
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    tmp.replace(target)
+    return target

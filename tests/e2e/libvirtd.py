@@ -1,0 +1,279 @@
+"""A private, throw-away libvirtd for the e2e tier.
+
+libvirt 9.0 (Debian 12) only ships the monolithic ``libvirtd``. Run as root it
+is "privileged" and its QEMU driver reads ``/etc/libvirt/qemu.conf`` and keeps
+state in ``/run/libvirt``, ``/var/lib/libvirt``, ``/var/cache/libvirt`` and
+``/var/log/libvirt``; those paths are compiled in (the XDG variables only
+apply to an unprivileged session daemon). To keep every byte of that private
+we start libvirtd inside its own mount and network namespace
+(``unshare -m -n``) and bind-mount directories of ours over those five paths.
+So:
+
+- nothing of a system libvirtd (if any) is read, written or connected to;
+- the guest has no route anywhere (the namespace has only a down loopback;
+  user-mode networking of stand-in NICs stays inside QEMU);
+- the daemon's sockets live in ``<base>/sock`` (``unix_sock_dir``), visible
+  from outside the namespace; connect with :attr:`PrivateLibvirtd.uri`.
+
+The only traces outside ``<base>`` are the empty mount-point directories
+``/run/libvirt``, ``/var/lib/libvirt``, ``/var/cache/libvirt`` and
+``/var/log/libvirt`` (created if missing, as libvirt-daemon would) and the
+``libvirt-qemu`` user/group (libvirt's QEMU driver refuses to start without
+them; scripts/setup-debian.sh creates them, we do too if missing).
+
+The daemon is stopped by its own PID (SIGTERM, then SIGKILL), and any QEMU it
+left behind by the PID in its pid file. QEMU's capability probe (~4-7 s) is
+cached across runs in ``.cache/e2e/libvirt-capcache``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from .paths import cache_dir
+
+QEMU_CONF = """\
+# private qemu.conf of the pcitopo e2e tier
+user = "root"
+group = "root"
+dynamic_ownership = 0
+remember_owner = 0
+stdio_handler = "file"
+namespaces = [ ]
+cgroup_controllers = [ ]
+security_driver = "none"
+"""
+
+# The directories libvirtd (privileged) uses, and our names for them.
+_BINDS = (
+    ("etc", "/etc/libvirt"),
+    ("run", "/run/libvirt"),
+    ("lib", "/var/lib/libvirt"),
+    ("cache", "/var/cache/libvirt"),
+    ("log", "/var/log/libvirt"),
+)
+
+
+class LibvirtError(RuntimeError):
+    pass
+
+
+def ensure_libvirt_qemu_user() -> None:
+    import grp
+    import pwd
+
+    try:
+        grp.getgrnam("libvirt-qemu")
+    except KeyError:
+        subprocess.run(["groupadd", "--system", "libvirt-qemu"], check=True, timeout=30)
+    try:
+        pwd.getpwnam("libvirt-qemu")
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--gid", "libvirt-qemu", "--home-dir",
+             "/var/lib/libvirt", "--no-create-home", "--shell", "/usr/sbin/nologin",
+             "libvirt-qemu"],
+            check=True, timeout=30,
+        )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class PrivateLibvirtd:
+    """Usage::
+
+        with PrivateLibvirtd() as lv:
+            lv.virsh("define", "dom.xml")
+    """
+
+    def __init__(self, base: Path | None = None, start_timeout: float = 60.0) -> None:
+        self.start_timeout = start_timeout
+        if base is None:
+            base = cache_dir() / f"libvirt-{os.getpid()}"
+            # sun_path is 108 bytes; keep well clear of it
+            if len(str(base / "sock" / "libvirt-sock")) > 100:
+                base = Path(tempfile.mkdtemp(prefix="pcitopo-lv-"))
+        self.base = base.resolve()
+        self.proc: subprocess.Popen | None = None
+        self.capcache = cache_dir() / "libvirt-capcache"
+
+    # -- paths -------------------------------------------------------------
+    @property
+    def socket(self) -> Path:
+        return self.base / "sock" / "libvirt-sock"
+
+    @property
+    def uri(self) -> str:
+        return f"qemu:///system?socket={self.socket}"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.base / "libvirtd.log"
+
+    def qemu_log(self, name: str) -> Path:
+        return self.base / "log" / "qemu" / f"{name}.log"
+
+    def qemu_pidfile(self, name: str) -> Path:
+        return self.base / "run" / "qemu" / f"{name}.pid"
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> None:
+        if self.proc is not None:
+            return
+        for tool in ("libvirtd", "virsh", "unshare", "qemu-system-x86_64"):
+            if shutil.which(tool) is None:
+                raise LibvirtError(f"{tool} not found: run `bash scripts/setup-debian.sh`")
+        ensure_libvirt_qemu_user()
+        if self.base.exists():
+            shutil.rmtree(self.base)
+        for sub, _ in _BINDS:
+            (self.base / sub).mkdir(parents=True)
+        (self.base / "sock").mkdir()
+        if self.capcache.is_dir():
+            shutil.copytree(self.capcache, self.base / "cache", dirs_exist_ok=True)
+        (self.base / "etc" / "qemu.conf").write_text(QEMU_CONF)
+        (self.base / "etc" / "libvirtd.conf").write_text(
+            f'unix_sock_dir = "{self.base / "sock"}"\n'
+            'unix_sock_group = "root"\n'
+            'unix_sock_ro_perms = "0700"\n'
+            'unix_sock_rw_perms = "0700"\n'
+            'unix_sock_admin_perms = "0700"\n'
+            'auth_unix_ro = "none"\n'
+            'auth_unix_rw = "none"\n'
+            f'log_outputs = "3:file:{self.daemon_log}"\n'
+        )
+        mounts = []
+        for sub, target in _BINDS:
+            os.makedirs(target, exist_ok=True)  # mount point only
+            mounts.append(f"mount --bind '{self.base / sub}' '{target}'")
+        script = (
+            "set -e\n"
+            + "\n".join(mounts)
+            + "\nexec libvirtd --config /etc/libvirt/libvirtd.conf"
+            " --pid-file /run/libvirt/libvirtd.pid\n"
+        )
+        out = open(self.base / "libvirtd.stdout", "wb")
+        self.proc = subprocess.Popen(
+            ["unshare", "--mount", "--net", "--propagation", "private",
+             "sh", "-c", script],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        out.close()
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise LibvirtError(
+                    f"libvirtd exited with {self.proc.returncode}: "
+                    + (self.base / "libvirtd.stdout").read_text(errors="replace")[-2000:]
+                )
+            if self.socket.exists():
+                r = self.virsh("version", check=False, timeout=max(5.0, deadline - time.monotonic()))
+                if r.returncode == 0:
+                    break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise LibvirtError(f"libvirtd did not answer within {self.start_timeout}s")
+            time.sleep(0.1)
+
+    def _leftover_qemu_pids(self) -> list[int]:
+        pids = []
+        for pf in (self.base / "run" / "qemu").glob("*.pid"):
+            try:
+                pid = int(pf.read_text().strip())
+            except (OSError, ValueError):
+                continue
+            try:
+                exe = os.readlink(f"/proc/{pid}/exe")
+            except OSError:
+                continue
+            if "qemu-system" in exe:
+                pids.append(pid)
+        return pids
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        # domains first, while the daemon can still do it cleanly
+        if self.proc.poll() is None:
+            r = self.virsh("list", "--name", check=False, timeout=10)
+            for name in r.stdout.split():
+                self.virsh("destroy", name, check=False, timeout=20)
+        for pid in self._leftover_qemu_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pid = self.proc.pid
+        if self.proc.poll() is None:
+            os.kill(pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)
+                self.proc.wait(timeout=15)
+        self.proc = None
+        self._save_capcache()
+
+    def _save_capcache(self) -> None:
+        src = self.base / "cache" / "qemu" / "capabilities"
+        if not src.is_dir():
+            return
+        dst = self.capcache / "qemu" / "capabilities"
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in src.glob("*.xml"):
+            tmp = dst / f".{f.name}.{os.getpid()}"
+            shutil.copyfile(f, tmp)
+            tmp.replace(dst / f.name)
+
+    def cleanup(self, keep_logs: bool = False) -> None:
+        """Remove the private base dir (after stop)."""
+        if self.proc is not None:
+            self.stop()
+        if not keep_logs and self.base.exists():
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> "PrivateLibvirtd":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- virsh -------------------------------------------------------------
+    def virsh(
+        self, *args: str, check: bool = True, timeout: float = 60.0, input: bytes | None = None
+    ) -> subprocess.CompletedProcess:
+        cmd = ["virsh", "--quiet", "-c", self.uri, *args]
+        try:
+            r = subprocess.run(
+                cmd, input=input, capture_output=True, timeout=timeout,
+                env={**os.environ, "LC_ALL": "C", "LIBVIRT_DEFAULT_URI": self.uri},
+            )
+        except subprocess.TimeoutExpired as e:
+            raise LibvirtError(f"virsh {' '.join(args)}: no answer within {timeout}s") from e
+        r = subprocess.CompletedProcess(
+            r.args, r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+        )
+        if check and r.returncode != 0:
+            raise LibvirtError(f"virsh {' '.join(args)}: {r.stderr.strip() or r.stdout.strip()}")
+        return r

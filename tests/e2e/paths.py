@@ -1,0 +1,45 @@
+"""Where the e2e tier keeps its cached artefacts (kernel, initramfs, logs)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class SetupMissing(RuntimeError):
+    """Something scripts/setup-debian.sh provides is not there."""
+
+
+def cache_dir() -> Path:
+    """``$PCITOPO_CACHE`` or ``<repo>/.cache/e2e`` (same rule as scripts/setup-debian.sh)."""
+    d = Path(os.environ.get("PCITOPO_CACHE") or REPO_ROOT / ".cache" / "e2e")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def find_kernel() -> Path:
+    """The guest kernel fetched by scripts/setup-debian.sh (newest if several)."""
+    found = sorted(cache_dir().glob("vmlinuz-*"))
+    if not found:
+        raise SetupMissing(
+            f"no guest kernel in {cache_dir()}: run `bash scripts/setup-debian.sh`"
+        )
+    return found[-1]
+
+
+def host_numa_nodes() -> set[int]:
+    """NUMA nodes of this machine (for <numatune> nodesets that must exist here)."""
+    try:
+        text = Path("/sys/devices/system/node/online").read_text().strip()
+    except OSError:
+        return {0}
+    nodes: set[int] = set()
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            nodes.update(range(int(a), int(b) + 1))
+        elif part:
+            nodes.add(int(part))
+    return nodes or {0}
