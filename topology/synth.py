@@ -166,14 +166,14 @@ class DeviceSpec:
     children: list["DeviceSpec"] = field(default_factory=list)
 
     def function_bdfs(self) -> list[Bdf]:
-        return [self.bdf.with_function(f) for f in range(self.functions)]
+        return [self.bdf.with_function(self.bdf.function + f) for f in range(self.functions)]
 
     def vf_bdfs(self) -> list[tuple[Bdf, Bdf]]:
         """(VF, its PF) pairs. Like SR-IOV with offset/stride 1: routing ids right after the
         last physical function, PF by PF; past function 255 they spill onto the next buses."""
         if not self.vfs:
             return []
-        rid0 = (self.bdf.bus << 8) | (self.bdf.slot << 3)
+        rid0 = (self.bdf.bus << 8) | (self.bdf.slot << 3) | self.bdf.function
         out = []
         for pf_index, pf in enumerate(self.function_bdfs()):
             for i in range(self.vfs):
