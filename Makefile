@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(BIN)/pcitopo topo --sysfs fixtures/hgx-b200
+	$(BIN)/xmlfix --explain --sysfs fixtures/hgx-b200 fixtures/hgx-b200/domain.xml
 
 test: setup
 	$(BIN)/python -m pytest
@@ -30,6 +31,10 @@ test-fast: setup
 
 fixtures: setup
 	$(BIN)/python fixtures/generate.py
+
+# Regenerate golden domains (inputs and expected outputs) and topo.json; review the diff.
+golden: setup
+	$(BIN)/python fixtures/golden.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .hypothesis build *.egg-info
