@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal, Union
 
 from topology.errors import DomainError, PcitopoError
 from topology.model import Topology
-from topology.rewrite import RewriteOptions, rewrite_domain
+from topology.rewrite import RewriteOptions, RewriteResult, rewrite_domain
 
 from .config import HookOptions, VmiFacts, options_from_vmi
 
@@ -46,7 +46,7 @@ class HookOutcome:
     vmi: VmiFacts = field(default_factory=VmiFacts)
     options: HookOptions = field(default_factory=HookOptions)
     # The full rewrite result (report, guest view) when the rewrite ran; xmlfix explains it.
-    result: Any = None
+    result: RewriteResult | None = None
 
 
 def rewrite_options(options: HookOptions, vmi: VmiFacts) -> RewriteOptions:
