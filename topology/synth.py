@@ -260,7 +260,7 @@ class _Parser:
         self.lineno = 0
         # (indent, node, indent its children use or None) for the open lines, outermost first
         self.stack: list[tuple[int, RootSpec | DeviceSpec, int | None]] = []
-        self.seen: dict[Bdf, int] = {}  # every function and VF → the line that made it
+        self.seen: dict[Bdf, tuple[int, str]] = {}  # every function and VF → (line, what)
         self.secondary: dict[int, int] = {}  # id(bridge) → its secondary bus (from its first child)
 
     def fail(self, reason: str, line: int | None = None) -> TopoError:
@@ -395,17 +395,18 @@ class _Parser:
         if "iommu" in kv:
             dev.iommu = self.int_value("iommu", kv["iommu"], 0, 1_000_000)
         for b in dev.function_bdfs():
-            self.claim(b, where)
-        for vf, _pf in dev.vf_bdfs():
+            self.claim(b, where, "")
+        for vf, pf in dev.vf_bdfs():
             if vf.bus > 0xFF:
                 raise self.fail(f"{where}: {dev.vfs} VFs run past bus ff")
-            self.claim(vf, f"{where} (VF {vf})")
+            self.claim(vf, where, f" (a VF of {pf})")
         return dev
 
-    def claim(self, bdf: Bdf, where: str) -> None:
+    def claim(self, bdf: Bdf, where: str, what: str) -> None:
         if bdf in self.seen:
-            raise self.fail(f"{where}: {bdf} is already used on line {self.seen[bdf]}")
-        self.seen[bdf] = self.lineno
+            line, other = self.seen[bdf]
+            raise self.fail(f"{where}: {bdf}{what} is already used on line {line}{other}")
+        self.seen[bdf] = (self.lineno, what)
 
     def check_bus(self, where: str, bdf: Bdf, parent: RootSpec | DeviceSpec) -> None:
         if isinstance(parent, RootSpec):
@@ -563,14 +564,11 @@ class _Builder:
     def __init__(self, spec: HostSpec):
         self.spec = spec
         self.tree = MemoryTree(spec.name)
-        cpus = {n.node: n.cpus for n in spec.numa}
+        self.cpulists = {n.node: format_cpus(n.cpus) for n in spec.numa}
         # A function without a node shows every online CPU (pci-sysfs local_cpus_show).
-        all_cpus = tuple(sorted(c for n in spec.numa for c in n.cpus))
-        self.cpulists = {node: format_cpus(c) for node, c in cpus.items()}
-        self.cpulists[-1] = format_cpus(all_cpus)
-        taken = {d.iommu for d in spec.devices() if d.iommu is not None}
+        self.cpulists[-1] = format_cpus([c for n in spec.numa for c in n.cpus])
+        self._taken = {d.iommu for d in spec.devices() if d.iommu is not None}
         self._next_group = 0
-        self._taken = taken
 
     def group(self) -> int:
         while self._next_group in self._taken:
@@ -579,10 +577,12 @@ class _Builder:
         return self._next_group - 1
 
     def build(self) -> MemoryTree:
-        for n in sorted(self.spec.numa, key=lambda n: n.node):
-            for attr, value in (("cpulist", self.cpulists[n.node]),):
-                assert attr in NODE_ATTRS
-                self.tree.add_file(f"{NODE_DIR}/node{n.node}/{attr}", value + "\n")
+        for n in self.spec.numa:
+            node_values = {"cpulist": self.cpulists[n.node]}
+            for attr in NODE_ATTRS:
+                if attr not in node_values:
+                    raise SysfsError(f"synth does not know how to write the node attribute {attr!r}")
+                self.tree.add_file(f"{NODE_DIR}/node{n.node}/{attr}", node_values[attr] + "\n")
         # IOMMU groups are numbered in bus-scan order (roots, then children, by address); VFs
         # appear later, when someone writes sriov_numvfs, so they come last.
         vfs: list[tuple[DeviceSpec, str]] = []
