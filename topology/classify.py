@@ -122,6 +122,10 @@ class NcclPath:
 
 
 def nccl_path(topo: Topology, f: PciFunction) -> NcclPath:
+    return topo.memo(("nccl_path", f.bdf), lambda: _nccl_path(topo, f))
+
+
+def _nccl_path(topo: Topology, f: PciFunction) -> NcclPath:
     dev = nccl_device(topo, f)
     switches, numa = nccl_switch_chain(topo, dev)
     reps_top_down = nccl_switch_rep(list(reversed(switches)))

@@ -186,6 +186,15 @@ class Topology:
         self._numa: Mapping[int, NumaNode] | None = None
         self._roles: dict[Bdf, Role] = {}
         self._children: dict[Bdf | str, list[Bdf]] | None = None
+        self._memo: dict[tuple, object] = {}
+
+    def memo(self, key: tuple, compute):
+        """Cache a derived fact (e.g. a device's NCCL path) for the life of this topology."""
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = compute()
+            return value
 
     @property
     def warnings(self) -> list[str]:
