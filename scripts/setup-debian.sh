@@ -102,10 +102,16 @@ fetch_kernel() {
     rm -rf "$CACHE"/.kernel.*
     tmp=$(mktemp -d "$CACHE/.kernel.XXXXXX")
     log "kernel: downloading $dep"
-    # apt-get download writes into the cwd; as root it warns about the
-    # sandbox user being unable to read the dir, so make it world-readable.
-    chmod 755 "$tmp"
-    (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "$dep")
+    # apt-get download writes into the cwd; its sandbox user (_apt) cannot
+    # reach a dir below /work, so download as root (no warning, same result).
+    if ! (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "$dep"); then
+        # stale package lists name a version the mirror no longer has
+        [[ $APT_UPDATED -eq 0 ]] || exit 1
+        apt_update_once
+        dep=$(apt-cache depends linux-image-cloud-amd64 \
+              | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+        (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "$dep")
+    fi
     local deb
     deb=$(ls "$tmp"/*.deb | head -n1)
     dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards './boot/vmlinuz-*'

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import shutil
 import os
 import time
 from dataclasses import dataclass, field
@@ -155,12 +156,15 @@ def make_bootable(
     name: str | None = None,
     cmdline: str = KERNEL_CMDLINE,
     notes: list[str] | None = None,
+    unplaced: list[StandIn] | None = None,
 ) -> tuple[bytes, dict[GuestAddr, StandIn]]:
     """Return ``(bootable_xml, mapping)``.
 
     ``mapping`` maps each stand-in's guest address (controller index, slot,
     function) to the hostdev it replaces. Hostdevs without a guest address get
-    a stand-in without one (libvirt places it) and are not in the mapping.
+    a stand-in without one (libvirt places it); they are not in the mapping
+    but appended to ``unplaced`` if given (``boot`` adds them to its mapping
+    from the defined domain, by alias).
     ``kinds`` maps a hostdev alias or source BDF to "gpu" / "nic" / "other";
     otherwise the alias prefix decides (ua-gpu- gpu, ua-sriov- nic, ...).
     """
@@ -325,6 +329,8 @@ def make_bootable(
             if ga in mapping:
                 raise BootError(f"two hostdevs at guest address {ga}")
             mapping[ga] = info
+        elif unplaced is not None:
+            unplaced.append(info)
         log.append(f"hostdev {alias} ({source}) -> {st.tag} {model}")
 
     # KubeVirt-only interfaces -> user-mode networking, same model and address
@@ -402,6 +408,12 @@ class GuestResult:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    def unmapped(self) -> list[StandIn]:
+        """Stand-ins (with a guest address) that did not show up where the
+        domain put them: their hierarchy vanished or moved."""
+        found = {id(s) for s in self.bdf_map.values()}
+        return [s for s in self.mapping.values() if id(s) not in found]
+
     def sysfs_tree(self, out_dir: str | os.PathLike | None = None) -> Path:
         return guest_sysfs_tree(self.printout, out_dir or self.work_dir / "sysfs")
 
@@ -425,6 +437,8 @@ def boot(
     serial and QEMU logs) on any failure or after ``timeout`` seconds."""
     t0 = time.monotonic()
     name = f"pcitopo-e2e-{os.getpid()}-{next(_seq)}"
+    if work_dir is None:
+        _prune_runs(cache_dir() / "runs")
     wd = Path(work_dir) if work_dir else cache_dir() / "runs" / name
     wd.mkdir(parents=True, exist_ok=True)
     serial = (wd / "serial.log").resolve()
@@ -433,9 +447,10 @@ def boot(
     kernel = find_kernel()
     initrd = build_initramfs(cache_dir())
     notes: list[str] = []
+    unplaced: list[StandIn] = []
     bootable, mapping = make_bootable(
         domain_xml, kernel, initrd, serial, kinds=kinds, name=name,
-        memory_mib=memory_mib, notes=notes,
+        memory_mib=memory_mib, notes=notes, unplaced=unplaced,
     )
     (wd / "bootable.xml").write_bytes(bootable)
     timings: dict[str, float] = {"prepare": time.monotonic() - t0}
@@ -461,6 +476,7 @@ def boot(
         timings["define"] = time.monotonic() - t
         defined_xml = lv.virsh("dumpxml", name, timeout=left()).stdout.encode()
         (wd / "defined.xml").write_bytes(defined_xml)
+        mapping.update(_placed_by_libvirt(defined_xml, unplaced))
 
         t = time.monotonic()
         r = lv.virsh("start", name, check=False, timeout=left())
@@ -487,9 +503,19 @@ def boot(
             time.sleep(0.2)
         timings["run"] = time.monotonic() - t
     finally:
+        t = time.monotonic()
         if defined:
+            # the guest powers off right after the marker; a destroy of a
+            # running QEMU costs ~1.5 s more than letting it end
+            end = time.monotonic() + 3
+            while time.monotonic() < end:
+                st = lv.virsh("domstate", name, check=False, timeout=10).stdout
+                if not st.strip() or st.startswith("shut off"):
+                    break
+                time.sleep(0.1)
             lv.virsh("destroy", name, check=False, timeout=30)
             lv.virsh("undefine", name, check=False, timeout=30)
+        timings["teardown"] = time.monotonic() - t
         if own:
             lv.stop()
             lv.cleanup(keep_logs=False)
@@ -501,6 +527,31 @@ def boot(
         defined_xml=defined_xml, bootable_xml=bootable, serial_log=serial,
         work_dir=wd, timings=timings, notes=notes,
     )
+
+
+def _placed_by_libvirt(defined_xml: bytes, unplaced: list[StandIn]) -> dict[GuestAddr, StandIn]:
+    """Guest addresses libvirt gave the stand-ins that had none."""
+    if not unplaced:
+        return {}
+    root = etree.fromstring(defined_xml, _parser())
+    out: dict[GuestAddr, StandIn] = {}
+    for st in unplaced:
+        for el in root.iterfind(f"devices/{st.element}"):
+            a = el.find("alias")
+            addr = el.find("address")
+            if a is not None and a.get("name") == st.alias and addr is not None:
+                out[GuestAddr(_int(addr.get("bus")), _int(addr.get("slot")),
+                              _int(addr.get("function"), 0))] = st
+    return out
+
+
+def _prune_runs(runs: Path, keep: int = 30) -> None:
+    """Keep the work dirs (serial log, XML) of the last ``keep`` boots."""
+    if not runs.is_dir():
+        return
+    dirs = sorted((d for d in runs.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    for d in dirs[: max(0, len(dirs) - keep)]:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _tail(p: Path, n: int = 40) -> str:

@@ -294,3 +294,28 @@ def guest_bdf_of(printout: GuestPrintout, domain_xml: bytes, addr: GuestAddr) ->
         if guest_key(fn) == k:
             return fn.bdf
     return None
+
+
+def bus_overlaps(printout: GuestPrintout) -> list[str]:
+    """Bus-number conflicts visible in the guest: a root bus ``pci0000:BB``
+    whose number also lies inside a bridge's [secondary, subordinate] range
+    below another root. This is what an expander bus whose ``busNr`` leaves
+    too little room for the previous one looks like; the kernel then shows
+    one of the two subtrees and silently drops the other. Needs the
+    ``secondary_bus_number``/``subordinate_bus_number`` attributes."""
+    roots = {int(f.root[-2:], 16) for f in printout.functions.values()}
+    out = []
+    for f in printout.functions.values():
+        sec = f.attrs.get("secondary_bus_number")
+        sub = f.attrs.get("subordinate_bus_number")
+        if sec is None or sub is None:
+            continue
+        lo, hi = int(sec, 0), int(sub, 0)
+        own = int(f.root[-2:], 16)
+        for r in sorted(roots):
+            if r != own and lo <= r <= hi:
+                out.append(
+                    f"root bus {r:02x} lies inside bridge {f.bdf}'s bus range "
+                    f"[{lo:02x}-{hi:02x}] below {f.root}"
+                )
+    return out

@@ -44,15 +44,17 @@ _FALLBACK_ATTRS = (
     "current_link_width", "local_cpulist",
 )
 _FALLBACK_LINKS = ("driver", "iommu_group", "physfn")
+# Printed too (bus-range checks, see guesttree.bus_overlaps); the reader ignores them.
+EXTRA_ATTRS = ("secondary_bus_number", "subordinate_bus_number")
 try:
     from topology.sysfs import LINK_ATTRS as _LINKS
     from topology.sysfs import OPTIONAL_ATTRS as _OPT
     from topology.sysfs import REQUIRED_ATTRS as _REQ
 
-    ATTRS = tuple(dict.fromkeys((*_REQ, *_OPT, *_FALLBACK_ATTRS)))
+    ATTRS = tuple(dict.fromkeys((*_REQ, *_OPT, *_FALLBACK_ATTRS, *EXTRA_ATTRS)))
     LINKS = tuple(dict.fromkeys((*_LINKS, *_FALLBACK_LINKS)))
 except ImportError:  # pragma: no cover
-    ATTRS, LINKS = _FALLBACK_ATTRS, _FALLBACK_LINKS
+    ATTRS, LINKS = (*_FALLBACK_ATTRS, *EXTRA_ATTRS), _FALLBACK_LINKS
 
 BUSYBOX = Path("/bin/busybox")
 PCI_IDS = Path("/usr/share/misc/pci.ids")

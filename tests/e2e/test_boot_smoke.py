@@ -11,7 +11,7 @@ import pytest
 from lxml import etree
 
 from .guestboot import boot
-from .guesttree import GuestAddr
+from .guesttree import GuestAddr, bus_overlaps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -75,6 +75,8 @@ def test_switch_hierarchy_and_numa(libvirtd, tmp_path):
         assert f.numa_node == 1, f
     assert p.nodes == {0: "0", 1: "1"}
 
+    assert r.unmapped() == [] and bus_overlaps(p) == []
+
     # the controller override survived make_bootable (x-width 16 on rp0)
     rp0 = p.functions[f"0000:{gpu0.hops[0].split(':', 1)[1]}"]
     assert rp0.attrs["max_link_width"] == "16"
@@ -107,3 +109,16 @@ def test_without_acpi_numa_node_is_minus_one(libvirtd):
     # (the guest still has both NUMA nodes: SeaBIOS writes its own SRAT
     # when QEMU provides no ACPI tables; only PCI proximity (_PXM) is gone)
     assert sorted(p.nodes) == [0, 1]
+
+
+def test_overlapping_busnr_is_caught(libvirtd):
+    """rc0's subtree needs buses 32..36 (root bus, root port, upstream port,
+    two downstream ports); rc1 at 36 overlaps by one. libvirt defines and
+    starts it; in the guest the switch's second downstream port loses its bus
+    to rc1's root and ib0 disappears. The tier must notice."""
+    root = etree.fromstring(smoke_domain())
+    rc1 = root.xpath("devices/controller[alias/@name='ua-pcitopo-rc1']")[0]
+    rc1.find("target").set("busNr", "36")
+    r = _boot(libvirtd, etree.tostring(root), "overlapping busNr")
+    assert [s.alias for s in r.unmapped()] == ["ua-sriov-ib0"]
+    assert bus_overlaps(r.printout)
