@@ -70,7 +70,8 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
     ``host`` is the host model, or a callable returning it (called only when the options ask
     for a rewrite, so ``mode: off`` works even where sysfs cannot be read). Raises
     PcitopoError (see the module docstring for when)."""
-    if not domain_xml:
+    if not domain_xml or not domain_xml.strip():
+        # Nothing to hand back: libvirt would fail on it anyway, so say why here.
         raise DomainError("the domain XML is empty")
     vmi, options = options_from_vmi(vmi_json)
     if options.mode == "off":

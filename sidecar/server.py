@@ -1,0 +1,430 @@
+"""``pcitopo serve``: KubeVirt's hook API over a Unix socket (gRPC), a thin door around
+:func:`sidecar.core.handle_define_domain`.
+
+What virt-launcher does and what we do about it (``shared/brief/01-kubevirt-hooks.md``):
+- It lists the socket folder every few hundred ms, dials each entry (2 s), calls ``Info`` with a
+  1 s deadline and panics on an error. So everything slow (imports, opening the host model,
+  building the server) happens before the socket exists; the socket is bound with mode 0000
+  (a non-root client cannot connect), the server is started, and only then is it made
+  connectable (0660, owned by uid/gid 107 when we run as root). A root client connecting in the
+  instant between bind and start is not lost either: its connection waits in the listen
+  backlog and is answered once the server runs (tested). Nothing else is ever created in the
+  folder, since virt-launcher takes every entry there for a socket.
+- A stale socket file from an earlier run (container restart) is replaced; a live one (some
+  process answers on it) is left alone and we refuse to start.
+- ``Info`` answers versions v1alpha3, v1alpha2, v1alpha1 and hook points ``OnDefineDomain`` and
+  ``Shutdown``; ``PreCloudInitIso`` is served (input returned unchanged) but not subscribed.
+- ``OnDefineDomain`` returns bytes that go raw to libvirt: never empty. A failure is a gRPC error
+  whose details are one line: ``pcitopo: <kind>: <reason>``. The server keeps serving.
+- ``Shutdown`` (v1alpha3), SIGTERM and SIGINT stop the server gracefully (in-flight calls
+  finish) and remove the socket; the process exits 0.
+- One JSON object per line on stderr for every call and lifecycle event.
+
+The host model is opened once per process and shared by all calls (the Topology is read-only
+from outside and its lazy caches only ever add entries, so concurrent readers at worst read a
+sysfs file twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+from concurrent import futures
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import grpc
+
+from topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
+from topology.model import Topology
+from topology.sysfs import default_sysfs, open_host
+
+from . import core
+from .config import parse_vmi
+from .hookproto import (
+    INFO_NAME,
+    ON_DEFINE_DOMAIN,
+    SHUTDOWN,
+    VERSIONS,
+    info_pb2,
+    info_pb2_grpc,
+    v1alpha1_pb2,
+    v1alpha1_pb2_grpc,
+    v1alpha2_pb2,
+    v1alpha2_pb2_grpc,
+    v1alpha3_pb2,
+    v1alpha3_pb2_grpc,
+)
+
+DEFAULT_SOCKET = "/var/run/kubevirt-hooks/pcitopo.sock"
+# virt-launcher in a non-root VMI runs as uid/gid 107 (qemu); it needs write permission on the
+# socket file to connect. Nobody else needs access.
+COMPUTE_UID = COMPUTE_GID = 107
+SOCKET_MODE = 0o660
+# A KubeVirt domain is tens of KB and a VMI JSON a few KB; gRPC's own default (4 MiB) would do,
+# but say it here so it is a decision: larger requests are refused by gRPC before they reach us.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# The sidecar gets 200m CPU; a small pool keeps memory flat. Extra calls queue (never refused).
+WORKERS = 4
+# How long in-flight calls may run on when we are asked to stop.
+STOP_GRACE_S = 5.0
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+
+
+# -- logging ---------------------------------------------------------------------------------
+
+class JsonLog:
+    """One JSON object per line on a text stream; safe across threads."""
+
+    def __init__(self, stream=None):
+        self._stream = stream if stream is not None else sys.stderr
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
+        now = datetime.now(timezone.utc)
+        rec = {"ts": now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z", "level": level, "event": event}
+        rec.update({k: v for k, v in fields.items() if v is not None})
+        line = json.dumps(rec, separators=(",", ":"), default=str)
+        with self._lock:
+            try:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed stderr must not fail a call
+
+
+# -- the host model, opened once ---------------------------------------------------------
+
+class HostCache:
+    """Opens the host model once and shares it; an error is retried on the next call (the
+    caller gets the same one-line SysfsError until the path becomes readable)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.Lock()
+        self._topology: Topology | None = None
+
+    def __call__(self) -> Topology:
+        topo = self._topology
+        if topo is not None:
+            return topo
+        with self._lock:
+            if self._topology is None:
+                self._topology = open_host(self.path)
+            return self._topology
+
+
+# -- the calls -------------------------------------------------------------------------------
+
+_GRPC_CODE = {
+    "config": grpc.StatusCode.INVALID_ARGUMENT,
+    "vmi": grpc.StatusCode.INVALID_ARGUMENT,
+    "domain": grpc.StatusCode.INVALID_ARGUMENT,
+    "unknown-device": grpc.StatusCode.FAILED_PRECONDITION,
+    "sysfs": grpc.StatusCode.FAILED_PRECONDITION,
+    "plan": grpc.StatusCode.FAILED_PRECONDITION,
+    "internal": grpc.StatusCode.INTERNAL,
+}
+
+
+def grpc_code(err: PcitopoError) -> grpc.StatusCode:
+    return _GRPC_CODE.get(err.kind, grpc.StatusCode.UNKNOWN)
+
+
+def error_details(err: PcitopoError) -> str:
+    """The gRPC status details: one line, prefixed so virt-launcher's log names us."""
+    return f"pcitopo: {err.kind}: {err.reason}"
+
+
+class Hooks:
+    """What every version's servicer calls; owns the call counter, the log and the stop event."""
+
+    def __init__(self, host: Callable[[], Topology], log: JsonLog, stop: threading.Event):
+        self.host = host
+        self.log = log
+        self.stop = stop
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    def info(self) -> info_pb2.InfoResult:
+        self.log("Info", versions=list(VERSIONS))
+        return info_pb2.InfoResult(
+            name=INFO_NAME,
+            versions=list(VERSIONS),
+            hookPoints=[
+                info_pb2.HookPoint(name=ON_DEFINE_DOMAIN, priority=0),
+                info_pb2.HookPoint(name=SHUTDOWN, priority=0),
+            ],
+        )
+
+    def on_define_domain(self, version: str, domain_xml: bytes, vmi_json: bytes, context: grpc.ServicerContext) -> bytes:
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        t0 = time.perf_counter()
+        try:
+            out = core.handle_define_domain(domain_xml, vmi_json, self.host)
+        except PcitopoError as e:
+            self.log(
+                ON_DEFINE_DOMAIN, level="error", version=version, vmi=_vmi_ref(vmi_json), call=call,
+                outcome="failed", error=e.kind, reason=e.reason, duration_ms=_ms(t0),
+            )
+            context.abort(grpc_code(e), error_details(e))
+        except Exception as e:  # core wraps bugs already; this is the door's last line of defence
+            self.log(ON_DEFINE_DOMAIN, level="error", version=version, call=call, outcome="failed", error="internal", reason=f"{type(e).__name__}: {e}", duration_ms=_ms(t0))
+            context.abort(grpc.StatusCode.INTERNAL, f"pcitopo: internal: {type(e).__name__}: {' '.join(str(e).split())}")
+        self.log(
+            ON_DEFINE_DOMAIN, level="warning" if out.outcome == "passthrough" else "info", version=version,
+            vmi=out.vmi.ref, call=call, outcome=out.outcome, reason=out.reason, duration_ms=_ms(t0),
+            in_bytes=len(domain_xml), out_bytes=len(out.xml), **out.summary,
+        )
+        return out.xml
+
+    def pre_cloud_init_iso(self, version: str) -> None:
+        self.log("PreCloudInitIso", version=version, outcome="unchanged")
+
+    def shutdown(self) -> None:
+        self.log(SHUTDOWN, reason="virt-launcher asked us to stop")
+        self.stop.set()
+
+
+def _ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 2)
+
+
+def _vmi_ref(vmi_json: bytes) -> str:
+    try:
+        return parse_vmi(vmi_json).ref
+    except PcitopoError:
+        return "-/-"
+
+
+def _servicers(hooks: Hooks) -> list[tuple[Callable, object]]:
+    """One servicer per API version, all delegating to ``hooks``."""
+
+    class InfoServicer(info_pb2_grpc.InfoServicer):
+        def Info(self, request, context):
+            return hooks.info()
+
+    class V1alpha1(v1alpha1_pb2_grpc.CallbacksServicer):
+        def OnDefineDomain(self, request, context):
+            return v1alpha1_pb2.OnDefineDomainResult(
+                domainXML=hooks.on_define_domain("v1alpha1", request.domainXML, request.vmi, context)
+            )
+
+    class V1alpha2(v1alpha2_pb2_grpc.CallbacksServicer):
+        def OnDefineDomain(self, request, context):
+            return v1alpha2_pb2.OnDefineDomainResult(
+                domainXML=hooks.on_define_domain("v1alpha2", request.domainXML, request.vmi, context)
+            )
+
+        def PreCloudInitIso(self, request, context):
+            hooks.pre_cloud_init_iso("v1alpha2")
+            return v1alpha2_pb2.PreCloudInitIsoResult(
+                cloudInitNoCloudSource=request.cloudInitNoCloudSource, cloudInitData=request.cloudInitData
+            )
+
+    class V1alpha3(v1alpha3_pb2_grpc.CallbacksServicer):
+        def OnDefineDomain(self, request, context):
+            return v1alpha3_pb2.OnDefineDomainResult(
+                domainXML=hooks.on_define_domain("v1alpha3", request.domainXML, request.vmi, context)
+            )
+
+        def PreCloudInitIso(self, request, context):
+            hooks.pre_cloud_init_iso("v1alpha3")
+            return v1alpha3_pb2.PreCloudInitIsoResult(
+                cloudInitNoCloudSource=request.cloudInitNoCloudSource, cloudInitData=request.cloudInitData
+            )
+
+        def Shutdown(self, request, context):
+            hooks.shutdown()
+            return v1alpha3_pb2.ShutdownResult()
+
+    return [
+        (info_pb2_grpc.add_InfoServicer_to_server, InfoServicer()),
+        (v1alpha1_pb2_grpc.add_CallbacksServicer_to_server, V1alpha1()),
+        (v1alpha2_pb2_grpc.add_CallbacksServicer_to_server, V1alpha2()),
+        (v1alpha3_pb2_grpc.add_CallbacksServicer_to_server, V1alpha3()),
+    ]
+
+
+# -- the socket ------------------------------------------------------------------------------
+
+def clear_stale_socket(path: str) -> bool:
+    """Make ``path`` free for our socket. Returns True if a stale socket was removed.
+
+    Raises ConfigError if something we must not remove is there: a live socket (another
+    server answers on it), or anything that is not a socket."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        pass  # nobody listens: stale
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot tell whether the existing socket is live ({e.strerror or e})") from None
+    else:
+        raise ConfigError(f"{path}: another server is listening on this socket; refusing to replace it")
+    finally:
+        probe.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return True
+
+
+def _same_file(path: str, ident: tuple[int, int] | None) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return ident is not None and (st.st_dev, st.st_ino) == ident
+
+
+class HookServer:
+    """The server's lifecycle: build, bind, open the door, wait, stop, clean up."""
+
+    def __init__(self, socket_path: str, sysfs: str, log: JsonLog | None = None, workers: int = WORKERS):
+        self.socket_path = os.path.abspath(socket_path)
+        self.sysfs = sysfs
+        self.log = log or JsonLog()
+        self.workers = workers
+        self.stop_event = threading.Event()
+        self.host = HostCache(sysfs)
+        self.hooks = Hooks(self.host, self.log, self.stop_event)
+        self._server: grpc.Server | None = None
+        self._ident: tuple[int, int] | None = None
+
+    def _open_host_early(self) -> None:
+        """Open the host model now, so a bad sysfs path shows in the log at start. A failure
+        does not stop the server: every OnDefineDomain then fails (or passes through) with the
+        same one-line reason, which reaches virt-launcher's log, the place an operator looks."""
+        try:
+            topo = self.host()
+        except SysfsError as e:
+            self.log("host", level="error", sysfs=self.sysfs, error=e.kind, reason=e.reason)
+            return
+        self.log("host", sysfs=self.sysfs, name=topo.name)
+
+    def start(self) -> None:
+        t0 = time.perf_counter()
+        self._open_host_early()
+        folder = os.path.dirname(self.socket_path)
+        if not os.path.isdir(folder):
+            raise ConfigError(f"socket folder {folder} does not exist (KubeVirt mounts it into the sidecar)")
+        replaced = clear_stale_socket(self.socket_path)
+
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="pcitopo-hook"),
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        for add, servicer in _servicers(self.hooks):
+            add(servicer, server)
+
+        # Bind with mode 0000: until the server runs, a non-root virt-launcher gets EACCES
+        # (its dial retries) instead of a connection nobody serves yet.
+        old_umask = os.umask(0o777)
+        try:
+            port = server.add_insecure_port(f"unix:{self.socket_path}")
+        except RuntimeError as e:
+            raise ConfigError(f"cannot bind {self.socket_path}: {e}") from None
+        finally:
+            os.umask(old_umask)
+        if port == 0:
+            raise ConfigError(f"cannot bind {self.socket_path}")
+        server.start()
+        self._server = server
+        if os.geteuid() == 0:
+            os.chown(self.socket_path, COMPUTE_UID, COMPUTE_GID)
+        os.chmod(self.socket_path, SOCKET_MODE)
+        st = os.lstat(self.socket_path)
+        self._ident = (st.st_dev, st.st_ino)
+        self.log(
+            "serving", socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
+            replaced_stale_socket=replaced or None, ready_ms=_ms(t0),
+        )
+
+    def wait(self) -> None:
+        # Event.wait() without a timeout still lets Python run signal handlers in between.
+        while not self.stop_event.wait(3600):
+            pass
+
+    def shutdown(self, why: str) -> None:
+        """Stop accepting, let in-flight calls finish, remove the socket (only if it is still
+        ours: a newer server may have replaced it)."""
+        if _same_file(self.socket_path, self._ident):
+            try:
+                os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+        if self._server is not None:
+            self._server.stop(STOP_GRACE_S).wait(STOP_GRACE_S + 1)
+            self._server = None
+        self.log("stopped", reason=why)
+
+    def run(self) -> int:
+        stop_why: list[str] = []
+
+        def on_signal(signum, frame):  # noqa: ARG001
+            stop_why.append(signal.Signals(signum).name)
+            self.stop_event.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            self.wait()
+            self.shutdown(stop_why[0] if stop_why else "Shutdown call")
+        finally:
+            if self._server is not None:  # start() failed half-way or wait() raised
+                self.shutdown("error")
+            for s, h in previous.items():
+                signal.signal(s, h)
+        return EXIT_OK
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}")
+
+
+def serve_main(argv: list[str]) -> int:
+    """``pcitopo serve [--socket PATH] [--sysfs PATH]``. Returns the exit code; a bad argument
+    or an unusable socket path raises PcitopoError (one line, exit 2 through the CLI door)."""
+    parser = _Parser(prog="pcitopo serve", description="Serve KubeVirt's hook API (OnDefineDomain) on a Unix socket.")
+    parser.add_argument("--socket", default=DEFAULT_SOCKET, help=f"socket path (default {DEFAULT_SOCKET})")
+    parser.add_argument(
+        "--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)"
+    )
+    args = parser.parse_args(argv)
+    return HookServer(args.socket, args.sysfs).run()
+
+
+def main() -> None:  # python -m sidecar.server
+    try:
+        rc = serve_main(sys.argv[1:])
+    except PcitopoError as e:
+        print(f"pcitopo serve: {e}", file=sys.stderr)
+        rc = EXIT_BAD_INPUT
+    sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()
