@@ -1,0 +1,111 @@
+"""``onDefineDomain``: the executable KubeVirt's sidecar-shim image runs once per call.
+
+    onDefineDomain --vmi <VMI JSON> --domain <domain XML>
+
+KubeVirt's shim (cmd/sidecars/sidecar_shim.go) serves the gRPC API itself and, for each
+``OnDefineDomain``, executes the first ``onDefineDomain`` on ``$PATH`` with exactly these two
+arguments; the new domain XML is our stdout, and a non-zero exit fails the VM start. So:
+- stdout carries only the XML (raw bytes, never empty);
+- a failure is exit 2 (our typed errors) or 3 (a bug) with one line on stderr;
+- the sysfs root comes from ``$PCITOPO_SYSFS`` (default ``/sys``), since the shim passes
+  nothing else; ``--sysfs`` is accepted for people running it by hand.
+The shim collects our stderr but does not show it on failure (its log says only "exit status
+2"); use the pcitopo image (``pcitopo serve``) to get our reason into virt-launcher's log.
+
+Argument values are taken verbatim (``--vmi`` JSON or ``--domain`` XML may start with any
+character), and turned back into the exact bytes the shim passed (``os.fsencode``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Sequence
+
+from topology.errors import ConfigError, PcitopoError
+
+PROG = "onDefineDomain"
+# The same exit codes as the pcitopo and xmlfix doors.
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 2, 3
+USAGE = f"usage: {PROG} --vmi JSON --domain XML [--sysfs PATH]"
+
+
+def parse_args(argv: Sequence[str]) -> dict[str, str]:
+    """``--name VALUE`` or ``--name=VALUE`` for vmi, domain, sysfs; every value verbatim."""
+    known = ("vmi", "domain", "sysfs")
+    out: dict[str, str] = {}
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-h", "--help"):
+            raise _Help()
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg[:40]!r} ({USAGE})")
+        name, eq, value = arg[2:].partition("=")
+        if name not in known:
+            raise ConfigError(f"unknown option --{name[:40]} ({USAGE})")
+        if not eq:
+            if i + 1 >= len(args):
+                raise ConfigError(f"--{name} needs a value ({USAGE})")
+            i += 1
+            value = args[i]
+        if name in out:
+            raise ConfigError(f"--{name} given twice")
+        out[name] = value
+        i += 1
+    if "domain" not in out:
+        raise ConfigError(f"--domain is required ({USAGE})")
+    return out
+
+
+class _Help(Exception):
+    pass
+
+
+def run(argv: Sequence[str]) -> int:
+    from topology.sysfs import default_sysfs, open_host
+
+    from .core import handle_define_domain
+
+    t0 = time.perf_counter()
+    args = parse_args(argv)
+    sysfs = args.get("sysfs") or default_sysfs()
+    domain = os.fsencode(args["domain"])
+    vmi = os.fsencode(args["vmi"]) if "vmi" in args else None
+    outcome = handle_define_domain(domain, vmi, lambda: open_host(sysfs))
+    out = sys.stdout.buffer
+    out.write(outcome.xml)
+    out.flush()
+    record = {
+        "event": "OnDefineDomain", "door": "shim", "vmi": outcome.vmi.ref, "outcome": outcome.outcome,
+        "reason": outcome.reason, "duration_ms": round((time.perf_counter() - t0) * 1000, 2), **outcome.summary,
+    }
+    print(json.dumps({k: v for k, v in record.items() if v is not None}, separators=(",", ":")), file=sys.stderr)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except _Help:
+        print(USAGE)
+        return EXIT_OK
+    except PcitopoError as e:
+        print(f"{PROG}: {e.kind}: {e.reason}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        print(f"{PROG}: stdout closed before the domain was written", file=sys.stderr)
+        return EXIT_INTERNAL
+    except Exception as e:  # the last line of defence: one line, no traceback
+        if os.environ.get("PCITOPO_DEBUG"):
+            raise
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        print(f"{PROG}: internal error: {reason} (set PCITOPO_DEBUG=1 for a traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())
