@@ -105,8 +105,13 @@ class PrivateLibvirtd:
             lv.virsh("define", "dom.xml")
     """
 
-    def __init__(self, base: Path | None = None, start_timeout: float = 60.0) -> None:
+    def __init__(
+        self, base: Path | None = None, start_timeout: float = 60.0, idle_timeout: float = 900.0
+    ) -> None:
         self.start_timeout = start_timeout
+        # safety net if our process dies without stop(): libvirtd exits by
+        # itself after this long with no client and no running domain
+        self.idle_timeout = idle_timeout
         if base is None:
             base = cache_dir() / f"libvirt-{os.getpid()}"
             # sun_path is 108 bytes; keep well clear of it
@@ -169,7 +174,8 @@ class PrivateLibvirtd:
             "set -e\n"
             + "\n".join(mounts)
             + "\nexec libvirtd --config /etc/libvirt/libvirtd.conf"
-            " --pid-file /run/libvirt/libvirtd.pid\n"
+            " --pid-file /run/libvirt/libvirtd.pid"
+            f" --timeout {int(self.idle_timeout)}\n"
         )
         out = open(self.base / "libvirtd.stdout", "wb")
         self.proc = subprocess.Popen(
