@@ -206,4 +206,7 @@ def build_initramfs(cache_dir: Path) -> Path:
     tmp = target.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(data)
     tmp.replace(target)
+    for old in cache_dir.glob("initramfs-*.cpio.gz"):
+        if old != target:
+            old.unlink(missing_ok=True)
     return target

@@ -98,6 +98,17 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def _remove_stale_bases() -> None:
+    """Drop ``.cache/e2e/libvirt-<pid>`` dirs of processes that are gone."""
+    for d in cache_dir().glob("libvirt-[0-9]*"):
+        try:
+            pid = int(d.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not _pid_alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 class PrivateLibvirtd:
     """Usage::
 
@@ -148,6 +159,7 @@ class PrivateLibvirtd:
             if shutil.which(tool) is None:
                 raise LibvirtError(f"{tool} not found: run `bash scripts/setup-debian.sh`")
         ensure_libvirt_qemu_user()
+        _remove_stale_bases()
         if self.base.exists():
             shutil.rmtree(self.base)
         for sub, _ in _BINDS:
