@@ -5,13 +5,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from lxml import etree
 
 from conftest import ROOT
-from kubevirt_sim import canonical, hook_calls, kubevirt_reparse, libvirt_define, non_owned_elements
+from kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
 from topology.errors import DomainError, PlanError
 from topology.rewrite import rewrite_domain
 from topology.sysfs import open_host

@@ -7,7 +7,7 @@ no entities, no network, bounded size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 from lxml import etree
 
@@ -312,17 +312,6 @@ class DomainView:
             if p.get("vcpu") is not None and p.get("cpuset"):
                 out.append((parse_int(p.get("vcpu"), "vcpupin vcpu"), p.get("cpuset") or ""))
         return out
-
-    def addressed_elements(self) -> Iterator[tuple[etree._Element, GuestAddress]]:
-        """Every device element (anywhere under <devices>) with a guest PCI address."""
-        for el in self.devices.iter():
-            if not isinstance(el.tag, str) or el.tag == "address":
-                continue
-            if el.tag == "source" or el.getparent() is None:
-                continue
-            a = read_guest_address(el)
-            if a is not None:
-                yield el, a
 
 
 def parse_cpuset(text: str) -> set[int]:

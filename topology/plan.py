@@ -357,9 +357,11 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
     used_chassis = set(reserved_chassis)
 
     def chassis_for(index: int) -> int:
+        # chassis = index, as libvirt defaults it; on a clash take a free number from the top,
+        # away from the low indexes libvirt will give root ports it adds after us.
         c = index
         if c in used_chassis:
-            c = next(x for x in range(1, 256) if x not in used_chassis)
+            c = next(x for x in range(255, 0, -1) if x not in used_chassis)
         used_chassis.add(c)
         return c
 

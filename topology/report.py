@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from .classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
-from .model import Bdf, PciFunction, Role, Topology, root_complex_sort_key
+from .model import Bdf, PciFunction, Role, Topology
 from .names import part_name
 
 LABEL_PREFIX = {Role.GPU: "GPU", Role.NIC: "NIC", Role.NVME: "NVME", Role.NVSWITCH: "NVSW"}
@@ -212,15 +212,6 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
     return "\n".join(out) + "\n"
 
 
-__all__ = [
-    "default_devices",
-    "label_devices",
-    "topo_text",
-    "topo_json",
-    "tree_text",
-    "render_matrix",
-    "root_complex_sort_key",
-]
 
 
 # -- xmlfix --explain --------------------------------------------------------------------------

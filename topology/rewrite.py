@@ -31,7 +31,7 @@ from .domain import (
 )
 from .errors import DomainError
 from .guest import GuestView, guest_view
-from .model import Bdf, Role, Topology
+from .model import Bdf, Topology
 from .plan import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan, plan
 
 # Elements libvirt places on a root port of pcie-root when they carry no address.
@@ -307,4 +307,4 @@ def _canonical(xml: bytes) -> bytes:
         raise DomainError("output XML does not parse (internal error)") from None
 
 
-__all__ = ["RewriteOptions", "RewriteResult", "Report", "rewrite_domain", "Role"]
+__all__ = ["RewriteOptions", "RewriteResult", "Report", "rewrite_domain"]
