@@ -4,12 +4,12 @@
 What virt-launcher does and what we do about it (``shared/brief/01-kubevirt-hooks.md``):
 - It lists the socket folder every few hundred ms, dials each entry (2 s), calls ``Info`` with a
   1 s deadline and panics on an error. So everything slow (imports, opening the host model,
-  building the server) happens before the socket exists; the socket is bound with mode 0000
-  (a non-root client cannot connect), the server is started, and only then is it made
-  connectable (0660, owned by uid/gid 107 when we run as root). A root client connecting in the
-  instant between bind and start is not lost either: its connection waits in the listen
-  backlog and is answered once the server runs (tested). Nothing else is ever created in the
-  folder, since virt-launcher takes every entry there for a socket.
+  building the server) happens before the socket exists; then it is bound with its final mode
+  (0660; owned by uid/gid 107 when we run as root) and the server started at once. gRPC
+  listens as it binds, and a connection made before start() waits in the backlog and is
+  answered (tested), so a client that dials the instant the socket appears gets its Info.
+  Nothing else is ever created in the folder (no temporary name to rename from): virt-launcher
+  dials every entry there and would record a temporary socket under the wrong name.
 - A stale socket file from an earlier run (container restart) is replaced; a live one (some
   process answers on it) is left alone and we refuse to start.
 - ``Info`` answers versions v1alpha3, v1alpha2, v1alpha1 and hook points ``OnDefineDomain`` and
@@ -72,7 +72,7 @@ SOCKET_MODE = 0o660
 # but say it here so it is a decision: larger requests are refused by gRPC before they reach us.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # The sidecar gets 200m CPU; a small pool keeps memory flat. Extra calls queue (never refused).
-WORKERS = 4
+WORKERS = 2
 # How long in-flight calls may run on when we are asked to stop.
 STOP_GRACE_S = 5.0
 
@@ -339,9 +339,11 @@ class HookServer:
         for add, servicer in _servicers(self.hooks):
             add(servicer, server)
 
-        # Bind with mode 0000: until the server runs, a non-root virt-launcher gets EACCES
-        # (its dial retries) instead of a connection nobody serves yet.
-        old_umask = os.umask(0o777)
+        # Bind with the final mode (umask), hand the socket to the compute container's uid if
+        # we are root, and start at once: gRPC listens inside add_insecure_port, and a client
+        # that connects before start() waits in the backlog and is answered (tested). The
+        # only instant a client can be refused is between bind() and listen() inside gRPC.
+        old_umask = os.umask(0o777 & ~SOCKET_MODE)
         try:
             port = server.add_insecure_port(f"unix:{self.socket_path}")
         except RuntimeError as e:
@@ -350,11 +352,10 @@ class HookServer:
             os.umask(old_umask)
         if port == 0:
             raise ConfigError(f"cannot bind {self.socket_path}")
-        server.start()
-        self._server = server
         if os.geteuid() == 0:
             os.chown(self.socket_path, COMPUTE_UID, COMPUTE_GID)
-        os.chmod(self.socket_path, SOCKET_MODE)
+        server.start()
+        self._server = server
         st = os.lstat(self.socket_path)
         self._ident = (st.st_dev, st.st_ino)
         self.log(
@@ -405,9 +406,26 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}")
 
 
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives every thread that allocates its own malloc arena (up to 8 per core): with
+    gRPC's threads and the worker pool, freed memory then sits in many arenas. Capping them
+    keeps resident memory flat under concurrent calls (measured: bench/sidecar_measure.py).
+    Must run before the threads exist; a no-op where the C library is not glibc or the
+    operator already set MALLOC_ARENA_MAX."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(-8, arenas)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 def serve_main(argv: list[str]) -> int:
     """``pcitopo serve [--socket PATH] [--sysfs PATH]``. Returns the exit code; a bad argument
     or an unusable socket path raises PcitopoError (one line, exit 2 through the CLI door)."""
+    limit_malloc_arenas()
     parser = _Parser(prog="pcitopo serve", description="Serve KubeVirt's hook API (OnDefineDomain) on a Unix socket.")
     parser.add_argument("--socket", default=DEFAULT_SOCKET, help=f"socket path (default {DEFAULT_SOCKET})")
     parser.add_argument(
