@@ -2,14 +2,18 @@
 :func:`sidecar.core.handle_define_domain`.
 
 What virt-launcher does and what we do about it (``shared/brief/01-kubevirt-hooks.md``):
-- It lists the socket folder every few hundred ms, dials each entry (2 s), calls ``Info`` with a
-  1 s deadline and panics on an error. So everything slow (imports, opening the host model,
-  building the server) happens before the socket exists; then it is bound with its final mode
-  (0660; owned by uid/gid 107 when we run as root) and the server started at once. gRPC
-  listens as it binds, and a connection made before start() waits in the backlog and is
-  answered (tested), so a client that dials the instant the socket appears gets its Info.
-  Nothing else is ever created in the folder (no temporary name to rename from): virt-launcher
-  dials every entry there and would record a temporary socket under the wrong name.
+- It lists the socket folder every few hundred ms, dials each entry (2 s, retrying), calls
+  ``Info`` with a 1 s deadline and panics on an error. So everything slow (imports, opening the
+  host model, building the server) happens before the socket exists; then it is bound with its
+  final mode (0660; owned by uid/gid 107 when we run as root) and the server started at once.
+  A connection made after gRPC listens but before start() waits in the backlog and is answered
+  (tested). The one residual window is inside gRPC's bind: the file exists a moment (measured:
+  usually microseconds, up to ~9 ms on a loaded machine) before it listens; a dial landing
+  there is refused and virt-launcher's dial retries (~1 s later, within its 2 s), so it costs a
+  second, never an Info error. Binding under a temporary name and renaming would close that
+  window but needs a temporary entry in the folder, which virt-launcher dials too (a failed
+  dial of a directory costs it 2-3 s; a served socket under a temporary name would be recorded
+  under that name and fail the VM later). Nothing but the socket is ever created there.
 - A stale socket file from an earlier run (container restart) is replaced; a live one (some
   process answers on it) is left alone and we refuse to start.
 - ``Info`` answers versions v1alpha3, v1alpha2, v1alpha1 and hook points ``OnDefineDomain`` and
@@ -342,7 +346,8 @@ class HookServer:
         # Bind with the final mode (umask), hand the socket to the compute container's uid if
         # we are root, and start at once: gRPC listens inside add_insecure_port, and a client
         # that connects before start() waits in the backlog and is answered (tested). The
-        # only instant a client can be refused is between bind() and listen() inside gRPC.
+        # only moment a client can be refused is between bind() and listen() inside gRPC (see
+        # the module docstring).
         old_umask = os.umask(0o777 & ~SOCKET_MODE)
         try:
             port = server.add_insecure_port(f"unix:{self.socket_path}")
