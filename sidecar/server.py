@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import grpc
 
-from topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
+from topology.errors import ConfigError, PcitopoError, SysfsError
 from topology.model import Topology
 from topology.sysfs import default_sysfs, open_host
 
