@@ -368,18 +368,35 @@ def numa_divergent(host: Topology, bdf: Bdf) -> bool:
     return nccl_path(host, f).cpu != host.numa_of(nccl_device(host, f))
 
 
-def class_differences(xml: bytes, host: Topology, tolerate_numa_divergence: bool = False) -> list[str]:
+def crowded_port(host: Topology, placed: Iterable[Bdf]) -> set[Bdf]:
+    """Placed functions that share their host port (or root-bus slot) with more than eight
+    placed functions: the planner splits them over sibling guest ports. Known loss of
+    fidelity, tracked by test_more_than_eight_functions_keep_host_class."""
+    groups: dict[object, list[Bdf]] = {}
+    for b in placed:
+        f = host.function(b)
+        key = f.parent_bdf if f.parent_bdf is not None else (f.root_complex, b.slot)
+        groups.setdefault(key, []).append(b)
+    return {b for members in groups.values() if len(members) > 8 for b in members}
+
+
+def class_differences(xml: bytes, host: Topology, tolerate_numa_divergence: bool = False,
+                      tolerate_crowded_ports: bool = False) -> list[str]:
     """Pairs of placed hostdevs whose guest class differs from the host class (NCCL always;
-    NVML except the Broadcom collapse)."""
+    NVML except the Broadcom collapse). The ``tolerate_*`` flags skip pairs that differ only
+    because of a known bug (each pinned by its own strict xfail test)."""
     guest, h2g = guest_topology(xml, host)
     p, _ = parse(xml)
     out = []
     placed = [b for b in p.hostdev_sources if b in h2g]
+    crowded = crowded_port(host, placed) if tolerate_crowded_ports else set()
     for a, b in pairs(placed):
         hc = classify(host, a, b)
         gc = classify(guest, h2g[a], h2g[b])
         if hc.nccl != gc.nccl or (hc.nvml != gc.nvml and not broadcom_collapse(hc, gc)):
             if tolerate_numa_divergence and (numa_divergent(host, a) or numa_divergent(host, b)):
+                continue
+            if a in crowded or b in crowded:
                 continue
             out.append(f"{a}-{b}: host NCCL {hc.nccl.value}/NVML {hc.nvml.value}, guest NCCL {gc.nccl.value}/NVML {gc.nvml.value}")
     return out
@@ -399,4 +416,4 @@ def owned_projection(xml: bytes) -> tuple:
     return tuple(ours), tuple(placements)
 
 
-__all__ = ["check_rules", "check_created_aliases", "class_differences", "guest_topology", "numa_divergent", "owned_projection", "parse"]
+__all__ = ["check_rules", "check_created_aliases", "class_differences", "crowded_port", "guest_topology", "numa_divergent", "owned_projection", "parse"]

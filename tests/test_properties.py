@@ -34,7 +34,15 @@ from hypothesis import strategies as st
 from lxml import etree
 
 import conftest_hypothesis as hp
-from invariants import check_created_aliases, check_rules, class_differences, numa_divergent, owned_projection, parse
+from invariants import (
+    check_created_aliases,
+    check_rules,
+    class_differences,
+    crowded_port,
+    numa_divergent,
+    owned_projection,
+    parse,
+)
 from kubevirt_sim import canonical, non_owned_elements
 from strategies import (
     Case,
@@ -78,24 +86,6 @@ def schema() -> etree.RelaxNG:
             pytest.fail(why)
         pytest.skip(why)
     return rng
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _example_count(request):
-    """Print how many examples the properties ran; under the fuzz profile, insist on the
-    minimum (hypothesis may stop a property early, and that must not pass silently)."""
-    yield
-    total = sum(RUNS.values())
-    tr = request.config.pluginmanager.get_plugin("terminalreporter")
-    line = f"hypothesis profile {hp.PROFILE}: {total} examples run (" + ", ".join(f"{k} {v}" for k, v in sorted(RUNS.items())) + ")"
-    if tr is not None:
-        tr.write_line("")
-        tr.write_line(line)
-    else:  # pragma: no cover
-        print(line)
-    selected = all(item.module is request.module for item in request.session.items)
-    if hp.PROFILE == "fuzz" and selected and len(request.session.items) >= 6 and total < hp.FUZZ_MINIMUM:
-        pytest.fail(f"fuzz profile ran only {total} examples, fewer than {hp.FUZZ_MINIMUM}")
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -181,20 +171,23 @@ def run_case(case: Case, schema) -> None:
     p, _ = parse(out)
     n = len(p.hostdev_sources)
     assert len(report.pairs) == n * (n - 1) // 2
-    divergent = any(numa_divergent(host, b) for b in p.hostdev_sources)
-    if divergent:
+    if any(numa_divergent(host, b) for b in p.hostdev_sources):
         event("known bug tolerated: numa_node missing/-1 on some functions only")
+    crowded = crowded_port(host, p.hostdev_sources)
+    if crowded:
+        event("known bug tolerated: more than 8 functions below one host port")
+    known = dict(tolerate_numa_divergence=True, tolerate_crowded_ports=True)
     if case.guest_numa and case.acpi:
-        diffs = class_differences(out, host, tolerate_numa_divergence=True)
+        diffs = class_differences(out, host, **known)
         assert not diffs, "guest class differs from host class:\n  " + "\n  ".join(diffs)
         lost = [f"{x.a}-{x.b}: {x.why}" for x in report.fidelity_lost
-                if not (numa_divergent(host, x.a) or numa_divergent(host, x.b))]
+                if not (numa_divergent(host, x.a) or numa_divergent(host, x.b) or x.a in crowded or x.b in crowded)]
         assert not lost, "the rewrite's own verification reports lost fidelity:\n  " + "\n  ".join(lost)
         event("guest NUMA: classes compared")
     else:
         # Without guest NUMA the guest cannot show SYS/NODE across host nodes; pairs within
         # one host node must still match.
-        same_node = [d for d in class_differences(out, host, tolerate_numa_divergence=True) if _same_node(host, d)]
+        same_node = [d for d in class_differences(out, host, **known) if _same_node(host, d)]
         assert not same_node, "pairs within one host NUMA node differ:\n  " + "\n  ".join(same_node)
         event("no guest NUMA: same-node classes compared")
     event(f"layout {case.layout}, {case.calls} call(s)")
@@ -417,3 +410,43 @@ def test_missing_numa_node_keeps_host_class():
     result = rewrite_domain(xml, world.host)
     assert class_differences(result.xml, world.host) == []
     assert result.report.fidelity_lost == []
+
+
+SPLIT_TOPO = """\
+numa 0 cpus=0-7
+
+rc 0000:00 numa=0
+  rp 00:00.0 preset=intel-rp
+    ep 01:00.0 preset=cx7-ib functions=2 vfs=4
+"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "planner: more than 8 functions below one host port (a dual-port NIC with its VFs) are split over "
+    "sibling guest root ports, so pairs across the split read PHB in the guest where the host says PIX; "
+    "a virtual switch with one downstream port per chunk would keep PIX"))
+def test_more_than_eight_functions_keep_host_class():
+    world = world_from_topo(SPLIT_TOPO, "split")
+    xml = build_domain(world, world.assignable)
+    result = rewrite_domain(xml, world.host)
+    assert class_differences(result.xml, world.host) == []
+    assert result.report.fidelity_lost == []
+
+
+# -- keep this last: the example count ---------------------------------------------------------
+
+PROPERTIES = ("test_generated_worlds", "test_fixture_hosts", "test_mutated_domains_fail_typed",
+              "test_mutated_sysfs_fail_typed", "test_vmi_json_fails_typed", "test_passthrough_returns_input_unchanged")
+
+
+def test_zz_example_count(request, capsys):
+    """Print how many examples the properties above ran in this session; under the fuzz
+    profile, when all of them ran, insist on the minimum (hypothesis may stop a property early,
+    and that must not pass silently)."""
+    total = sum(RUNS.values())
+    line = f"hypothesis profile {hp.PROFILE}: {total} examples run (" + ", ".join(f"{k} {v}" for k, v in sorted(RUNS.items())) + ")"
+    with capsys.disabled():
+        print(f"\n{line}")
+    ran = {item.originalname for item in request.session.items if item.module is request.module}
+    if hp.PROFILE == "fuzz" and set(PROPERTIES) <= ran:
+        assert total >= hp.FUZZ_MINIMUM, f"fuzz profile ran only {total} examples, fewer than {hp.FUZZ_MINIMUM}"

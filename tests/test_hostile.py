@@ -1,0 +1,425 @@
+"""The hostile corpus (tests/hostile/cases.toml) through both doors, and the security claims
+of docs/SECURITY.md that a test can check.
+
+- ``xmlfix`` as a subprocess: exit 2 and exactly one line on stderr naming the cause (the
+  manifest's regex), never a traceback; or, for inputs that are fine, exit 0 and an output
+  that passes the case's checks.
+- ``pcitopo serve`` as a subprocess, over its Unix socket: a gRPC error whose details are
+  ``pcitopo: <kind>: <the same line>``; under ``on-error: passthrough`` the input back byte
+  for byte (except bad options, which stay fatal); and after every hostile call the server
+  still answers Info and a good OnDefineDomain correctly.
+
+Processes are stopped by their own PID. Sockets live in short /tmp folders (AF_UNIX paths are
+limited to 108 bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+import io
+import tempfile
+import time
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from lxml import etree
+
+from kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
+from sidecar.config import PREFIX
+from sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
+from topology.errors import PcitopoError
+from topology.rewrite import rewrite_domain
+from topology.synth import load_topo_file
+from topology.sysfs import open_host
+
+HERE = Path(__file__).resolve().parent
+HOSTILE = HERE / "hostile"
+REPO = HERE.parent
+BIN = Path(sys.executable).parent
+SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
+OVERSIZED_BYTES = 50 * 1024 * 1024
+PASSTHROUGH_VMI = json.dumps({"metadata": {"name": "gpu-vm", "namespace": "ml",
+                                           "annotations": {f"{PREFIX}on-error": "passthrough"}}}).encode()
+# Damaged sysfs copies go to a tmpfs when there is one (thousands of tiny files).
+SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+# Generous bounds so a blocked read or a hung server fails the test instead of hanging CI.
+SUBPROCESS_TIMEOUT_S = 60
+
+
+def load_cases() -> list[dict]:
+    with open(HOSTILE / "cases.toml", "rb") as fh:
+        cases = tomllib.load(fh)["case"]
+    names = [c["name"] for c in cases]
+    assert len(names) == len(set(names)), "duplicate case names in cases.toml"
+    return cases
+
+
+CASES = load_cases()
+
+
+def params(cases: list[dict]):
+    out = []
+    for c in cases:
+        marks = [pytest.mark.xfail(strict=True, reason=c["xfail"])] if "xfail" in c else []
+        out.append(pytest.param(c, id=c["name"], marks=marks))
+    return out
+
+
+# -- materialising a case ----------------------------------------------------------------------
+
+@dataclass
+class Host:
+    sysfs: str
+    held_fds: list[int] = field(default_factory=list)
+    tmp: Path | None = None
+
+    def close(self) -> None:
+        for fd in self.held_fds:
+            os.close(fd)
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _dev_dir(root: Path, bdf: str) -> Path:
+    link = root / "bus/pci/devices" / bdf
+    return Path(os.path.normpath(link.parent / os.readlink(link)))
+
+
+def _mutate(root: Path, path: str, make: str, held: list[int]) -> None:
+    m = re.match(r"^\{dev:([^}]+)\}(.*)$", path)
+    target = (_dev_dir(root, m.group(1)) / m.group(2).lstrip("/")) if m else root / path
+    if make == "no-root-complex":
+        # The device link points at a copy of the function's directory right below devices/,
+        # with no pciDDDD:BB root complex above it.
+        real = root / "devices" / target.name
+        shutil.copytree(_dev_dir(root, target.name), real, symlinks=True)
+        target.unlink()
+        os.symlink(os.path.relpath(real, target.parent), target)
+        return
+    if target.is_symlink() or target.is_file():
+        target.unlink()
+    elif target.is_dir() and make != "loop":
+        shutil.rmtree(target)
+    if make == "missing":
+        return
+    if make in ("fifo", "fifo-with-writer"):
+        os.mkfifo(target)
+        if make == "fifo-with-writer":
+            # A writer that never writes: a blocking read would hang forever.
+            held.append(os.open(target, os.O_RDWR | os.O_NONBLOCK))
+    elif make == "dir":
+        target.mkdir()
+    elif make == "abs-passwd":
+        os.symlink("/etc/passwd", target)
+    elif make == "huge":
+        target.write_bytes(b"0x10de\n" * (1 << 17))
+    elif make == "garbage":
+        target.write_bytes(b"\xff\xfe\x00 not a number \x1b[31m\n")
+    elif make == "file":
+        target.write_text("not a directory\n")
+    elif make == "loop":
+        # The entry becomes a symlink to itself (a directory: everything below it vanishes).
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.symlink(target.name, target)
+    else:  # pragma: no cover
+        raise AssertionError(f"unknown mutation {make!r}")
+
+
+def _capture(kind: str, out: Path) -> None:
+    if kind == "not-gzip":
+        out.write_text("this is not a tarball\n")
+        return
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        if kind == "traversal":
+            data = b"0x10de\n"
+            info = tarfile.TarInfo("../../../../../tmp/pcitopo-hostile-escaped")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        elif kind == "huge-member":
+            data = b"0" * 100_000
+            info = tarfile.TarInfo("devices/pci0000:15/0000:15:01.0/vendor")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    out.write_bytes(raw.getvalue())
+
+
+def materialize_host(case: dict) -> Host:
+    kind, _, arg = case["host"].partition(":")
+    if kind == "fixture":
+        return Host(str(REPO / "fixtures" / arg))
+    if kind == "path":
+        return Host(arg)
+    tmp = Path(tempfile.mkdtemp(prefix="pcitopo-hostile-", dir=SCRATCH))
+    host = Host(str(tmp / "sysfs"), tmp=tmp)
+    if kind == "capture":
+        host.sysfs = str(tmp / "capture.tar.gz")
+        _capture(arg, Path(host.sysfs))
+        return host
+    assert kind == "topo", case["host"]
+    tree = load_topo_file(HOSTILE / arg)
+    if not case.get("mutate"):
+        # Undamaged: a capture tarball (one file, read into memory) is as good and much faster
+        # to write than thousands of small files.
+        host.sysfs = str(tmp / "sysfs.tar.gz")
+        tree.write_tarball(host.sysfs)
+        return host
+    tree.write_dir(tmp / "sysfs")
+    for m in case.get("mutate", []):
+        _mutate(tmp / "sysfs", m["path"], m["make"], host.held_fds)
+    return host
+
+
+def materialize_domain(case: dict) -> bytes:
+    spec = case["domain"]
+    if spec == "generate:oversized":
+        base = (HOSTILE / "domains/base.xml").read_bytes()
+        pad = b"<description>" + b"x" * OVERSIZED_BYTES + b"</description>"
+        return base.replace(b"</name>", b"</name>" + pad, 1)
+    if spec == "generate:all-devices":
+        kind, _, arg = case["host"].partition(":")
+        topo = open_host_for(case)
+        return kubevirt_domain(topo, DomainSpec("all", tuple(gpus_and_nics(topo))))
+    return (HOSTILE / spec).read_bytes()
+
+
+def open_host_for(case: dict):
+    kind, _, arg = case["host"].partition(":")
+    if kind == "topo":
+        from topology.model import Topology
+        from topology.sysfs import SysfsReader
+
+        return Topology(SysfsReader(load_topo_file(HOSTILE / arg)))
+    return open_host(REPO / "fixtures" / arg)
+
+
+# -- the xmlfix door -----------------------------------------------------------------------------
+
+def run_xmlfix(domain: bytes, sysfs: str, vmi: Path | None, workdir: Path) -> subprocess.CompletedProcess:
+    dom = workdir / "domain.xml"
+    dom.write_bytes(domain)
+    argv = [str(BIN / "xmlfix"), "--sysfs", sysfs]
+    if vmi is not None:
+        argv += ["--vmi", str(vmi)]
+    argv.append(str(dom))
+    env = {k: v for k, v in os.environ.items() if k != "PCITOPO_DEBUG"}
+    return subprocess.run(argv, capture_output=True, timeout=SUBPROCESS_TIMEOUT_S, env=env, cwd=workdir)
+
+
+def check_accepted(case: dict, domain: bytes, out: bytes) -> None:
+    assert out.strip(), "accepted, but no XML came back"
+    doc = etree.fromstring(out)
+    for check in case.get("check", []):
+        if check == "no-passwd":
+            assert b"root:x:0:0" not in out and b"/bin/bash" not in out, "local file content leaked into the output"
+        elif check == "no-node":
+            assert doc.find("devices/controller/target/node") is None, "a <node> appeared for a host without NUMA"
+        elif check == "unchanged":
+            assert out == domain, "the input did not come back byte for byte"
+        elif check == "schema":
+            if os.path.exists(SCHEMA):
+                rng = etree.RelaxNG(file=SCHEMA)
+                assert rng.validate(doc), rng.error_log.last_error
+        else:  # pragma: no cover
+            raise AssertionError(f"unknown check {check!r}")
+
+
+@dataclass(frozen=True)
+class XmlfixRun:
+    returncode: int
+    stdout: bytes
+    stderr: str
+    sysfs: str  # the (temporary) sysfs path it ran on, as error lines may name it
+
+
+def _run_case_xmlfix(case: dict) -> XmlfixRun:
+    host = materialize_host(case)
+    work = Path(tempfile.mkdtemp(prefix="pcitopo-xmlfix-"))
+    try:
+        domain = materialize_domain(case)
+        vmi = HOSTILE / case["vmi"] if "vmi" in case else None
+        res = run_xmlfix(domain, host.sysfs, vmi, work)
+    finally:
+        host.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return XmlfixRun(res.returncode, res.stdout, res.stderr.decode("utf-8", "replace"), host.sysfs)
+
+
+@pytest.fixture(scope="module")
+def xmlfix_runs(request) -> dict[str, XmlfixRun]:
+    """xmlfix on every selected case, a few subprocesses at a time (each is mostly start-up)."""
+    selected = {}
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if item.module is request.module and callspec is not None and "case" in callspec.params:
+            c = callspec.params["case"]
+            selected[c["name"]] = c
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(selected, pool.map(_run_case_xmlfix, selected.values())))
+
+
+@pytest.mark.parametrize("case", params(CASES))
+def test_xmlfix(case, xmlfix_runs):
+    res = xmlfix_runs[case["name"]]
+    err = res.stderr
+    assert "Traceback" not in err, err
+    assert res.returncode == case["exit"], f"exit {res.returncode}, stderr: {err!r}"
+    if case["exit"] == 2:
+        lines = err.splitlines()
+        assert len(lines) == 1, f"want exactly one line on stderr, got {lines!r}"
+        assert lines[0].startswith("xmlfix: "), lines[0]
+        assert re.search(case["stderr"], lines[0]), f"{lines[0]!r} does not name the cause /{case['stderr']}/"
+        assert res.stdout == b"", "bad input, yet something was written to stdout"
+    else:
+        assert err == "", err
+        check_accepted(case, materialize_domain(case), res.stdout)
+
+
+# -- the socket door -------------------------------------------------------------------------------
+
+class Server:
+    """``pcitopo serve`` as a child process on a short socket path; stopped by its PID."""
+
+    def __init__(self, sysfs: str):
+        self.dir = Path(tempfile.mkdtemp(prefix="pcitopo-h-"))
+        self.socket = self.dir / "pcitopo.sock"
+        self.log = open(self.dir / "server.log", "wb")
+        env = {k: v for k, v in os.environ.items() if k != "PCITOPO_DEBUG"}
+        self.proc = subprocess.Popen([str(BIN / "pcitopo"), "serve", "--socket", str(self.socket), "--sysfs", sysfs],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+        while True:
+            assert self.proc.poll() is None, f"server exited with {self.proc.returncode}: {self.log_text()}"
+            if self.socket.exists():
+                try:
+                    self.info()
+                    break
+                except grpc.RpcError:
+                    pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.05)
+
+    def log_text(self) -> str:
+        self.log.flush()
+        return (self.dir / "server.log").read_text(errors="replace")
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(f"unix:{self.socket}", options=[("grpc.max_send_message_length", -1)])
+
+    def info(self) -> info_pb2.InfoResult:
+        with self.channel() as ch:
+            return info_pb2_grpc.InfoStub(ch).Info(info_pb2.InfoParams(), timeout=5)
+
+    def define(self, domain: bytes, vmi: bytes = b"") -> bytes:
+        """A new connection per call, as virt-launcher does."""
+        with self.channel() as ch:
+            stub = v1alpha3_pb2_grpc.CallbacksStub(ch)
+            return stub.OnDefineDomain(v1alpha3_pb2.OnDefineDomainParams(domainXML=domain, vmi=vmi),
+                                       timeout=SUBPROCESS_TIMEOUT_S).domainXML
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fixture_server():
+    """One server on the hgx-h100 fixture for every case that uses it (it must survive them all)."""
+    srv = Server(str(REPO / "fixtures" / "hgx-h100"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def good_call():
+    domain = (HOSTILE / "domains/base.xml").read_bytes()
+    expected = rewrite_domain(domain, open_host(REPO / "fixtures" / "hgx-h100")).xml
+    return domain, expected
+
+
+@pytest.mark.parametrize("case", params(CASES))
+def test_socket(case, fixture_server, good_call, xmlfix_runs):
+    shared = case["host"] == "fixture:hgx-h100"
+    host = materialize_host(case)
+    srv = fixture_server if shared else Server(host.sysfs)
+    try:
+        domain = materialize_domain(case)
+        vmi_path = HOSTILE / case["vmi"] if "vmi" in case else None
+        vmi = vmi_path.read_bytes() if vmi_path else b""
+        run = xmlfix_runs[case["name"]]
+        line, stdout = run.stderr.strip(), run.stdout
+        try:
+            out = srv.define(domain, vmi)
+            status, details = grpc.StatusCode.OK, ""
+        except grpc.RpcError as e:
+            out, status, details = None, e.code(), e.details() or ""
+        assert status.name == case["grpc"], f"gRPC {status.name} ({details!r}), want {case['grpc']}"
+        if status == grpc.StatusCode.OK:
+            assert out == stdout, "the socket and xmlfix answer the same input differently"
+            check_accepted(case, domain, out)
+        else:
+            assert "\n" not in details and "Traceback" not in details, details
+            if "grpc_details" in case:
+                assert re.search(case["grpc_details"], details), details
+            else:
+                assert line.startswith("xmlfix: "), line
+                # Both runs name their own temporary sysfs copy.
+                assert re.search(case["stderr"], details), details
+                line = line.replace(run.sysfs, "<sysfs>")
+                details = details.replace(host.sysfs, "<sysfs>")
+                assert details == f"pcitopo: {_kind(details)}: {line[len('xmlfix: '):]}", (details, line)
+        # on-error: passthrough
+        mode = case.get("passthrough")
+        if mode is not None and "vmi" not in case:
+            try:
+                back = srv.define(domain, PASSTHROUGH_VMI)
+                assert mode == "unchanged", f"passthrough answered, but the case says {mode}"
+                assert back == domain, "passthrough changed the input"
+            except grpc.RpcError as e:
+                assert mode in ("error", "grpc"), f"passthrough still failed: {e.code().name} {e.details()}"
+        # ... and the server keeps serving.
+        assert srv.proc.poll() is None, f"the server died: {srv.log_text()[-2000:]}"
+        assert "OnDefineDomain" in [h.name for h in srv.info().hookPoints]
+        if shared:
+            assert srv.define(*good_call[:1]) == good_call[1]
+    finally:
+        if not shared:
+            srv.stop()
+        host.close()
+
+
+def _kind(details: str) -> str:
+    return details.split(": ", 2)[1] if details.count(": ") >= 2 else ""
+
+
+def test_every_corpus_file_has_a_case():
+    """No file in tests/hostile/ lies around untested."""
+    used = {c["domain"] for c in CASES} | {c.get("vmi") for c in CASES} | {c["host"].split(":", 1)[1] for c in CASES}
+    files = {str(p.relative_to(HOSTILE)) for p in HOSTILE.rglob("*") if p.is_file() and p.name != "cases.toml"}
+    unused = sorted(f for f in files if f not in used and f != "domains/base.xml")
+    assert not unused, f"corpus files without a case in cases.toml: {unused}"
+
+
+def test_the_fixture_server_logged_every_failure_as_one_json_line(fixture_server):
+    """Runs after the socket cases (same module, same server): every log line is JSON."""
+    for line in fixture_server.log_text().splitlines():
+        json.loads(line)
