@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast golden fixtures fuzz bench clean
+.PHONY: setup demo test test-fast golden fixtures proto fuzz bench clean
 
 setup: $(STAMP) .cache/e2e/.debian
 
@@ -35,6 +35,10 @@ fixtures: setup
 # Regenerate golden domains (inputs and expected outputs) and topo.json; review the diff.
 golden: setup
 	$(BIN)/python fixtures/golden.py
+
+# Regenerate the gRPC code from proto/ (committed; a test proves it matches).
+proto: setup
+	$(BIN)/python proto/generate.py
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .hypothesis build *.egg-info

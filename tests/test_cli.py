@@ -107,3 +107,16 @@ def test_xmlfix_bad_input_is_one_line_exit_2(tmp_path, content, needle):
     r = run("xmlfix", "--sysfs", "fixtures/hgx-h100", str(f))
     assert r.returncode == 2, r.stderr
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1 and b"Traceback" not in r.stderr
+
+
+def test_nvlink_table_is_overridable(tmp_path):
+    table = tmp_path / "nvlink.json"
+    table.write_text('{"boards": [{"name": "no nvlink", "gpus": ["10de:2330"], "links": 0}]}')
+    r = run("pcitopo", "topo", "--json", "--sysfs", "fixtures/hgx-h100", "--nvlink-table", str(table),
+            "0000:18:00.0", "0000:2a:00.0")
+    assert json.loads(r.stdout)["pairs"][0]["nvlink"] in (0, None)
+    default = run("pcitopo", "topo", "--json", "--sysfs", "fixtures/hgx-h100", "0000:18:00.0", "0000:2a:00.0")
+    assert json.loads(default.stdout)["pairs"][0]["nvlink"] == 18
+    table.write_text('{"boards": [{"name": "x", "links": "many"}]}')
+    r = run("pcitopo", "topo", "--sysfs", "fixtures/hgx-h100", "--nvlink-table", str(table))
+    assert r.returncode == 2 and b"NVLink table" in r.stderr and len(r.stderr.splitlines()) == 1

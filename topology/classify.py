@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
 
-from pydantic import BaseModel, Field, ValidationError
-
 from .errors import ConfigError
 from .model import NVIDIA, Bdf, PciFunction, Role, Topology, is_bdf
 
@@ -181,40 +179,55 @@ def classify(topo: Topology, a: Bdf | str | PciFunction, b: Bdf | str | PciFunct
 
 # -- NVLink (not in sysfs: inferred from a small table of SXM boards) -------------------------
 
-class NvlinkBoard(BaseModel):
+@dataclass(frozen=True)
+class NvlinkBoard:
     """GPUs of one SXM board family and the NVLink count between any two of them, valid only
     when the host also shows the board's NVSwitch functions (if any are listed)."""
 
     name: str
-    gpus: list[str] = Field(description="vendor:device ids of the board's GPUs")
-    links: int = Field(ge=0, le=64)
-    nvswitches: list[str] = Field(default_factory=list, description="vendor:device ids that must be present")
+    gpus: tuple[str, ...]  # vendor:device ids of the board's GPUs
+    links: int
+    nvswitches: tuple[str, ...] = ()  # vendor:device ids that must be present
 
 
-class NvlinkTable(BaseModel):
-    boards: list[NvlinkBoard]
+@dataclass(frozen=True)
+class NvlinkTable:
+    boards: tuple[NvlinkBoard, ...]
 
 
 # Inferred, not measured: nvidia-smi on HGX/DGX H100, H200 and B200 8-GPU boards prints NV18
 # between every GPU pair; A100 SXM4 8-GPU boards print NV12. HGX B200's NVLink switch chips are
 # not assumed to be visible on PCIe, so that entry requires none.
 DEFAULT_NVLINK_TABLE = NvlinkTable(
-    boards=[
-        NvlinkBoard(name="HGX H100/H200 8-GPU", gpus=["10de:2330", "10de:2335", "10de:2324"], links=18,
-                    nvswitches=["10de:22a3"]),
-        NvlinkBoard(name="HGX B200 8-GPU", gpus=["10de:2901"], links=18),
-        NvlinkBoard(name="HGX A100 8-GPU", gpus=["10de:20b0", "10de:20b2"], links=12, nvswitches=["10de:1af1"]),
-    ]
+    boards=(
+        NvlinkBoard("HGX H100/H200 8-GPU", ("10de:2330", "10de:2335", "10de:2324"), 18, ("10de:22a3",)),
+        NvlinkBoard("HGX B200 8-GPU", ("10de:2901",), 18),
+        NvlinkBoard("HGX A100 8-GPU", ("10de:20b0", "10de:20b2"), 12, ("10de:1af1",)),
+    )
 )
 
 
 def load_nvlink_table(path: str | os.PathLike) -> NvlinkTable:
+    """A user's table (JSON ``{"boards": [{"name", "gpus", "links", "nvswitches"}]}``),
+    validated with pydantic (imported here only: the sidecar never needs it on this path)."""
+    from pydantic import BaseModel, Field, ValidationError
+
+    class _Board(BaseModel):
+        name: str
+        gpus: list[str]
+        links: int = Field(ge=0, le=64)
+        nvswitches: list[str] = []
+
+    class _Table(BaseModel):
+        boards: list[_Board]
+
     try:
         with open(path, "rb") as fh:
-            return NvlinkTable.model_validate(json.load(fh))
+            raw = _Table.model_validate(json.load(fh))
     except (OSError, ValueError, ValidationError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"NVLink table {os.fspath(path)}: {first}") from None
+    return NvlinkTable(tuple(NvlinkBoard(b.name, tuple(b.gpus), b.links, tuple(b.nvswitches)) for b in raw.boards))
 
 
 class NvlinkOracle:

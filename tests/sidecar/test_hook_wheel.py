@@ -135,8 +135,6 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
-@pytest.mark.xfail(strict=True, reason="pyproject.toml (lead's) still allows grpcio>=1.60 and protobuf>=4.25; "
-                   "needs grpcio>=1.85.1,<2 and protobuf>=7.35.1,<8 (then drop this marker)")
 def test_the_wheel_requires_the_runtimes_the_generated_code_checks_for(wheel):
     """The generated modules refuse to import under an older grpcio or another protobuf major
     (they check at import): the wheel's requirements must not let pip pick one."""
