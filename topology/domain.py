@@ -87,12 +87,15 @@ def read_guest_address(el: etree._Element) -> GuestAddress | None:
     if addr is None or addr.get("type") != "pci":
         return None
     where = f"<{el.tag}> address"
-    return GuestAddress(
+    a = GuestAddress(
         bus=parse_int(addr.get("bus", "0"), f"{where} bus"),
         slot=parse_int(addr.get("slot", "0"), f"{where} slot"),
         function=parse_int(addr.get("function", "0"), f"{where} function"),
         domain=parse_int(addr.get("domain", "0"), f"{where} domain"),
     )
+    if not (0 <= a.bus <= 0xFF and 0 <= a.slot <= 0x1F and 0 <= a.function <= 7 and 0 <= a.domain <= 0xFFFF):
+        raise DomainError(f"{where} {a.domain:x}:{a.bus:x}:{a.slot:x}.{a.function:x} is out of range")
+    return a
 
 
 def write_guest_address(el: etree._Element, a: GuestAddress, multifunction: bool = False) -> None:
@@ -183,7 +186,10 @@ class PciController:
 
     @property
     def index(self) -> int:
-        return parse_int(self.el.get("index"), "pci controller index")
+        index = parse_int(self.el.get("index"), "pci controller index")
+        if not 0 <= index <= 255:
+            raise DomainError(f"pci controller index {index} is out of range (0-255)")
+        return index
 
     @property
     def model(self) -> str:
@@ -314,10 +320,17 @@ class DomainView:
         return out
 
 
+# Linux's largest NR_CPUS; no cpu or node list can name more.
+MAX_CPUSET_MEMBERS = 8192
+
+
 def parse_cpuset(text: str) -> set[int]:
-    """libvirt/kernel cpu lists: '0-3,8,10-11', with '^N' exclusions."""
+    """libvirt/kernel cpu lists: '0-3,8,10-11', with '^N' exclusions. Bounded: a list naming
+    more than MAX_CPUSET_MEMBERS cpus/nodes is refused, whatever its length in bytes."""
     out: set[int] = set()
     excluded: set[int] = set()
+    if len(text or "") > 64 * 1024:
+        raise DomainError("cpu/node list is longer than 64 KiB")
     for part in (text or "").split(","):
         part = part.strip()
         if not part:
@@ -329,11 +342,14 @@ def parse_cpuset(text: str) -> set[int]:
             if "-" in part:
                 lo, hi = part.split("-", 1)
                 lo_i, hi_i = int(lo), int(hi)
-                if hi_i - lo_i > 65536:
+                if lo_i < 0 or hi_i < lo_i or hi_i >= MAX_CPUSET_MEMBERS:
                     raise ValueError
                 target.update(range(lo_i, hi_i + 1))
             else:
-                target.add(int(part))
+                n = int(part)
+                if not 0 <= n < MAX_CPUSET_MEMBERS:
+                    raise ValueError
+                target.add(n)
         except ValueError:
-            raise DomainError(f"cannot read cpu/node list {text!r}") from None
+            raise DomainError(f"cannot read cpu/node list {text[:60]!r}: want ids 0-{MAX_CPUSET_MEMBERS - 1}") from None
     return out - excluded

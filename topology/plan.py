@@ -213,18 +213,24 @@ def map_numa(host: Topology, facts: DomainFacts) -> tuple[dict[int, int], str, l
     if mapping:
         return mapping, "numatune memnode", notes
     # Fall back to vCPU pinning: the host node holding most of a cell's pinned CPUs.
-    host_cpus = {nid: parse_cpuset(n.cpulist or "") for nid, n in host.numa_nodes().items()}
+    node_of_cpu: dict[int, int] = {}
+    for nid, n in host.numa_nodes().items():
+        try:
+            for cpu in parse_cpuset(n.cpulist or ""):
+                node_of_cpu[cpu] = nid
+        except DomainError:
+            notes.append(f"host NUMA node {nid} has an unreadable cpulist; ignored for pinning")
     pins = dict(facts.vcpupins)
+    parsed: dict[str, set[int]] = {}
     for cell in sorted(cells.values(), key=lambda c: c.id):
-        votes: Counter = Counter()
-        for vcpu in parse_cpuset(cell.cpus or ""):
-            for cpu in parse_cpuset(pins.get(vcpu, "")):
-                for nid, cpus in host_cpus.items():
-                    if cpu in cpus:
-                        votes[nid] += 1
+        pinned: set[int] = set()
+        for cpuset in {pins[v] for v in parse_cpuset(cell.cpus or "") if v in pins}:
+            if cpuset not in parsed:
+                parsed[cpuset] = parse_cpuset(cpuset)
+            pinned |= parsed[cpuset]
+        votes = Counter(node_of_cpu[c] for c in pinned if c in node_of_cpu)
         if votes:
-            node = votes.most_common(1)[0][0]
-            mapping.setdefault(node, cell.id)
+            mapping.setdefault(votes.most_common(1)[0][0], cell.id)
     if mapping:
         return mapping, "vcpu pinning", notes
     notes.append("no memnode map and no vCPU pinning tie guest cells to host nodes: expander buses get no <node>")
@@ -260,6 +266,41 @@ def budget_buses(pxb_sizes: list[int], pcie_root_needed: int) -> list[int]:
     return out
 
 
+def controllers_to_remove(facts: DomainFacts) -> set[int]:
+    """Ours from earlier calls, plus foreign expander buses, switch ports and pxb root ports
+    left empty once the hostdevs move (KubeVirt's PCINUMAAwareTopology layout). Root ports on
+    pcie-root stay: they carry other devices or are hotplug capacity. A worklist, so a chain of
+    N empty controllers costs O(N), not a pass per removal."""
+    by_index = {c.index: c for c in facts.controllers}
+    removed = {c.index for c in facts.controllers if c.ours}
+    users: Counter = Counter()  # hostdevs are all moving: they hold none of their old controllers
+    for a in facts.other_addresses:
+        users[a.bus] += 1
+    for c in facts.controllers:
+        if c.address is not None and c.index not in removed:
+            users[c.address.bus] += 1
+
+    def removable(c: ControllerFact) -> bool:
+        if c.index in removed or c.model == PCIE_ROOT or users[c.index]:
+            return False
+        parent = by_index.get(c.address.bus) if c.address else None
+        on_pxb = parent is not None and parent.model == PXB
+        return c.model in (PXB, UPSTREAM, DOWNSTREAM) or (c.model == ROOT_PORT and on_pxb)
+
+    work = [c for c in facts.controllers if removable(c)]
+    while work:
+        c = work.pop()
+        if not removable(c):
+            continue
+        removed.add(c.index)
+        if c.address is not None:
+            users[c.address.bus] -= 1
+            parent = by_index.get(c.address.bus)
+            if parent is not None and removable(parent):
+                work.append(parent)
+    return removed
+
+
 # -- the planner --------------------------------------------------------------------------------
 
 def plan(host: Topology, facts: DomainFacts) -> Plan:
@@ -284,35 +325,11 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
 
     rcs = build_mirror(host, devices)
 
-    # Which existing controllers go: ours from earlier calls, and foreign expander buses,
-    # switch ports and pxb root ports left empty once the hostdevs move (KubeVirt's
-    # PCINUMAAwareTopology layout). Root ports on pcie-root stay: other devices or hotplug.
     by_index = {c.index: c for c in facts.controllers}
     if len(by_index) != len(facts.controllers):
         dup = [i for i, n in Counter(c.index for c in facts.controllers).items() if n > 1]
         raise DomainError(f"duplicate pci controller index {dup[0]}")
-    # Hostdevs are all moving, so they hold none of their old controllers.
-    users: Counter = Counter()
-    for a in facts.other_addresses:
-        users[a.bus] += 1
-    removed: set[int] = {c.index for c in facts.controllers if c.ours}
-    for c in facts.controllers:
-        if c.address is not None and c.index not in removed:
-            users[c.address.bus] += 1
-    changed = True
-    while changed:
-        changed = False
-        for c in facts.controllers:
-            if c.index in removed or c.model == PCIE_ROOT:
-                continue
-            parent = by_index.get(c.address.bus) if c.address else None
-            on_pxb = parent is not None and parent.model == PXB
-            removable = c.model in (PXB, UPSTREAM, DOWNSTREAM) or (c.model == ROOT_PORT and on_pxb)
-            if removable and users[c.index] == 0:
-                removed.add(c.index)
-                if c.address is not None:
-                    users[c.address.bus] -= 1
-                changed = True
+    removed = controllers_to_remove(facts)
     kept = [c for c in facts.controllers if c.index not in removed]
     for c in kept:
         if c.model == PXB:
@@ -325,20 +342,17 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
     ordered_rcs = sorted(rcs.values(), key=lambda r: root_complex_sort_key(r.name))
 
     # Bus budget: each pxb = its root bus + one per bridge below it.
-    def bridges(port: _Port) -> int:
-        n = 1 + _extra_ports(port)
-        if port.switch is not None:
-            n += 1 + sum(bridges(p) for p in port.switch.ports.values())
-        return n
-
-    sizes = [1 + sum(bridges(p) for p in rc.root_ports.values()) for rc in ordered_rcs]
+    sizes = [1 + sum(_port_bridges(p, ROOT_PORT) for p in rc.root_ports.values()) for rc in ordered_rcs]
     kept_indexes = {c.index for c in kept}
     has_root = any(c.model == PCIE_ROOT for c in kept)
-    n_ours = sum(_count_controllers(rc) for rc in ordered_rcs)
+    n_ours = sum(sizes)  # one controller per bus: each pxb and each bridge below it
     indexes = allocate_indexes(kept_indexes | {0}, n_ours)
     highest = max([0, *kept_indexes, *indexes])
+    # Indexes left free below the highest (taking over a layout larger than ours) would be
+    # filled by libvirt with root ports on pcie-root; we add those spares ourselves, counted.
+    spares = sorted(set(range(1, highest + 1)) - kept_indexes - set(indexes))
     hotplug_reserve = max(0, KUBEVIRT_HOTPLUG_INDEX_LIMIT - 1 - highest)
-    pcie_root_bridges = sum(1 for c in kept if c.model != PCIE_ROOT)
+    pcie_root_bridges = sum(1 for c in kept if c.model != PCIE_ROOT) + len(spares)
     pcie_root_needed = 1 + pcie_root_bridges + facts.unplaced_devices + hotplug_reserve
     bus_nrs = budget_buses(sizes, pcie_root_needed)
 
@@ -374,33 +388,40 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
                 Placement(hd.key, f.bdf, hd.alias, GuestAddress(port_index, 0, fn), multifunction=multi and fn == 0)
             )
 
-    def emit_port(port: _Port, model: str, parent: int, slot: int, kind: str) -> list[int]:
-        """Create the port (and siblings when more than 8 functions must fit), recurse."""
-        chunks = [port.functions[i : i + MAX_FUNCTIONS_PER_SLOT] for i in range(0, len(port.functions), MAX_FUNCTIONS_PER_SLOT)] or [[]]
-        made = []
-        for n, chunk in enumerate(chunks):
-            index = next(next_index)
-            host_name = port.key if port.host is None else str(port.host.bdf)
-            controllers.append(
-                GuestController(
-                    model=model,
-                    index=index,
-                    alias=alias_for(kind, host_name, n),
-                    parent=parent,
-                    slot=slot + n,
-                    chassis=chassis_for(index),
-                    port=(slot + n) << 3 if model == ROOT_PORT else slot + n,
-                    mirrors=f"{kind} {host_name}" if port.host is not None else f"endpoint {host_name} on a root bus",
-                )
+    def new_port(model: str, parent: int, slot: int, kind: str, host_name: str, n: int, mirrors: str) -> int:
+        index = next(next_index)
+        controllers.append(
+            GuestController(
+                model=model, index=index, alias=alias_for(kind, host_name, n), parent=parent, slot=slot,
+                chassis=chassis_for(index), port=slot << 3 if model == ROOT_PORT else slot, mirrors=mirrors,
             )
-            made.append(index)
+        )
+        return index
+
+    def emit_port(port: _Port, model: str, parent: int, slot: int, kind: str) -> int:
+        """Create the guest port for a host port and everything below it; returns slots used."""
+        chunks = _chunks(port)
+        host_name = port.key if port.host is None else str(port.host.bdf)
+        mirrors = f"{kind} {host_name}" if port.host is not None else f"endpoint {host_name} on a root bus"
+        if len(chunks) > 1:
+            notes.append(f"{len(port.functions)} functions below host port {port.key}: split over {len(chunks)} guest ports of one switch")
+        if model == ROOT_PORT and len(chunks) > 1:
+            # More than 8 functions cannot share one slot: a switch below the root port keeps
+            # them PIX to each other, as they are on the host.
+            rp = new_port(ROOT_PORT, parent, slot, kind, host_name, 0, mirrors)
+            us = next(next_index)
+            controllers.append(GuestController(model=UPSTREAM, index=us, alias=alias_for("us", host_name), parent=rp,
+                                               slot=0, mirrors=f"switch for the functions below {host_name}"))
+            for n, chunk in enumerate(chunks):
+                place_functions(new_port(DOWNSTREAM, us, n, "ds", host_name, n, mirrors), chunk)
+            return 1
+        for n, chunk in enumerate(chunks):
+            index = new_port(model, parent, slot + n, kind, host_name, n, mirrors)
             if chunk:
                 place_functions(index, chunk)
             if n == 0 and port.switch is not None:
                 emit_switch(port.switch, index)
-        if len(chunks) > 1:
-            notes.append(f"{len(port.functions)} functions below host port {port.key}: split over {len(chunks)} guest ports")
-        return made
+        return len(chunks)
 
     def emit_switch(sw: _Switch, parent: int) -> None:
         index = next(next_index)
@@ -410,9 +431,7 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
         )
         slot = 0
         for key in sorted(sw.ports):
-            p = sw.ports[key]
-            made = emit_port(p, DOWNSTREAM, index, slot, "ds")
-            slot += len(made)
+            slot += emit_port(sw.ports[key], DOWNSTREAM, index, slot, "ds")
             if slot > SLOTS_PER_BUS:
                 raise PlanError(f"switch {sw.host.bdf}: more than {SLOTS_PER_BUS} downstream ports needed")
 
@@ -440,11 +459,14 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
         )
         rp_slot = 0
         for key in sorted(rc.root_ports):
-            made = emit_port(rc.root_ports[key], ROOT_PORT, index, rp_slot, "rp")
-            rp_slot += len(made)
+            rp_slot += emit_port(rc.root_ports[key], ROOT_PORT, index, rp_slot, "rp")
             if rp_slot > SLOTS_PER_BUS:
                 raise PlanError(f"{rc.name}: more than {SLOTS_PER_BUS} root ports needed on one expander bus")
 
+    for index in spares:
+        controllers.append(GuestController(model=ROOT_PORT, index=index, alias=alias_for("spare", str(index)), parent=0,
+                                           slot=-1, chassis=chassis_for(index), port=0,
+                                           mirrors="spare root port on pcie-root (fills an index gap)"))
     controllers.sort(key=lambda c: c.index)
     return Plan(
         controllers=controllers,
@@ -458,16 +480,18 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
     )
 
 
-def _extra_ports(port: _Port) -> int:
-    """Sibling ports needed beyond the first when more than 8 functions share a host port."""
-    return max(0, (len(port.functions) - 1) // MAX_FUNCTIONS_PER_SLOT)
+def _chunks(port: _Port) -> list[list[PciFunction]]:
+    """The functions below a host port, at most 8 per guest slot (one slot per port)."""
+    fs = sorted(port.functions, key=lambda f: f.bdf)
+    return [fs[i : i + MAX_FUNCTIONS_PER_SLOT] for i in range(0, len(fs), MAX_FUNCTIONS_PER_SLOT)] or [[]]
 
 
-def _count_controllers(rc: _RootComplex) -> int:
-    def port_count(p: _Port) -> int:
-        n = 1 + _extra_ports(p)
-        if p.switch is not None:
-            n += 1 + sum(port_count(q) for q in p.switch.ports.values())
-        return n
-
-    return 1 + sum(port_count(p) for p in rc.root_ports.values())
+def _port_bridges(port: _Port, model: str) -> int:
+    """Buses (= controllers) a host port costs in the guest: the port, or one per chunk of 8
+    functions (below a root port those chunks hang off a switch of their own), plus its switch."""
+    k = len(_chunks(port))
+    if port.switch is not None:
+        return 1 + 1 + sum(_port_bridges(p, DOWNSTREAM) for p in port.switch.ports.values())
+    if model == ROOT_PORT and k > 1:
+        return 1 + 1 + k
+    return k

@@ -34,6 +34,8 @@ from .guest import GuestView, guest_view
 from .model import Bdf, Topology
 from .plan import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan, plan
 
+UNEXPRESSIBLE = "no guest can show this"
+
 # Elements libvirt places on a root port of pcie-root when they carry no address.
 _PCI_DEVICE_TAGS = frozenset({"interface", "rng", "memballoon", "vsock", "filesystem", "watchdog", "shmem"})
 
@@ -86,9 +88,14 @@ class Report:
 
     @property
     def fidelity_lost(self) -> list[PairReport]:
-        """Pairs whose guest class differs from the host's for a reason that is not the
-        documented Broadcom collapse (NVML PXB → PIX where NCCL already says PIX)."""
-        return [p for p in self.pairs if not p.nccl_same or (not p.nvml_same and not _broadcom_collapse(p))]
+        """Pairs whose guest class differs from the host's for a reason that is neither the
+        documented Broadcom collapse (NVML PXB → PIX where NCCL already says PIX) nor a host
+        shape no guest can express (reported, with the reason, but not counted as lost)."""
+        return [
+            p for p in self.pairs
+            if (not p.nccl_same or (not p.nvml_same and not _broadcom_collapse(p)))
+            and not (p.why or "").startswith(UNEXPRESSIBLE)
+        ]
 
     def summary(self) -> dict:
         return {
@@ -189,7 +196,8 @@ def _controller_element(c: GuestController) -> etree._Element:
         target.set("chassis", str(c.chassis))
         target.set("port", f"0x{c.port or 0:x}")
     etree.SubElement(el, "alias").set("name", c.alias)
-    write_guest_address(el, GuestAddress(c.parent, c.slot, c.function), c.multifunction)
+    if c.slot >= 0:  # spares get their pcie-root slot from libvirt
+        write_guest_address(el, GuestAddress(c.parent, c.slot, c.function), c.multifunction)
     return el
 
 
@@ -286,6 +294,10 @@ def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report:
             why = "not placed in the guest"
         elif gc != hc:
             why = _why_differs(hc, gc, no_cells, facts.acpi)
+            fa, fb = host.function(a), host.function(b)
+            if fa.root_complex == fb.root_complex and hc.nccl.value == "SYS" and fa.numa_node != fb.numa_node:
+                why = (f"{UNEXPRESSIBLE}: the host reports numa_node {fa.numa_node} and {fb.numa_node} below one root "
+                       f"complex {fa.root_complex} (NCCL sees two CPUs there); one expander bus has one guest cell")
         report.pairs.append(PairReport(a, b, hc, gc, why))
     return guest
 
