@@ -23,8 +23,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topology.classify import PairClass, classify
-from topology.model import Bdf, Topology
+from topology.classify import classify
+from topology.errors import PcitopoError
+from topology.model import Bdf, Topology, root_complex_sort_key
 from topology.report import label_devices, tree_text
 from topology.rewrite import RewriteResult
 from topology.sysfs import open_host
@@ -33,7 +34,7 @@ from .guestboot import GuestResult
 from .guesttree import bus_overlaps
 
 # Problem kinds, in the order they are listed.
-KINDS = ("missing", "overlap", "unplaced", "alias", "bdf", "role", "numa", "report", "nccl", "nvml")
+KINDS = ("missing", "overlap", "unplaced", "alias", "reader", "bdf", "role", "numa", "report", "nccl", "nvml")
 MAX_PAIR_LINES = 40
 
 
@@ -82,10 +83,6 @@ class GuestCheck:
     def assert_ok(self) -> None:
         if self.problems:
             raise AssertionError(self.render())
-
-
-def _cls(c: PairClass | None) -> str:
-    return "?" if c is None else f"{c.nccl.value}/{c.nvml.value}"
 
 
 def check_booted(
@@ -140,8 +137,13 @@ def check_booted(
         if d.guest is not None and g != d.guest:
             problems.append(Problem("bdf", f"{name(d.host)}: predicted guest BDF {d.guest}, booted {g}",
                                     (d.host,)))
-        gf = guest.function(g)
-        grole = guest.role(gf).value
+        try:
+            gf = guest.function(g)
+            grole = guest.role(gf).value
+        except PcitopoError as e:
+            problems.append(Problem("reader", f"{name(d.host)} at guest {g}: our reader fails on "
+                                              f"the guest's tree: {e}", (d.host,)))
+            continue
         if grole != d.role:
             problems.append(Problem(
                 "role", f"{name(d.host)}: host role {d.role}, our reader sees its stand-in "
@@ -164,10 +166,15 @@ def check_booted(
         ga, gb = h2g.get(p.a), h2g.get(p.b)
         if ga is None or gb is None or p.guest is None:
             continue  # reported above (missing / unplaced)
-        got = classify(guest, ga, gb)
-        pairs_checked += 1
         where = (f"{labels.get(p.a, '?')}-{labels.get(p.b, '?')} (host {p.a}-{p.b}, "
                  f"guest {ga}-{gb})")
+        try:
+            got = classify(guest, ga, gb)
+        except PcitopoError as e:
+            problems.append(Problem("reader", f"{where}: our classifier fails on the guest: {e}",
+                                    (p.a, p.b)))
+            continue
+        pairs_checked += 1
         if got.nccl != p.guest.nccl:
             problems.append(Problem(
                 "nccl", f"{where}: NCCL promised {p.guest.nccl.value}, booted {got.nccl.value} "
@@ -214,7 +221,7 @@ def side_by_side(booted_tree: str, predicted_tree: str, width: int | None = None
     """Two ``tree_text`` outputs aligned root complex by root complex; ``≠`` marks lines whose
     position, BDF, role or label differ (ids and names of stand-ins are ignored)."""
     left, right = _blocks(booted_tree), _blocks(predicted_tree)
-    rcs = sorted(set(left) | set(right), key=lambda r: int(r[-2:], 16) if r[-2:].isalnum() else 0)
+    rcs = sorted(set(left) | set(right), key=root_complex_sort_key)
     w = width or max([len(x) for b in left.values() for x in b] + [40]) + 1
     head = f"  {'booted guest (our reader on its sysfs)':<{w}} | predicted (report.tree_text(result.guest.topology))"
     lines = [head, "  " + "-" * w + "-+-" + "-" * 50]
