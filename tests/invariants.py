@@ -179,7 +179,9 @@ def check_rules(xml: bytes, *, hotplug_reserve: bool = True, require_addresses: 
             continue
         ours = (c.alias or "").startswith(OUR_ALIAS_PREFIX)
         if c.parent is None:
-            if ours or require_addresses and c.model in (PXB, UPSTREAM, DOWNSTREAM):
+            # A root port without an address goes on pcie-root (libvirt picks the slot): fine,
+            # and counted below against pcie-root's buses. Anything else needs its address.
+            if (ours or require_addresses) and c.model != ROOT_PORT:
                 errors.append(f"controller {c.index} ({c.model}) has no pci address")
             continue
         where[(c.parent, c.slot, c.function)] += 1

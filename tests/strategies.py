@@ -389,6 +389,13 @@ def _serial(devices: etree._Element) -> None:
     _sub(s, "source", mode="bind", path="/var/run/kubevirt-private/1234/virt-serial0")
 
 
+@_other("watchdog")
+def _watchdog(devices: etree._Element) -> None:
+    # KubeVirt's i6300esb: conventional PCI, so libvirt adds a pcie-to-pci-bridge for it.
+    wd = _sub(devices, "watchdog", model="i6300esb", action="poweroff")
+    _sub(wd, "alias", name="ua-watchdog")
+
+
 @_other("nic-on-root")
 def _nic_on_root(devices: etree._Element) -> None:
     # A second interface KubeVirt placed itself on pcie-root (placePCIDevicesOnRootComplex).
@@ -455,8 +462,9 @@ def _needs_root_port(el: etree._Element) -> bool:
 def libvirt_define_all(xml: bytes) -> bytes:
     """libvirt's additions at define for every device kind this module generates: pcie-root,
     one pcie-root-port on pcie-root (chassis = index) per unaddressed PCIe device, at the lowest
-    free index (libvirt fills index gaps with root ports too), and chassis/port on every root
-    or downstream port that lacks them."""
+    free index (libvirt fills index gaps with root ports too), a pcie-to-pci-bridge (in a root
+    port of its own) for a conventional PCI watchdog, and chassis/port on every root or
+    downstream port that lacks them. (Checked against libvirt 9.0's define and dumpxml.)"""
     root = etree.fromstring(xml)
     devices = root.find("devices")
     pci = [c for c in devices.findall("controller") if c.get("type") == "pci"]
@@ -499,11 +507,29 @@ def libvirt_define_all(xml: bytes) -> bytes:
             i += 1
         return i
 
+    bridge: list[int] = []  # the pcie-to-pci-bridge for conventional PCI devices, once made
+
     for el in list(devices):
-        if isinstance(el.tag, str) and el.find("address") is None and _needs_root_port(el):
+        if not isinstance(el.tag, str) or el.find("address") is not None:
+            continue
+        if _needs_root_port(el):
             index = lowest_free()
             add_port(index)
             _sub(el, "address", type="pci", domain="0x0000", bus=f"0x{index:02x}", slot="0x00", function="0x0")
+        elif el.tag == "watchdog" and el.get("model") == "i6300esb":
+            # Conventional PCI (seen with libvirt 9.0): a pcie-to-pci-bridge in a root port.
+            if not bridge:
+                port = lowest_free()
+                add_port(port)
+                index = lowest_free()
+                br = etree.Element("controller", type="pci", index=str(index), model="pcie-to-pci-bridge")
+                _sub(br, "model", name="pcie-pci-bridge")
+                _sub(br, "address", type="pci", domain="0x0000", bus=f"0x{port:02x}", slot="0x00", function="0x0")
+                pci[-1].addnext(br)
+                pci.append(br)
+                used_indexes.add(index)
+                bridge.append(index)
+            _sub(el, "address", type="pci", domain="0x0000", bus=f"0x{bridge[0]:02x}", slot="0x01", function="0x0")
     # Index gaps below the highest index: libvirt fills them with root ports.
     highest = max(used_indexes)
     for i in range(1, highest):

@@ -27,6 +27,7 @@ import io
 import tempfile
 import time
 import tomllib
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,9 @@ SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 OVERSIZED_BYTES = 50 * 1024 * 1024
 PASSTHROUGH_VMI = json.dumps({"metadata": {"name": "gpu-vm", "namespace": "ml",
                                            "annotations": {f"{PREFIX}on-error": "passthrough"}}}).encode()
+# The longest error line we accept: readable, and well inside gRPC's metadata limits (8 KiB
+# soft, 16 KiB hard on the client side) for the status details that carry it.
+MAX_LINE = 4096
 # Damaged sysfs copies go to a tmpfs when there is one (thousands of tiny files).
 SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 # Generous bounds so a blocked read or a hung server fails the test instead of hanging CI.
@@ -188,6 +192,8 @@ def materialize_domain(case: dict) -> bytes:
         base = (HOSTILE / "domains/base.xml").read_bytes()
         pad = b"<description>" + b"x" * OVERSIZED_BYTES + b"</description>"
         return base.replace(b"</name>", b"</name>" + pad, 1)
+    if spec == "generate:long-alias":
+        return (HOSTILE / "domains/unknown-bdf.xml").read_bytes().replace(b"ua-gpu-gpu0", b"ua-" + b"A" * 100_000, 1)
     if spec == "generate:all-devices":
         kind, _, arg = case["host"].partition(":")
         topo = open_host_for(case)
@@ -278,7 +284,8 @@ def test_xmlfix(case, xmlfix_runs):
     assert res.returncode == case["exit"], f"exit {res.returncode}, stderr: {err!r}"
     if case["exit"] == 2:
         lines = err.splitlines()
-        assert len(lines) == 1, f"want exactly one line on stderr, got {lines!r}"
+        assert len(lines) == 1, f"want exactly one line on stderr, got {[l[:200] for l in lines]!r}"
+        assert len(lines[0]) <= MAX_LINE, f"a {len(lines[0])}-character line: {lines[0][:200]}..."
         assert lines[0].startswith("xmlfix: "), lines[0]
         assert re.search(case["stderr"], lines[0]), f"{lines[0]!r} does not name the cause /{case['stderr']}/"
         assert res.stdout == b"", "bad input, yet something was written to stdout"
@@ -377,7 +384,8 @@ def test_socket(case, fixture_server, good_call, xmlfix_runs):
             assert out == stdout, "the socket and xmlfix answer the same input differently"
             check_accepted(case, domain, out)
         else:
-            assert "\n" not in details and "Traceback" not in details, details
+            assert "\n" not in details and "Traceback" not in details, details[:500]
+            assert len(details) <= MAX_LINE + len("pcitopo: internal: "), f"{len(details)} characters: {details[:200]}"
             if "grpc_details" in case:
                 assert re.search(case["grpc_details"], details), details
             else:
@@ -423,3 +431,200 @@ def test_the_fixture_server_logged_every_failure_as_one_json_line(fixture_server
     """Runs after the socket cases (same module, same server): every log line is JSON."""
     for line in fixture_server.log_text().splitlines():
         json.loads(line)
+
+
+# -- security claims (docs/SECURITY.md) --------------------------------------------------------
+
+AUDIT_SCRIPT = r"""
+import json, os, sys, threading
+sys.path[:0] = [os.environ["PCITOPO_TESTS"]]
+# Import everything first: module loading opens files of the Python installation, which is
+# not what the claims are about.
+import grpc
+from sidecar import server as srv
+from sidecar.core import handle_define_domain
+from sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
+from topology.sysfs import open_host
+import topology.rewrite, topology.guest, topology.report, encodings.idna
+
+events = []
+WATCH = ("open", "os.listdir", "os.scandir", "os.remove", "os.unlink", "os.rename", "os.mkdir", "os.rmdir",
+         "os.chmod", "os.chown", "os.symlink", "os.link", "os.truncate", "socket.bind", "socket.connect",
+         "socket.__new__", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+         "os.forkpty", "ctypes.dlopen", "urllib.Request", "http.client.connect", "shutil.rmtree")
+def hook(event, args):
+    if event in WATCH:
+        events.append([event] + [a if isinstance(a, (str, int, type(None))) else repr(a) for a in args])
+sys.addaudithook(hook)
+
+mode, sysfs, sock, domain_path, vmi = sys.argv[1:6]
+domain = open(domain_path, "rb").read()
+events.clear()
+if mode == "library":
+    handle_define_domain(domain, vmi.encode(), open_host(sysfs))
+else:
+    server = srv.HookServer(sock, sysfs, log=srv.JsonLog(open(os.devnull, "w")))
+    events.clear()
+    server.start()
+    with grpc.insecure_channel("unix:" + sock) as ch:
+        info_pb2_grpc.InfoStub(ch).Info(info_pb2.InfoParams(), timeout=10)
+        out = v1alpha3_pb2_grpc.CallbacksStub(ch).OnDefineDomain(
+            v1alpha3_pb2.OnDefineDomainParams(domainXML=domain, vmi=vmi.encode()), timeout=60).domainXML
+        assert out
+    server.shutdown("test")
+sys.stdout.write(json.dumps(events))
+"""
+
+
+def _audit(mode: str, tmp_path: Path) -> list[list]:
+    """Run the library (or the server) on a sysfs directory under an audit hook and return the
+    file, process and network events it raised."""
+    sysfs = tmp_path / "sysfs"
+    load_topo_file(HOSTILE / "hosts/small.topo").write_dir(sysfs)
+    sock_dir = Path(tempfile.mkdtemp(prefix="pcitopo-a-"))
+    try:
+        domain = tmp_path / "domain.xml"
+        domain.write_bytes((HOSTILE / "domains/base.xml").read_bytes())
+        vmi = json.dumps({"metadata": {"name": "v", "annotations": {f"{PREFIX}mode": "mirror"}}})
+        res = subprocess.run([sys.executable, "-c", AUDIT_SCRIPT, mode, str(sysfs), str(sock_dir / "pcitopo.sock"),
+                              str(domain), vmi], capture_output=True, timeout=SUBPROCESS_TIMEOUT_S,
+                             env={**os.environ, "PCITOPO_TESTS": str(HERE)}, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr.decode()[-3000:]
+        return json.loads(res.stdout), str(sysfs), str(sock_dir / "pcitopo.sock")
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+_RUNS_SOMETHING = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty"}
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# Its own code: lazy imports read the Python installation, the venv and the (editable) repo.
+_OWN_CODE = tuple({sys.prefix, sys.base_prefix, str(REPO / "topology"), str(REPO / "sidecar")})
+
+
+def _opened(events) -> list[tuple[str, str | None, int | None]]:
+    """Files opened, except read-only opens of its own code."""
+    out = []
+    for e in events:
+        if e[0] != "open":
+            continue
+        path, mode, flags = e[1], e[2], e[3] if len(e) > 3 else None
+        if str(path).startswith(_OWN_CODE) and not (flags or 0) & _WRITE_FLAGS and not (mode or "r").strip("rb"):
+            continue
+        out.append((path, mode, flags))
+    return out
+
+
+def test_the_rewrite_reads_only_sysfs_and_runs_nothing(tmp_path):
+    """SECURITY.md: a hook call reads the sysfs tree and nothing else, writes nothing, starts
+    no process and opens no network connection."""
+    events, sysfs, _ = _audit("library", tmp_path)
+    opened = _opened(events)
+    assert opened, "the audit hook saw no file opened at all (is the test wired up?)"
+    outside = [o for o in opened if not str(o[0]).startswith(sysfs + "/")]
+    assert not outside, f"opened outside sysfs: {outside[:5]}"
+    writes = [o for o in opened if (o[2] or 0) & _WRITE_FLAGS or (o[1] or "r").strip("rb")]
+    assert not writes, f"opened for writing: {writes[:5]}"
+    listed = [e for e in events if e[0] in ("os.listdir", "os.scandir") and not str(e[1]).startswith(sysfs)]
+    assert not listed, listed
+    bad = [e for e in events if e[0] in _RUNS_SOMETHING or e[0].startswith(("socket.", "http.", "urllib."))]
+    assert not bad, bad
+
+
+def test_the_server_writes_only_its_socket(tmp_path):
+    """SECURITY.md: the server creates, chmods and removes its socket and nothing else; reads
+    only sysfs; binds and connects only to its own Unix socket; starts no process."""
+    events, sysfs, sock = _audit("server", tmp_path)
+    opened = _opened(events)
+    outside = [o for o in opened if not str(o[0]).startswith(sysfs + "/") and o[0] != os.devnull]
+    assert not outside, f"opened outside sysfs: {outside[:5]}"
+    writes = [o for o in opened if ((o[2] or 0) & _WRITE_FLAGS or (o[1] or "r").strip("rb")) and o[0] != os.devnull]
+    assert not writes, f"opened for writing: {writes[:5]}"
+    changed = {e[1] for e in events if e[0] in ("os.remove", "os.unlink", "os.rename", "os.mkdir", "os.rmdir",
+                                                   "os.chmod", "os.chown", "os.symlink", "os.link", "os.truncate")}
+    assert changed <= {sock}, f"touched files other than its socket: {changed - {sock}}"
+    for e in events:
+        if e[0] in ("socket.bind", "socket.connect"):
+            assert sock in str(e), f"{e[0]} to something other than its own socket: {e}"
+        if e[0] == "socket.__new__":
+            assert "AF_UNIX" in str(e) or "1," in str(e[2:4]), f"a non-Unix socket: {e}"
+    assert not [e for e in events if e[0] in _RUNS_SOMETHING], "started a process"
+
+
+def test_options_are_only_mode_and_on_error():
+    """SECURITY.md: an annotation can choose between enumerated values of these two options and
+    nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
+    from sidecar.config import HookOptions, describe_options
+
+    assert set(HookOptions.model_fields) == {"mode", "on_error"}
+    for name, allowed, _default, _doc in describe_options():
+        assert allowed and all(isinstance(v, str) and v.isascii() and v.replace("-", "").isalpha() for v in allowed), name
+
+
+def test_the_output_carries_no_new_kinds_of_elements():
+    """SECURITY.md: whatever the domain says, the rewrite adds only PCI controllers (with
+    model, target, alias, address and node children) and guest addresses; it never adds
+    qemu:commandline, qemu:override, hostdevs or anything else QEMU would act on."""
+    from strategies import fixture_world, build_domain
+
+    world = fixture_world("hgx-h100")
+    xml = build_domain(world, world.assignable[:10])
+    out = rewrite_domain(xml, world.host).xml
+
+    def tags(data: bytes) -> Counter:
+        root = etree.fromstring(data)
+        return Counter(el.tag for el in root.iter() if isinstance(el.tag, str))
+
+    added = tags(out) - tags(xml)
+    assert set(added) <= {"controller", "model", "target", "alias", "address", "node"}, added
+    assert tags(out)["hostdev"] == tags(xml)["hostdev"]
+
+
+def _plan_lines(xml: bytes, host) -> int:
+    """Python lines executed in topology/plan.py for one rewrite: a deterministic measure of
+    work (no clocks)."""
+    import topology.plan as plan_mod
+
+    target = plan_mod.__file__
+    count = 0
+
+    def tracer(frame, event, arg):
+        nonlocal count
+        if frame.f_code.co_filename != target:
+            return None
+        if event == "line":
+            count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        rewrite_domain(xml, host)
+    except PcitopoError:
+        pass
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def _controller_chain(n: int) -> bytes:
+    """base.xml plus a chain of n foreign switch ports, each plugged into the previous one,
+    so the deepest (highest index) is the only one empty at first: what a hostile earlier hook
+    could hand us. All of them must go (they carry nothing)."""
+    base = (HOSTILE / "domains/base.xml").read_text()
+    ctl = ['<controller type="pci" index="0" model="pcie-root"></controller>',
+           '<controller type="pci" index="1" model="pcie-root-port"><address type="pci" domain="0x0000" bus="0x00" slot="0x02" function="0x0"></address></controller>']
+    for i in range(2, n):
+        model = "pcie-switch-upstream-port" if i % 2 == 0 else "pcie-switch-downstream-port"
+        ctl.append(f'<controller type="pci" index="{i}" model="{model}"><address type="pci" domain="0x0000" bus="{i - 1}" slot="0x00" function="0x0"></address></controller>')
+    return base.replace('<controller type="usb"', "".join(ctl) + '<controller type="usb"', 1).encode()
+
+
+def test_controller_takeover_work_grows_linearly():
+    """Regression (found here, fixed in 0764344): removing foreign controllers left empty
+    repeated a full pass per removal, O(N^2): 8,000 chained ports (1.3 MB) took 33 s, an 8 MiB
+    domain would have taken tens of minutes against virt-launcher's 1-minute deadline."""
+    host = open_host(REPO / "fixtures" / "hgx-h100")
+    small, large = _plan_lines(_controller_chain(150), host), _plan_lines(_controller_chain(600), host)
+    # Linear work: 4x the controllers, ~4x the lines (allow 6x); quadratic is ~16x.
+    assert large <= 6 * small, f"150 controllers: {small} lines; 600 controllers: {large} lines"
