@@ -169,3 +169,12 @@ def test_out_of_buses_is_a_clear_error():
     xml = kubevirt_domain(host, DomainSpec("big", tuple(devs)))
     with pytest.raises(PlanError, match="out of PCI buses"):
         rewrite_domain(xml, host)
+
+
+def test_broadcom_collapse_is_explained_as_such_without_numa_too(hosts):
+    d = ROOT / "fixtures" / "hgx-b200" / "cases" / "no-numa"
+    report = rewrite_domain((d / "domain.xml").read_bytes(), hosts["hgx-b200"]).report
+    collapsed = [p for p in report.pairs if p.host.nccl == p.guest.nccl and (p.host.nvml.value, p.guest.nvml.value) == ("PXB", "PIX")]
+    assert len(collapsed) == 16
+    assert all("Broadcom" in p.why for p in collapsed)
+    assert all("NUMA" in p.why for p in report.pairs if p.host.nccl.value == "SYS")

@@ -303,12 +303,13 @@ def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report:
 
 
 def _why_differs(hc: PairClass, gc: PairClass, no_cells: bool, acpi: bool) -> str:
+    # The Broadcom collapse is judged first: it happens with or without NUMA cells.
+    if hc.nccl == gc.nccl and hc.nvml.value == "PXB" and gc.nvml.value == "PIX":
+        return "Broadcom two-level complex collapsed into one virtual switch, as NCCL flattens it (nvidia-smi on the host says PXB)"
     if not acpi:
         return "no <features><acpi/>: the guest sees no NUMA, so SYS/NODE collapse"
     if no_cells:
         return "no guest NUMA cells tied to host nodes: cross-node pairs cannot show SYS"
-    if hc.nccl == gc.nccl and hc.nvml.value == "PXB" and gc.nvml.value == "PIX":
-        return "Broadcom two-level complex collapsed into one virtual switch, as NCCL flattens it (nvidia-smi on the host says PXB)"
     return "unexpected difference (planner bug: please report with `pcitopo capture`)"
 
 
