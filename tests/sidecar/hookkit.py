@@ -31,7 +31,7 @@ from sidecar.hookproto import (
     v1alpha3_pb2,
     v1alpha3_pb2_grpc,
 )
-from kubevirt_sim import kubevirt_reparse
+from kubevirt_sim import kubevirt_reparse, libvirt_define  # noqa: F401  (one simulation for every tier)
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -112,108 +112,6 @@ def vmi_json(domain_xml: bytes, annotations: dict[str, str] | None = None, name:
 
 
 # -- what happens between the calls -----------------------------------------------------------
-
-def _needs_slot(el: etree._Element) -> bool:
-    tag = el.tag
-    if tag == "disk":
-        t = el.find("target")
-        return t is not None and t.get("bus") == "virtio"
-    if tag == "controller":
-        return el.get("type") in ("scsi", "virtio-serial")
-    if tag == "memballoon":
-        return el.get("model") != "none"
-    if tag == "input":
-        return el.get("bus") == "virtio"
-    return tag in ("interface", "rng", "hostdev", "video")
-
-
-def libvirt_define(xml: bytes) -> bytes:
-    """What libvirt adds at define (brief: the input of later calls carries it). A superset of
-    ``kubevirt_sim.libvirt_define``, closer to libvirt for the harness: a pcie-root,
-    ``pci.N`` aliases, ``<model name>`` and chassis/port on ports, a pcie-root-port on pcie-root
-    for every PCI device without an address (root ports packed as functions of one slot from
-    slot 2, as libvirt does), the primary video at 00:01.0, hostdev source addresses without
-    ``type``, and ``<driver name="vfio">`` on hostdevs."""
-    root = etree.fromstring(xml, etree.XMLParser(remove_blank_text=True, resolve_entities=False))
-    devices = root.find("devices")
-    ctrls = [c for c in devices.findall("controller") if c.get("type") == "pci"]
-    if not any(c.get("model") == "pcie-root" for c in ctrls):
-        pr = etree.Element("controller", type="pci", index="0", model="pcie-root")
-        first = devices.find("controller")
-        (first.addprevious(pr) if first is not None else devices.insert(0, pr))
-        ctrls.insert(0, pr)
-    used_root_slots = {0}
-    for el in devices.iter("address"):
-        if el.getparent().tag != "source" and el.get("type") == "pci" and _int(el.get("bus")) == 0:
-            used_root_slots.add(_int(el.get("slot")))
-    next_index = max(_int(c.get("index")) for c in ctrls) + 1
-    slot_fn = [2, 0]
-
-    def free_root_function() -> tuple[int, int]:
-        while slot_fn[0] in used_root_slots:
-            slot_fn[0] += 1
-            slot_fn[1] = 0
-        s, f = slot_fn
-        slot_fn[1] += 1
-        if slot_fn[1] == 8:
-            used_root_slots.add(s)
-            slot_fn[1] = 0
-        return s, f
-
-    def set_address(el: etree._Element, bus: int, slot: int, fn: int, multi: bool = False) -> None:
-        a = etree.SubElement(el, "address", type="pci", domain="0x0000", bus=f"0x{bus:02x}", slot=f"0x{slot:02x}", function=f"0x{fn:x}")
-        if multi:
-            a.set("multifunction", "on")
-
-    video = devices.find("video")
-    if video is not None and video.find("address") is None:
-        set_address(video, 0, 1, 0)
-        used_root_slots.add(1)
-    new_ports: list[etree._Element] = []
-    for el in list(devices):
-        if not isinstance(el.tag, str) or el.tag == "video" or el.find("address") is not None or not _needs_slot(el):
-            continue
-        slot, fn = free_root_function()
-        rp = etree.Element("controller", type="pci", index=str(next_index), model="pcie-root-port")
-        set_address(rp, 0, slot, fn, multi=(fn == 0))
-        new_ports.append(rp)
-        set_address(el, next_index, 0, 0)
-        next_index += 1
-    anchor = ctrls[-1]
-    for rp in new_ports:
-        anchor.addnext(rp)
-        anchor = rp
-    for c in devices.findall("controller"):
-        if c.get("type") != "pci":
-            continue
-        model = c.get("model")
-        idx = _int(c.get("index"))
-        if model in ("pcie-root-port", "pcie-switch-downstream-port", "pcie-switch-upstream-port", "pcie-expander-bus") and c.find("model") is None:
-            name = {"pcie-root-port": "pcie-root-port", "pcie-switch-downstream-port": "xio3130-downstream",
-                    "pcie-switch-upstream-port": "x3130-upstream", "pcie-expander-bus": "pxb-pcie"}[model]
-            c.insert(0, etree.Element("model", name=name))
-        if model in ("pcie-root-port", "pcie-switch-downstream-port"):
-            t = c.find("target")
-            if t is None:
-                t = etree.Element("target")
-                c.find("model").addnext(t)
-            if t.get("chassis") is None:
-                t.set("chassis", str(idx))
-            if t.get("port") is None:
-                t.set("port", "0x10")
-        if c.find("alias") is None:
-            al = etree.Element("alias", name="pcie.0" if model == "pcie-root" else f"pci.{idx}")
-            addr = c.find("address")
-            (addr.addprevious(al) if addr is not None else c.append(al))
-    for hd in devices.findall("hostdev"):
-        hd.set("mode", "subsystem")
-        src = hd.find("source/address")
-        if src is not None:
-            src.attrib.pop("type", None)
-        if hd.find("driver") is None:
-            hd.insert(0, etree.Element("driver", name="vfio"))
-    return etree.tostring(root, encoding="utf-8", pretty_print=True)
-
 
 def _int(text: str | None) -> int:
     t = (text or "0").strip().lower()
