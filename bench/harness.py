@@ -1,0 +1,324 @@
+"""A small measuring harness for ``bench/perf.py``: samples, statistics, machine facts, process
+memory and CPU, and a ``pcitopo serve`` child driven the way virt-launcher drives it.
+
+Why not pyperf or pytest-benchmark: half of what issue 7 asks is not a Python callable timed in
+a loop (a child's exec → first answered Info, RSS of another process at given moments, one
+process per call for the shim and ``xmlfix``); both libraries would time the easy half and leave
+the rest to hand-written code anyway. pyperf's worker processes and CPU pinning also do not fit a
+2-core machine shared with other people's test runs. So: warm-up, N timed samples with
+``time.perf_counter``, median and nearest-rank p99, machine facts and load printed with them.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+# -- samples and statistics ----------------------------------------------------------------------
+
+@dataclass
+class Stat:
+    """Timed samples of one measurement, in seconds."""
+
+    samples: list[float]
+    warmup: int = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def p99(self) -> float:
+        """Nearest-rank 99th percentile (with fewer than 100 samples: the maximum)."""
+        s = sorted(self.samples)
+        return s[min(len(s) - 1, max(0, -(-99 * len(s) // 100) - 1))]
+
+    @property
+    def min(self) -> float:
+        return min(self.samples)
+
+
+def sample(fn: Callable[[], object], n: int, warmup: int = 3) -> Stat:
+    """``warmup`` untimed calls, then ``n`` timed ones."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return Stat(out, warmup)
+
+
+def timed(fn: Callable[[], float | None], n: int, warmup: int = 3) -> Stat:
+    """Like :func:`sample`, for a callable that measures itself and returns seconds."""
+    for _ in range(warmup):
+        fn()
+    return Stat([float(fn()) for _ in range(n)], warmup)
+
+
+# -- machine facts -------------------------------------------------------------------------------
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as fh:
+            return " ".join(fh.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def git_rev() -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10).stdout.strip()
+        return f"{rev}{' (tree has uncommitted changes)' if dirty else ''}" if rev else "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def machine_facts() -> dict[str, str]:
+    mem = "?"
+    try:
+        with open("/proc/meminfo") as fh:
+            mem = f"{int(fh.readline().split()[1]) // 1024} MiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return {
+        "cpu": cpu_model(),
+        "cpus": str(os.cpu_count()),
+        "memory": mem,
+        "kernel": platform.release(),
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "libs": ", ".join(f"{d} {_version(d)}" for d in ("grpcio", "protobuf", "lxml", "pydantic", "pydantic-core")),
+        "commit": git_rev(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+# -- another process's memory and CPU --------------------------------------------------------------
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon, RssFile, RssShmem (KiB), Threads, and open descriptors.
+
+    VmRSS = RssAnon + RssFile + RssShmem: every resident page of the process, shared library
+    pages included. That is the number a container's memory cgroup is charged at least (it also
+    charges page cache the process read, e.g. .pyc files, which the kernel can reclaim)."""
+    out: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem", "Threads"):
+                out[key] = int(rest.split()[0])
+    out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def mib(kib: float) -> float:
+    return kib / 1024
+
+
+class PeakSampler:
+    """Samples a process's VmRSS every ``every`` seconds in a thread (a cross-check of VmHWM)."""
+
+    def __init__(self, pid: int, every: float = 0.002):
+        self.pid, self.every = pid, every
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, proc_status(self.pid)["VmRSS"])
+            except (OSError, KeyError):
+                return
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> "PeakSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+# -- the image's environment -----------------------------------------------------------------------
+
+def containerfile_env() -> dict[str, str]:
+    """The ENV of the Containerfile's final stage, so the server runs as the image runs it."""
+    import re
+    import shlex
+
+    text = re.sub(r"\\\n\s*", " ", (REPO / "Containerfile").read_text())
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.upper().startswith("FROM "):
+            env = {}
+        elif line.upper().startswith("ENV "):
+            for item in shlex.split(line[4:]):
+                k, _, v = item.partition("=")
+                env[k] = v
+    return env
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(containerfile_env())
+    env.update(extra)
+    return env
+
+
+def run_wall(argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> float:
+    """Wall time of one process from exec to exit; raises if it fails."""
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, input=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    t = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {p.returncode}: {p.stderr.decode(errors='replace')[-500:]}")
+    return t
+
+
+# -- `pcitopo serve` as virt-launcher meets it ----------------------------------------------------
+
+@dataclass
+class Start:
+    socket_s: float  # exec -> socket file exists
+    info_s: float  # exec -> Info answered
+    refused: int  # dials refused between the file appearing and gRPC listening
+
+
+@dataclass
+class Server:
+    """A ``pcitopo serve`` child on a private socket, stopped by its own PID."""
+
+    sysfs: str
+    env: dict[str, str] = field(default_factory=child_env)
+    argv: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="pcitopo-bench-"))
+        self.sock = self.dir / "pcitopo.sock"
+        self.target = f"unix:{self.sock}"
+        self.log = open(self.dir / "server.log", "wb")
+        argv = self.argv or [str(BIN / "pcitopo"), "serve"]
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen(argv + ["--socket", str(self.sock), "--sysfs", self.sysfs],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_text(self) -> str:
+        return (self.dir / "server.log").read_text(errors="replace")
+
+    def first_info(self, timeout: float = 60.0) -> Start:
+        """Like virt-launcher: poll for the socket file (here every 1 ms; it polls every 300 ms),
+        dial until connected (it retries within 2 s), then Info with a 1 s deadline. The dial is a
+        plain connect() so gRPC's client reconnect backoff is not what gets measured."""
+        import grpc
+
+        from sidecar.hookproto import info_pb2, info_pb2_grpc
+
+        deadline = time.monotonic() + timeout
+        while not self.sock.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.log_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no socket after {timeout} s: {self.log_text()[-2000:]}")
+            time.sleep(0.001)
+        t_sock = time.perf_counter() - self.t0
+        refused = 0
+        dial_deadline = time.monotonic() + 2.0
+        while True:
+            probe = socket.socket(socket.AF_UNIX)
+            try:
+                probe.connect(str(self.sock))
+                break
+            except OSError:
+                refused += 1
+                if time.monotonic() > dial_deadline:
+                    raise
+                time.sleep(0.001)
+            finally:
+                probe.close()
+        with grpc.insecure_channel(self.target) as ch:
+            info_pb2_grpc.InfoStub(ch).Info(info_pb2.InfoParams(), timeout=1.0)
+        return Start(t_sock, time.perf_counter() - self.t0, refused)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def define_new_connection(target: str, domain: bytes, vmi: bytes, timeout: float = 60.0) -> bytes:
+    """One OnDefineDomain (v1alpha3) on a fresh connection, as virt-launcher makes every call."""
+    import grpc
+
+    from sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc
+
+    with grpc.insecure_channel(target) as ch:
+        return v1alpha3_pb2_grpc.CallbacksStub(ch).OnDefineDomain(
+            v1alpha3_pb2.OnDefineDomainParams(domainXML=domain, vmi=vmi), timeout=timeout, wait_for_ready=True
+        ).domainXML

@@ -1,0 +1,42 @@
+"""`make bench` cannot rot: CI runs bench/perf.py in smoke mode (a few iterations of every
+measurement, the real server, shim and xmlfix processes) and checks that it produced the whole
+table and every number. No timing assertions: the numbers belong in bench/RESULTS.md, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+ROWS = (
+    "floor", "floor_lxml", "floor_sysfs", "rewrite_cold", "handler_warm", "socket", "socket_reused", "first_call",
+    "shim", "rewrite_h100", "rewrite_4k", "xmlfix", "first_info", "first_socket",
+)
+
+
+def test_the_harness_measures_everything_in_smoke_mode(tmp_path):
+    out = tmp_path / "bench.json"
+    md = tmp_path / "RESULTS.md"
+    p = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "perf.py"), "--smoke", "--json", str(out), "--results", str(md)],
+        capture_output=True, text=True, cwd=REPO, timeout=300,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    res = json.loads(out.read_text())
+    for key in ROWS:
+        row = res["rows"][key]
+        assert row["n"] >= 1 and row["median"] > 0, key
+    for key in ("idle", "after_calls", "after_calls_plain", "burst", "after_burst"):
+        assert res["memory"][key]["VmRSS"] > 0, key
+    assert res["memory"]["burst"]["errors"] == 0
+    for fact in ("cpu", "cpus", "kernel", "python", "libs", "commit"):
+        assert res["machine"][fact], fact
+    text = p.stdout
+    assert text == md.read_text().split("\n\n", 1)[1]
+    for needle in ("| 1 | floor", "| 3 | OnDefineDomain over the socket", "| 4 | shim", "| 5b |", "| 6 | xmlfix",
+                   "exec -> first answered Info", "RSS idle", "(3) <= 3x (1)", "(4) >= 20x (3)", "machine:"):
+        assert needle in text, needle
