@@ -17,13 +17,16 @@ What it promises its doors:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Union
+from typing import TYPE_CHECKING, Any, Callable, Literal, Union
 
 from topology.errors import DomainError, PcitopoError
 from topology.model import Topology
 from topology.rewrite import RewriteOptions, RewriteResult, rewrite_domain
 
-from .config import HookOptions, VmiFacts, options_from_vmi
+from .config import DEFAULT_OPTIONS, DefaultOptions, VmiFacts, options_from_vmi
+
+if TYPE_CHECKING:
+    from .config import HookOptions
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 HostArg = Union[Topology, Callable[[], Topology]]
@@ -44,12 +47,13 @@ class HookOutcome:
     # fidelity, warnings); empty unless the rewrite ran.
     summary: dict[str, Any] = field(default_factory=dict)
     vmi: VmiFacts = field(default_factory=VmiFacts)
-    options: HookOptions = field(default_factory=HookOptions)
+    # HookOptions (pydantic) when the VMI carries our annotations, else DEFAULT_OPTIONS.
+    options: HookOptions | DefaultOptions = DEFAULT_OPTIONS
     # The full rewrite result (report, guest view) when the rewrite ran; xmlfix explains it.
     result: RewriteResult | None = None
 
 
-def rewrite_options(options: HookOptions, vmi: VmiFacts) -> RewriteOptions:
+def rewrite_options(options: HookOptions | DefaultOptions, vmi: VmiFacts) -> RewriteOptions:
     """The rewrite's options for these hook options (today: the rewrite's defaults)."""
     return RewriteOptions()
 
@@ -95,7 +99,7 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result)
 
 
-def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions) -> HookOutcome:
+def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions | DefaultOptions) -> HookOutcome:
     return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", {"error": err.kind}, vmi, options)
 
 
