@@ -42,9 +42,7 @@ import threading
 import time
 from concurrent import futures
 from datetime import datetime, timezone
-from typing import Any, Callable
-
-import grpc
+from typing import TYPE_CHECKING, Any, Callable
 
 from topology.errors import ConfigError, PcitopoError, SysfsError
 from topology.model import Topology
@@ -52,20 +50,16 @@ from topology.sysfs import default_sysfs, open_host
 
 from . import core
 from .config import parse_vmi
-from .hookproto import (
-    INFO_NAME,
-    ON_DEFINE_DOMAIN,
-    SHUTDOWN,
-    VERSIONS,
-    info_pb2,
-    info_pb2_grpc,
-    v1alpha1_pb2,
-    v1alpha1_pb2_grpc,
-    v1alpha2_pb2,
-    v1alpha2_pb2_grpc,
-    v1alpha3_pb2,
-    v1alpha3_pb2_grpc,
-)
+from .hookproto import INFO_NAME, ON_DEFINE_DOMAIN, SHUTDOWN, VERSIONS
+
+if TYPE_CHECKING:
+    import grpc
+
+    from .hookproto import info_pb2
+
+# grpc and the generated hook API are imported when the server is built (HookServer.start),
+# not when this module is: `pcitopo serve` first keeps OpenSSL out of the process (see
+# keep_openssl_out), and importing this module for its helpers stays cheap.
 
 DEFAULT_SOCKET = "/var/run/kubevirt-hooks/pcitopo.sock"
 # virt-launcher in a non-root VMI runs as uid/gid 107 (qemu); it needs write permission on the
@@ -129,18 +123,20 @@ class HostCache:
 # -- the calls -------------------------------------------------------------------------------
 
 _GRPC_CODE = {
-    "config": grpc.StatusCode.INVALID_ARGUMENT,
-    "vmi": grpc.StatusCode.INVALID_ARGUMENT,
-    "domain": grpc.StatusCode.INVALID_ARGUMENT,
-    "unknown-device": grpc.StatusCode.FAILED_PRECONDITION,
-    "sysfs": grpc.StatusCode.FAILED_PRECONDITION,
-    "plan": grpc.StatusCode.FAILED_PRECONDITION,
-    "internal": grpc.StatusCode.INTERNAL,
+    "config": "INVALID_ARGUMENT",
+    "vmi": "INVALID_ARGUMENT",
+    "domain": "INVALID_ARGUMENT",
+    "unknown-device": "FAILED_PRECONDITION",
+    "sysfs": "FAILED_PRECONDITION",
+    "plan": "FAILED_PRECONDITION",
+    "internal": "INTERNAL",
 }
 
 
 def grpc_code(err: PcitopoError) -> grpc.StatusCode:
-    return _GRPC_CODE.get(err.kind, grpc.StatusCode.UNKNOWN)
+    import grpc
+
+    return grpc.StatusCode[_GRPC_CODE.get(err.kind, "UNKNOWN")]
 
 
 def error_details(err: PcitopoError) -> str:
@@ -159,6 +155,8 @@ class Hooks:
         self._lock = threading.Lock()
 
     def info(self) -> info_pb2.InfoResult:
+        from .hookproto import info_pb2
+
         self.log("Info", versions=list(VERSIONS))
         return info_pb2.InfoResult(
             name=INFO_NAME,
@@ -183,6 +181,8 @@ class Hooks:
             )
             context.abort(grpc_code(e), error_details(e))
         except Exception as e:  # core wraps bugs already; this is the door's last line of defence
+            import grpc
+
             self.log(ON_DEFINE_DOMAIN, level="error", version=version, call=call, outcome="failed", error="internal", reason=f"{type(e).__name__}: {e}", duration_ms=_ms(t0))
             context.abort(grpc.StatusCode.INTERNAL, f"pcitopo: internal: {type(e).__name__}: {' '.join(str(e).split())}")
         self.log(
@@ -213,6 +213,15 @@ def _vmi_ref(vmi_json: bytes) -> str:
 
 def _servicers(hooks: Hooks) -> list[tuple[Callable, object]]:
     """One servicer per API version, all delegating to ``hooks``."""
+    from .hookproto import (
+        info_pb2_grpc,
+        v1alpha1_pb2,
+        v1alpha1_pb2_grpc,
+        v1alpha2_pb2,
+        v1alpha2_pb2_grpc,
+        v1alpha3_pb2,
+        v1alpha3_pb2_grpc,
+    )
 
     class InfoServicer(info_pb2_grpc.InfoServicer):
         def Info(self, request, context):
@@ -326,6 +335,8 @@ class HookServer:
         self.log("host", sysfs=self.sysfs, name=topo.name)
 
     def start(self) -> None:
+        import grpc
+
         t0 = time.perf_counter()
         self._open_host_early()
         folder = os.path.dirname(self.socket_path)
@@ -411,10 +422,26 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}")
 
 
+# Standard-library modules that load OpenSSL (libssl/libcrypto: ~4 MiB resident, measured with
+# bench/perf.py) and that the server never needs: it serves plain gRPC on a Unix socket (grpcio
+# carries its own TLS, BoringSSL, unused here), and hashlib and hmac fall back to Python's
+# built-in hashes without _hashlib. asyncio (which grpcio imports) and hmac (which pydantic
+# imports) import them only inside try/except ImportError.
+OPENSSL_MODULES = ("ssl", "_ssl", "_hashlib")
+
+
+def keep_openssl_out() -> None:
+    """Make ``import ssl`` (and _ssl, _hashlib) raise ImportError in this process, unless
+    already imported. Only ``pcitopo serve`` calls this, before anything imports grpc; a
+    library user's process is left alone."""
+    for name in OPENSSL_MODULES:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+
+
 def limit_malloc_arenas(arenas: int = 2) -> None:
     """glibc gives every thread that allocates its own malloc arena (up to 8 per core): with
     gRPC's threads and the worker pool, freed memory then sits in many arenas. Capping them
-    keeps resident memory flat under concurrent calls (measured: bench/sidecar_measure.py).
+    keeps resident memory flat under concurrent calls (measured: bench/perf.py, bench/load.py).
     Must run before the threads exist; a no-op where the C library is not glibc or the
     operator already set MALLOC_ARENA_MAX."""
     if "MALLOC_ARENA_MAX" in os.environ:
@@ -430,6 +457,7 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
 def serve_main(argv: list[str]) -> int:
     """``pcitopo serve [--socket PATH] [--sysfs PATH]``. Returns the exit code; a bad argument
     or an unusable socket path raises PcitopoError (one line, exit 2 through the CLI door)."""
+    keep_openssl_out()
     limit_malloc_arenas()
     parser = _Parser(prog="pcitopo serve", description="Serve KubeVirt's hook API (OnDefineDomain) on a Unix socket.")
     parser.add_argument("--socket", default=DEFAULT_SOCKET, help=f"socket path (default {DEFAULT_SOCKET})")
