@@ -27,6 +27,19 @@ from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# Where the code under test (topology/, sidecar/) comes from: this checkout, or another tree
+# (``bench/perf.py --tree DIR``, e.g. an older commit for a before/after comparison). Child
+# processes get it first on PYTHONPATH, ahead of the editable install.
+CODE = {"root": REPO}
+
+
+def code_env(env: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """``env`` (default: ours) with the code under test first on PYTHONPATH, plus ``extra``."""
+    out = dict(os.environ if env is None else env)
+    if CODE["root"] != REPO:
+        out["PYTHONPATH"] = os.pathsep.join([str(CODE["root"])] + ([out["PYTHONPATH"]] if out.get("PYTHONPATH") else []))
+    out.update(extra)
+    return out
 
 
 # -- samples and statistics ----------------------------------------------------------------------
@@ -210,10 +223,10 @@ def containerfile_env() -> dict[str, str]:
 
 
 def child_env(**extra: str) -> dict[str, str]:
+    """Our environment plus the image's ENV: how the server runs in its container."""
     env = dict(os.environ)
     env.update(containerfile_env())
-    env.update(extra)
-    return env
+    return code_env(env, **extra)
 
 
 def run_wall(argv: list[str], env: dict[str, str], stdin: bytes | None = None) -> float:

@@ -36,7 +36,7 @@ def test_the_harness_measures_everything_in_smoke_mode(tmp_path):
     for fact in ("cpu", "cpus", "kernel", "python", "libs", "commit"):
         assert res["machine"][fact], fact
     text = p.stdout
-    assert text == md.read_text().split("\n\n", 1)[1]
+    assert md.read_text().endswith(text)
     for needle in ("| 1 | floor", "| 3 | OnDefineDomain over the socket", "| 4 | shim", "| 5b |", "| 6 | xmlfix",
                    "exec -> first answered Info", "RSS idle", "(3) <= 3x (1)", "(4) >= 20x (3)", "machine:"):
         assert needle in text, needle
