@@ -82,6 +82,22 @@ def sample(fn: Callable[[], object], n: int, warmup: int = 3) -> Stat:
     return Stat(out, warmup)
 
 
+def interleaved(fns: dict[str, Callable[[], object]], n: int, warmup: int = 1) -> dict[str, Stat]:
+    """Round-robin samples: each of ``n`` rounds times every callable once, in turn. Figures
+    whose ratio matters are measured this way, so both see the same background load (this
+    machine is shared). A callable returning a float reports its own time (a child process's
+    wall time); otherwise the call is timed."""
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(warmup + n):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            got = fn()
+            t = got if isinstance(got, float) else time.perf_counter() - t0
+            if r >= warmup:
+                out[k].append(t)
+    return {k: Stat(v, warmup) for k, v in out.items()}
+
+
 def timed(fn: Callable[[], float | None], n: int, warmup: int = 3) -> Stat:
     """Like :func:`sample`, for a callable that measures itself and returns seconds."""
     for _ in range(warmup):

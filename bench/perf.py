@@ -18,6 +18,8 @@ real directories (read with plain open/read like /sys, cached under .cache/bench
 7. ``pcitopo serve``: exec → first answered Info; resident memory idle, after the calls of (3),
    and peak during 64 concurrent calls.
 
+Figures whose ratio is a target are measured in rounds ((1), (3) and (4) one after the other,
+then again; likewise (5a) and (5b)), so both sides of a ratio see the same background load.
 Then the ratios against issue 7's targets. ``--smoke`` runs everything with a few iterations
 (what CI runs: it proves the harness works, it asserts nothing about time).
 """
@@ -42,6 +44,7 @@ from harness import (  # noqa: E402
     PeakSampler,
     Server,
     Stat,
+    interleaved,
     CODE,
     child_env,
     code_env,
@@ -199,7 +202,6 @@ def measure(args: argparse.Namespace) -> dict:
         lxml_floor()
         sysfs_floor()
 
-    rows["floor"] = sample(floor, n)
     rows["floor_lxml"] = sample(lxml_floor, n)
     rows["floor_sysfs"] = sample(sysfs_floor, n)
 
@@ -210,9 +212,11 @@ def measure(args: argparse.Namespace) -> dict:
     warm = open_host(b200s)
     rows["handler_warm"] = sample(lambda: handle_define_domain(domain, vmi, warm), n)
 
-    # 5. host size
-    rows["rewrite_h100"] = sample(lambda: rewrite_domain(h100_domain, open_host(str(h100))), n)
-    rows["rewrite_4k"] = sample(lambda: rewrite_domain(h100_domain, open_host(str(s4k))), n)
+    # 5. host size (interleaved: the ratio is the figure)
+    rows.update(interleaved({
+        "rewrite_h100": lambda: rewrite_domain(h100_domain, open_host(str(h100))),
+        "rewrite_4k": lambda: rewrite_domain(h100_domain, open_host(str(s4k))),
+    }, n, warmup=3))
 
     # 7a. exec -> first answered Info
     starts_info, starts_sock, refused = [], [], 0
@@ -238,16 +242,25 @@ def measure(args: argparse.Namespace) -> dict:
         rows["first_call"] = Stat([time.perf_counter() - t0])
         mem["cpu_first_call_ms"] = (cpu_seconds(s.pid) - cpu_idle) * 1000
         assert first == expected, "the server's answer differs from the library's"
+        for _ in range(2):  # a VM boot: Info, then 1 to 3 OnDefineDomain calls
+            define_new_connection(s.target, domain, vmi)
+        mem["boot"] = proc_status(s.pid)
 
         def one_call() -> None:
             define_new_connection(s.target, domain, vmi)
 
+        # 1, 3, 4 in rounds (floor, a call over the socket, a shim process), so their ratios
+        # compare figures taken under the same background load.
+        shim_env = code_env(PCITOPO_SYSFS=b200s)
+        shim_argv = [str(BIN / "onDefineDomain"), "--vmi", vmi.decode(), "--domain", domain.decode()]
+        rows.update(interleaved({"floor": floor, "socket": one_call, "shim": lambda: run_wall(shim_argv, shim_env)}, n))
+
         cpu0 = cpu_seconds(s.pid)
-        rows["socket"] = sample(one_call, calls, warmup=3)
-        mem["cpu_ms_per_call"] = (cpu_seconds(s.pid) - cpu0) / (calls + 3) * 1000
+        rows["socket_seq"] = sample(one_call, calls, warmup=1)
+        mem["cpu_ms_per_call"] = (cpu_seconds(s.pid) - cpu0) / (calls + 1) * 1000
         mem["cpu_start_s"] = cpu_idle
         mem["after_calls"] = proc_status(s.pid)
-        mem["calls"] = calls + 4
+        mem["calls"] = calls + n + 5
 
         import grpc
 
@@ -287,15 +300,13 @@ def measure(args: argparse.Namespace) -> dict:
     # 7c. the same number of calls with a VMI that carries no pcitopo annotation (defaults)
     with Server(b200s) as s:
         s.first_info()
-        for _ in range(calls + 4):
+        for _ in range(3):
+            define_new_connection(s.target, domain, vmi_plain)
+        mem["boot_plain"] = proc_status(s.pid)
+        for _ in range(calls + n + 2):
             define_new_connection(s.target, domain, vmi_plain)
         mem["after_calls_plain"] = proc_status(s.pid)
     res["memory"] = mem
-
-    # 4. the shim way: one process per call
-    shim_env = code_env(PCITOPO_SYSFS=b200s)
-    shim_argv = [str(BIN / "onDefineDomain"), "--vmi", vmi.decode(), "--domain", domain.decode()]
-    rows["shim"] = timed(lambda: run_wall(shim_argv, shim_env), n, warmup=1)
 
     # 6. xmlfix
     xmlfix_argv = [str(BIN / "xmlfix"), "--sysfs", b200s, str(domain_path)]
@@ -334,16 +345,17 @@ def render(res: dict, command: str) -> str:
         x = r[key]
         out.append(f"| {num} | {label} | {ms(x['median'])} | {ms(x['p99'])} | {x['n']} |")
 
-    row("1", "floor: lxml parse+serialise + plain sysfs reads", "floor")
+    row("1", "floor: lxml parse+serialise + plain sysfs reads (rounds with 3, 4)", "floor")
     row("1a", "  of which lxml parse+serialise", "floor_lxml")
     row("1b", "  of which sysfs reads (open/read, readlink)", "floor_sysfs")
     row("2", "rewrite in-process, cold host model (hgx-b200)", "rewrite_cold")
     row("2b", "hook handler in-process, warm model + VMI options (what serve runs per call)", "handler_warm")
-    row("3", "OnDefineDomain over the socket, new connection per call", "socket")
+    row("3", "OnDefineDomain over the socket, new connection per call (rounds with 1, 4)", "socket")
+    row("3a", f"  the same, {r['socket_seq']['n']} calls in a row (the RSS figures below)", "socket_seq")
     row("3b", "OnDefineDomain over the socket, one connection reused", "socket_reused")
     row("3c", "first OnDefineDomain after start (cold model)", "first_call")
-    row("4", "shim: one onDefineDomain process per call", "shim")
-    row("5a", "rewrite cold, hgx-h100 (89 functions)", "rewrite_h100")
+    row("4", "shim: one onDefineDomain process per call (rounds with 1, 3)", "shim")
+    row("5a", "rewrite cold, hgx-h100 (89 functions; rounds with 5b)", "rewrite_h100")
     row("5b", "rewrite cold, sriov-4k (4,185 functions), same domain", "rewrite_4k")
     row("6", "xmlfix CLI wall", "xmlfix")
     row("7", "pcitopo serve: exec -> first answered Info", "first_info")
@@ -356,6 +368,8 @@ def render(res: dict, command: str) -> str:
                    f" + shmem {mib(st.get('RssShmem', 0)):.1f} (current){extra} | threads {st['Threads']}, fds {st['fds']} |")
 
     memrow("idle (VmRSS)", mem["idle"])
+    memrow("peak of a VM boot, Info + 3 calls, VMI with pcitopo annotations (VmHWM)", mem["boot"], hwm=True)
+    memrow("peak of a VM boot, Info + 3 calls, VMI without (VmHWM)", mem["boot_plain"], hwm=True)
     memrow(f"after {mem['calls']} calls, VMI with pcitopo annotations (VmRSS)", mem["after_calls"])
     memrow(f"after {mem['calls']} calls, VMI without pcitopo annotations (VmRSS)", mem["after_calls_plain"])
     memrow(f"peak during {CONCURRENCY} concurrent calls (VmHWM)", mem["burst"], hwm=True)

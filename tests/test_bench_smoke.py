@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 ROWS = (
-    "floor", "floor_lxml", "floor_sysfs", "rewrite_cold", "handler_warm", "socket", "socket_reused", "first_call",
+    "floor", "floor_lxml", "floor_sysfs", "rewrite_cold", "handler_warm", "socket", "socket_seq", "socket_reused", "first_call",
     "shim", "rewrite_h100", "rewrite_4k", "xmlfix", "first_info", "first_socket",
 )
 
@@ -30,7 +30,7 @@ def test_the_harness_measures_everything_in_smoke_mode(tmp_path):
     for key in ROWS:
         row = res["rows"][key]
         assert row["n"] >= 1 and row["median"] > 0, key
-    for key in ("idle", "after_calls", "after_calls_plain", "burst", "after_burst"):
+    for key in ("idle", "boot", "boot_plain", "after_calls", "after_calls_plain", "burst", "after_burst"):
         assert res["memory"][key]["VmRSS"] > 0, key
     assert res["memory"]["burst"]["errors"] == 0
     for fact in ("cpu", "cpus", "kernel", "python", "libs", "commit"):
