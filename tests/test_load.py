@@ -26,7 +26,6 @@ from sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha1_pb2, v1alpha1_pb
 from sidecar.server import error_details, grpc_code
 from strategies import build_domain, fixture_world
 from topology.errors import PcitopoError
-from topology.model import Bdf
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import event, example, given, note, settings
+from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 from lxml import etree
 
@@ -44,7 +44,7 @@ from invariants import (
     owned_projection,
     parse,
 )
-from kubevirt_sim import canonical, non_owned_elements
+from kubevirt_sim import canonical, kubevirt_reparse, non_owned_elements
 from strategies import (
     Case,
     as_booted,
@@ -56,14 +56,12 @@ from strategies import (
     mutated_domains,
     world_from_topo,
 )
-from sidecar.config import parse_vmi, PREFIX
+from sidecar.config import PREFIX, parse_vmi
 from sidecar.core import handle_define_domain
-from topology.classify import classify
 from topology.errors import PcitopoError
+from topology.model import Topology
 from topology.rewrite import rewrite_domain
 from topology.sysfs import MemoryTree, SysfsReader
-from topology.model import Topology
-from kubevirt_sim import kubevirt_reparse
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 RUNS: Counter = Counter()
