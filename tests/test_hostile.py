@@ -168,6 +168,14 @@ def materialize_host(case: dict) -> Host:
         return Host(arg)
     tmp = Path(tempfile.mkdtemp(prefix="pcitopo-hostile-", dir=SCRATCH))
     host = Host(str(tmp / "sysfs"), tmp=tmp)
+    try:
+        return _build_host(case, kind, arg, tmp, host)
+    except BaseException:
+        host.close()
+        raise
+
+
+def _build_host(case: dict, kind: str, arg: str, tmp: Path, host: Host) -> Host:
     if kind == "capture":
         host.sysfs = str(tmp / "capture.tar.gz")
         _capture(arg, Path(host.sysfs))
