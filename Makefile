@@ -36,6 +36,10 @@ fixtures: setup
 golden: setup
 	$(BIN)/python fixtures/golden.py
 
+# At least 10,000 generated examples through every property (prints the count; CI runs fewer).
+fuzz: setup
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_properties.py -p no:cacheprovider
+
 # Regenerate the gRPC code from proto/ (committed; a test proves it matches).
 proto: setup
 	$(BIN)/python proto/generate.py

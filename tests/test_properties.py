@@ -421,13 +421,10 @@ rc 0000:02 numa=0
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "report: the 'no guest can show this' explanation covers only two functions with different raw "
-    "numa_node below one root complex; when NCCL's CPU comes from a switch without numa_node, or the pair "
-    "spans two root complexes, the same unexpressible difference (NCCL's raw numa_node vs the model's "
-    "inherited node) is still called a planner bug and counted in fidelity_lost, so xmlfix --check fails"))
 @pytest.mark.parametrize("topo", [NUMA_SWITCH_TOPO, NUMA_CROSS_RC_TOPO], ids=["switch-without-numa", "across-root-complexes"])
 def test_inconsistent_numa_node_is_never_called_a_planner_bug(topo):
+    """Regression (found by the properties): NCCL's raw numa_node differing from the model's
+    inherited node is unexpressible in a guest, and is reported as such, never as a bug."""
     world = world_from_topo(topo, "numa-missing")
     result = rewrite_domain(build_domain(world, world.assignable), world.host)
     assert [p.why for p in result.report.pairs if p.why and "planner bug" in p.why] == []
@@ -473,11 +470,9 @@ def test_zz_example_count(request, capsys):
         assert total >= hp.FUZZ_MINIMUM, f"fuzz profile ran only {total} examples, fewer than {hp.FUZZ_MINIMUM}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "planner: the bus budget counts KubeVirt's i6300esb watchdog as one root port, but libvirt adds a "
-    "pcie-to-pci-bridge in a root port for it (2 buses; seen with libvirt 9.0); on a domain whose mirror "
-    "fills the PCI domain exactly, pcie-root's tree then runs into the lowest expander bus"))
 def test_watchdog_buses_are_budgeted():
+    """Regression (found by the properties): libvirt puts KubeVirt's i6300esb watchdog behind a
+    pcie-to-pci-bridge in a root port (2 buses, libvirt 9.0); the budget counts both."""
     text = (Path(__file__).parent / "hostile/hosts/bus-exhaustion.topo").read_text()
     world = world_from_topo(text, "tight")
     # Drop root-bus GPUs (one bus each) until the planner says the domain just fits.

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from lxml import etree
 
-from .errors import DomainError
+from .errors import DomainError, quoted
 from .model import Bdf
 
 MAX_DOMAIN_BYTES = 8 * 1024 * 1024  # a KubeVirt domain is a few KB; 8 MiB is generous
@@ -70,7 +70,7 @@ def parse_int(text: str | None, what: str) -> int:
     try:
         return int(t, 16) if t.startswith("0x") else int(t, 10)
     except ValueError:
-        raise DomainError(f"{what}={text!r} is not a number") from None
+        raise DomainError(f"{what}={quoted(text)!r} is not a number") from None
 
 
 class GuestAddress(NamedTuple):
@@ -238,8 +238,8 @@ class PciHostdev:
     def source(self) -> Bdf:
         a = self.source_address
         if a is None:
-            raise DomainError(f"hostdev {self.alias or ''} has no <source><address>".replace("  ", " "))
-        where = f"hostdev {self.alias or '(no alias)'} source"
+            raise DomainError(f"hostdev {quoted(self.alias or '')} has no <source><address>".replace("  ", " "))
+        where = f"hostdev {quoted(self.alias or '(no alias)')} source"
         dom = parse_int(a.get("domain", "0"), f"{where} domain")
         bus = parse_int(a.get("bus"), f"{where} bus")
         slot = parse_int(a.get("slot"), f"{where} slot")
@@ -283,7 +283,7 @@ class DomainView:
         machine = self.machine()
         if "q35" not in machine:
             raise DomainError(
-                f"machine type is {machine or 'unset'!r}, not q35: PCIe expander buses and switches need q35"
+                f"machine type is {quoted(machine or 'unset')!r}, not q35: PCIe expander buses and switches need q35"
             )
 
     def pci_controllers(self) -> list[PciController]:

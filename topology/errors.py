@@ -12,13 +12,26 @@ class PcitopoError(Exception):
 
     kind = "error"
 
+    MAX_REASON = 1000
+
     def __init__(self, reason: str):
-        # One line, always: callers log and print it verbatim.
-        self.reason = " ".join(str(reason).split())
+        # One bounded line, always: callers log it, print it, and send it as gRPC status details
+        # (HTTP/2 metadata is capped at 16 KiB; a hostile alias must not crowd out the cause).
+        text = " ".join(str(reason).split())
+        if len(text) > self.MAX_REASON:
+            # Keep both ends: the subject up front, the cause usually at the end.
+            text = f"{text[:600]} ...[{len(text) - 900} characters cut]... {text[-300:]}"
+        self.reason = text
         super().__init__(self.reason)
 
     def __str__(self) -> str:
         return self.reason
+
+
+def quoted(value: object, limit: int = 80) -> str:
+    """A user-supplied value (alias, attribute text) as it may appear inside a reason."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
 
 
 class SysfsError(PcitopoError):

@@ -28,7 +28,7 @@ from .domain import (
     NumaCell,
     parse_cpuset,
 )
-from .errors import DomainError, PlanError
+from .errors import DomainError, PlanError, quoted
 from .model import Bdf, PciFunction, Role, Topology, root_complex_sort_key
 
 BUS_COUNT = 256
@@ -309,11 +309,11 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
     devices: list[PciFunction] = []
     for hd in facts.hostdevs:
         if hd.source in seen:
-            raise DomainError(f"hostdev {hd.source} is assigned twice ({seen[hd.source].alias} and {hd.alias})")
+            raise DomainError(f"hostdev {hd.source} is assigned twice ({quoted(seen[hd.source].alias)} and {quoted(hd.alias)})")
         seen[hd.source] = hd
         f = host.find(hd.source)
         if f is None:
-            raise DomainError(f"hostdev {hd.alias or ''} source {hd.source} is not a PCI function on this host ({host.name})")
+            raise DomainError(f"hostdev {quoted(hd.alias or '')} source {hd.source} is not a PCI function on this host ({host.name})")
         if f.is_bridge:
             raise DomainError(f"hostdev {hd.source} is a PCI bridge; only endpoints can be assigned")
         devices.append(f)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from lxml import etree
 
-from .classify import PairClass, classify, pairs
+from .classify import PairClass, classify, nccl_device, nccl_path, pairs
 from .domain import (
     DOWNSTREAM,
     PCIE_ROOT,
@@ -37,7 +37,7 @@ from .plan import ControllerFact, DomainFacts, GuestController, HostdevFact, Pla
 UNEXPRESSIBLE = "no guest can show this"
 
 # Elements libvirt places on a root port of pcie-root when they carry no address.
-_PCI_DEVICE_TAGS = frozenset({"interface", "rng", "memballoon", "vsock", "filesystem", "watchdog", "shmem"})
+_PCI_DEVICE_TAGS = frozenset({"interface", "rng", "memballoon", "vsock", "filesystem", "watchdog", "shmem", "sound"})
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def domain_facts(view: DomainView) -> DomainFacts:
         ControllerFact(c.index, c.model, c.alias, c.address, c.bus_nr, c.chassis) for c in view.pci_controllers()
     )
     others: list[GuestAddress] = []
-    unplaced = 0
+    unplaced = legacy = 0
     for el in view.devices:
         if not isinstance(el.tag, str):
             continue
@@ -152,7 +152,13 @@ def domain_facts(view: DomainView) -> DomainFacts:
                 others.append(a)
             continue
         if addr_el is None and _needs_pci_slot(el):
-            unplaced += 1
+            if _conventional_pci(el):
+                legacy += 1
+            else:
+                unplaced += 1
+    # libvirt puts conventional PCI devices behind a pcie-to-pci-bridge in a root port: two
+    # buses for the first 31 of them.
+    unplaced += 2 * -(-legacy // 31)
     view_cells = tuple(view.numa_cells())
     return DomainFacts(
         hostdevs=hostdevs,
@@ -164,6 +170,18 @@ def domain_facts(view: DomainView) -> DomainFacts:
         vcpupins=tuple(view.vcpupins()),
         acpi=view.has_acpi(),
     )
+
+
+# Models QEMU offers only as conventional PCI (no PCIe interface) on q35.
+_CONVENTIONAL_PCI_MODELS = frozenset({"i6300esb", "e1000", "rtl8139", "ne2k_pci", "pcnet", "es1370", "ac97", "ich6", "lsilogic"})
+
+
+def _conventional_pci(el: etree._Element) -> bool:
+    model = el.get("model") or ""
+    m = el.find("model")
+    if m is not None:
+        model = m.get("type") or model
+    return model in _CONVENTIONAL_PCI_MODELS
 
 
 def _needs_pci_slot(el: etree._Element) -> bool:
@@ -294,12 +312,20 @@ def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report:
             why = "not placed in the guest"
         elif gc != hc:
             why = _why_differs(hc, gc, no_cells, facts.acpi)
-            fa, fb = host.function(a), host.function(b)
-            if fa.root_complex == fb.root_complex and hc.nccl.value == "SYS" and fa.numa_node != fb.numa_node:
-                why = (f"{UNEXPRESSIBLE}: the host reports numa_node {fa.numa_node} and {fb.numa_node} below one root "
-                       f"complex {fa.root_complex} (NCCL sees two CPUs there); one expander bus has one guest cell")
+            odd = [f for f in (host.function(a), host.function(b)) if _numa_divergent(host, f)]
+            if odd:
+                f = odd[0]
+                why = (f"{UNEXPRESSIBLE}: above {f.bdf} the host reports numa_node "
+                       f"{nccl_path(host, f).cpu} where NCCL looks (the top-most PCI node), while its "
+                       f"root complex {f.root_complex} is on node {host.numa_of(f)}; an expander bus has one guest cell")
         report.pairs.append(PairReport(a, b, hc, gc, why))
     return guest
+
+
+def _numa_divergent(host: Topology, f) -> bool:
+    """NCCL's CPU for a device (raw numa_node of its top-most PCI node) is not the node the
+    model (and so the planner) places it on: firmware left numa_node out or at -1 somewhere."""
+    return nccl_path(host, f).cpu != host.numa_of(nccl_device(host, f))
 
 
 def _why_differs(hc: PairClass, gc: PairClass, no_cells: bool, acpi: bool) -> str:
