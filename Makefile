@@ -40,6 +40,10 @@ golden: setup
 fuzz: setup
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_properties.py -p no:cacheprovider
 
+# Issue 7's performance table (about a minute on 2 cores); rewrites bench/RESULTS.md.
+bench: setup
+	$(BIN)/python bench/perf.py --results bench/RESULTS.md
+
 # Regenerate the gRPC code from proto/ (committed; a test proves it matches).
 proto: setup
 	$(BIN)/python proto/generate.py

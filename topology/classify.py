@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Iterable
 
 from .errors import ConfigError
-from .model import NVIDIA, Bdf, PciFunction, Role, Topology, is_bdf
+from .model import NVIDIA, Bdf, PciFunction, Role, Topology, component_bdf, is_bdf
 
 
 class Nccl(str, Enum):
@@ -72,7 +72,7 @@ def nccl_switch_chain(topo: Topology, f: PciFunction) -> tuple[list[PciFunction]
         # Rewind two '/': the port above is skipped, the component above it is the parent
         # only if it looks like a BDF; otherwise this node hangs off a CPU.
         if len(path) >= 3 and is_bdf(path[-2]) and is_bdf(path[-3]):
-            parent = topo.function(Bdf.parse(path[-3]))
+            parent = topo.function(component_bdf(path[-3]))
             switches.append(parent)
             node = parent
             continue
@@ -163,9 +163,10 @@ def nvml_class(topo: Topology, fa: PciFunction, fb: PciFunction) -> Nvml:
     switches: set[Bdf] = set()
     # Bridges on the path: the common ancestor and everything below it, endpoints excluded.
     for comp in list(pa[k - 1 : -1]) + list(pb[k:-1]):
-        if not is_bdf(comp):
+        bdf = component_bdf(comp)
+        if bdf is None:
             continue
-        sw = topo.switch_of(topo.function(Bdf.parse(comp)))
+        sw = topo.switch_of(topo.function(bdf))
         if sw is not None:
             switches.add(sw.bdf)
     return Nvml.PIX if len(switches) <= 1 else Nvml.PXB
@@ -174,7 +175,12 @@ def nvml_class(topo: Topology, fa: PciFunction, fb: PciFunction) -> Nvml:
 def classify(topo: Topology, a: Bdf | str | PciFunction, b: Bdf | str | PciFunction) -> PairClass:
     fa = a if isinstance(a, PciFunction) else topo.function(a)
     fb = b if isinstance(b, PciFunction) else topo.function(b)
-    return PairClass(nccl_class(nccl_path(topo, fa), nccl_path(topo, fb)), nvml_class(topo, fa, fb))
+    # A pair's class is a fact of the tree, like a device's NCCL path: remembered for the life
+    # of the topology (the sidecar's host model answers every call's host pairs from here).
+    return topo.memo(
+        ("classify", fa.bdf, fb.bdf),
+        lambda: PairClass(nccl_class(nccl_path(topo, fa), nccl_path(topo, fb)), nvml_class(topo, fa, fb)),
+    )
 
 
 # -- NVLink (not in sysfs: inferred from a small table of SXM boards) -------------------------

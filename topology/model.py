@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from typing import Iterable, Mapping, NamedTuple, Protocol
 
 from .errors import SysfsError, UnknownDeviceError
@@ -57,6 +58,13 @@ def is_bdf(component: str) -> bool:
         and component[10] == "."
         and _BDF_RE.match(component) is not None
     )
+
+
+@lru_cache(maxsize=65536)
+def component_bdf(component: str) -> Bdf | None:
+    """The BDF a sysfs path component names, or None (root complexes, other wrappers). Cached:
+    every classification walks the same few ancestors."""
+    return Bdf.parse(component) if is_bdf(component) else None
 
 
 class Link(NamedTuple):
@@ -119,8 +127,8 @@ class PciFunction:
     @property
     def parent_bdf(self) -> Bdf | None:
         """The bridge directly above, or None when this function sits on a root bus."""
-        if len(self.path) >= 2 and is_bdf(self.path[-2]):
-            return Bdf.parse(self.path[-2])
+        if len(self.path) >= 2:
+            return component_bdf(self.path[-2])
         return None
 
     @property

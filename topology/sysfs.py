@@ -11,11 +11,8 @@ and live hosts go through exactly the same reader.
 from __future__ import annotations
 
 import errno
-import gzip
-import io
 import os
 import posixpath
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -246,6 +243,10 @@ class MemoryTree:
 
     def write_tarball(self, out: str | os.PathLike) -> None:
         """Write a deterministic ``.tar.gz``: sorted members, mtime 0, root-owned."""
+        import gzip
+        import io
+        import tarfile
+
         raw = io.BytesIO()
         with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for rel, entry in self.iter_entries():
@@ -293,6 +294,9 @@ class MemoryTree:
     @classmethod
     def from_tarball(cls, path: str | os.PathLike) -> "MemoryTree":
         """Load a capture. Never extracts to disk, so member names cannot escape anywhere."""
+        import gzip
+        import tarfile
+
         name = os.fspath(path)
         tree = cls(name)
         total = 0
@@ -357,6 +361,18 @@ class SysfsReader:
         self.source = source
         self.name = source.name
         self.warnings: list[str] = []
+        # readlink answers for resolve(): every device's path repeats the same prefixes
+        # (bus/pci/devices, devices/pci0000:15/0000:15:01.0, ...), read once here.
+        self._links: dict[str, str | None] = {}
+
+    def readlink(self, rel: str) -> str | None:
+        """``source.readlink``, remembered for the life of this reader (like the functions it
+        loads: sysfs device links do not change while the device exists)."""
+        try:
+            return self._links[rel]
+        except KeyError:
+            target = self._links[rel] = self.source.readlink(rel)
+            return target
 
     def _warn(self, msg: str) -> None:
         if msg not in self.warnings:
@@ -398,9 +414,9 @@ class SysfsReader:
 
     def load(self, bdf: "Bdf") -> "PciFunction | None":
         link = f"{PCI_DEVICES_DIR}/{bdf}"
-        if self.source.readlink(link) is None and self.source.listdir(link) is None:
+        if self.readlink(link) is None and self.source.listdir(link) is None:
             return None
-        real = resolve(self.source, link)
+        real = resolve(self, link)
         comps = real.split("/")
         if len(comps) < 3 or comps[0] != "devices" or comps[-1] != str(bdf):
             raise SysfsError(f"{self.name}: {link} resolves to {real}, not a device directory")
