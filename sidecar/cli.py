@@ -57,7 +57,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     topo = open_host(args.sysfs)
     table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
     oracle = NvlinkOracle(topo, table)
-    bdfs = [topo.function(Bdf.parse(b)).bdf for b in args.bdf] if args.bdf else default_devices(topo, args.vfs)
+    # Named devices in the order given, each once (a repeated BDF is not a second device).
+    bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
     if args.json:
         json.dump(topo_json(topo, bdfs, oracle), sys.stdout, indent=2)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Union
 
 from topology.errors import DomainError, PcitopoError
 from topology.model import Topology
-from topology.rewrite import RewriteOptions, RewriteResult, rewrite_domain
+from topology.rewrite import RewriteResult, rewrite_domain
 
 from .config import DEFAULT_OPTIONS, DefaultOptions, VmiFacts, options_from_vmi
 
@@ -53,11 +53,6 @@ class HookOutcome:
     result: RewriteResult | None = None
 
 
-def rewrite_options(options: HookOptions | DefaultOptions, vmi: VmiFacts) -> RewriteOptions:
-    """The rewrite's options for these hook options (today: the rewrite's defaults)."""
-    return RewriteOptions()
-
-
 def summarize(report: Any) -> dict[str, Any]:
     """The report's short summary as flat fields for a JSON log line."""
     summary = getattr(report, "summary", None)
@@ -82,7 +77,7 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         return HookOutcome(domain_xml, "unchanged-off", f"annotation {_mode_annotation()} is off", vmi=vmi, options=options)
     try:
         topo = host() if callable(host) else host
-        result = rewrite_domain(domain_xml, topo, rewrite_options(options, vmi))
+        result = rewrite_domain(domain_xml, topo)
         xml = result.xml
         if not isinstance(xml, bytes) or not xml:
             raise InternalError("the rewrite returned no XML")

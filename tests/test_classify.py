@@ -209,3 +209,26 @@ def test_fixture_gpu_to_own_nic(fixture):
         if fixture == "hgx-b200":
             # NCCL flattens the two-level complex: the neighbour pair's NIC is PIX too.
             assert sum(classify(h, g, n).nccl.value == "PIX" for n in nics) == 2
+
+
+def test_three_broadcom_tiers_flatten_only_one_level():
+    """NCCL's flattening merges a level-0 switch's direct sub-switches once, then marks it done:
+    the third tier stays separate, so two devices below different third-tier switches are PXB."""
+    h = host_from_topo(NUMA2 + """
+rc 0000:00 numa=0
+  rp 00:01.0 preset=intel-rp
+    us 01:00.0 preset=pex-gen4
+      ds 02:00.0 preset=pex-gen4
+        us 03:00.0 preset=pex-gen4
+          ds 04:00.0 preset=pex-gen4
+            us 05:00.0 preset=pex-gen4
+              ds 06:00.0 preset=pex-gen4
+                ep 07:00.0 preset=h100
+          ds 04:01.0 preset=pex-gen4
+            us 08:00.0 preset=pex-gen4
+              ds 09:00.0 preset=pex-gen4
+                ep 0a:00.0 preset=cx7-ib
+""")
+    assert cls(h, "07:00.0", "0a:00.0") == ("PXB", "PXB")
+    from topology.classify import nccl_path
+    assert [str(b) for b in nccl_path(h, h.function("07:00.0")).switches] == ["0000:05:00.0", "0000:01:00.0"]

@@ -120,3 +120,9 @@ def test_nvlink_table_is_overridable(tmp_path):
     table.write_text('{"boards": [{"name": "x", "links": "many"}]}')
     r = run("pcitopo", "topo", "--sysfs", "fixtures/hgx-h100", "--nvlink-table", str(table))
     assert r.returncode == 2 and b"NVLink table" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_a_bdf_named_twice_is_one_device():
+    r = run("pcitopo", "topo", "--json", "--sysfs", "fixtures/hgx-h100", "18:00.0", "0000:18:00.0", "19:00.0")
+    data = json.loads(r.stdout)
+    assert [d["bdf"] for d in data["devices"]] == ["0000:18:00.0", "0000:19:00.0"] and len(data["pairs"]) == 1

@@ -80,17 +80,20 @@ def nccl_switch_chain(topo: Topology, f: PciFunction) -> tuple[list[PciFunction]
 
 
 def nccl_switch_rep(switches_top_down: list[PciFunction]) -> list[Bdf]:
-    """The flattening pass: each switch node's representative after NCCL merges Broadcom
-    level-1 sub-switches into a level-0 parent of the same generation (repeatedly: merged
-    children's children are examined too, as in NCCL's loop over the growing link list)."""
+    """The flattening pass: each switch node's representative after NCCL's
+    ``ncclTopoFlattenBcmSwitches``. A level-0 Broadcom switch absorbs its *direct* level-1
+    sub-switches of the same generation, then marks itself (subsystem |= 0xffff) so it never
+    absorbs again: the absorbed switches' own sub-switches stay separate nodes, and a switch
+    that was absorbed absorbs nothing. Three Broadcom tiers therefore stay PXB, as on bare metal.
+    ``switches_top_down`` is one device's chain of NCCL switch nodes, parent before child."""
     reps: list[Bdf] = []
-    rep_func: PciFunction | None = None
+    parent: PciFunction | None = None
+    parent_absorbed = False
     for sw in switches_top_down:
-        if rep_func is not None and bcm_gen(rep_func, 0) and bcm_gen(sw, 1) == bcm_gen(rep_func, 0):
-            reps.append(rep_func.bdf)
-            continue
-        rep_func = sw
-        reps.append(sw.bdf)
+        gen = bcm_gen(parent, 0) if parent is not None and not parent_absorbed else 0
+        absorbed = bool(gen) and bcm_gen(sw, 1) == gen
+        reps.append(parent.bdf if absorbed and parent is not None else sw.bdf)
+        parent, parent_absorbed = sw, absorbed
     return reps
 
 

@@ -312,6 +312,25 @@ class DomainView:
                 out.append((parse_int(m.get("cellid"), "memnode cellid"), m.get("nodeset") or ""))
         return out
 
+    def has_64bit_mmio_window(self) -> bool:
+        """A sized 64-bit PCI hole on pcie-root or a passthrough physical address width: what
+        GPUs with 64-128 GiB BARs below expander buses need (brief 02)."""
+        hole = self.root.find("devices/controller[@model='pcie-root']/pcihole64")
+        return (hole is not None and (hole.text or "").strip() not in ("", "0")) or self.root.find("cpu/maxphysaddr") is not None
+
+    def unplaced_pci_devices(self) -> tuple[int, int]:
+        """(PCIe, conventional PCI) devices without a guest address: libvirt will place each
+        PCIe one on a new root port of pcie-root, and the conventional ones behind a
+        pcie-to-pci-bridge."""
+        pcie = conventional = 0
+        for el in self.devices:
+            if isinstance(el.tag, str) and el.find("address") is None and _needs_pci_slot(el):
+                if _conventional_pci(el):
+                    conventional += 1
+                else:
+                    pcie += 1
+        return pcie, conventional
+
     def vcpupins(self) -> list[tuple[int, str]]:
         out = []
         for p in self.root.findall("cputune/vcpupin"):
@@ -322,6 +341,37 @@ class DomainView:
 
 # Linux's largest NR_CPUS; no cpu or node list can name more.
 MAX_CPUSET_MEMBERS = 8192
+
+
+# Devices libvirt puts on a root port of pcie-root when they carry no address.
+_PCI_DEVICE_TAGS = frozenset({"interface", "rng", "memballoon", "vsock", "filesystem", "watchdog", "shmem", "sound"})
+# Models QEMU offers only as conventional PCI on q35: libvirt puts them behind a
+# pcie-to-pci-bridge inside a root port.
+_CONVENTIONAL_PCI_MODELS = frozenset({"i6300esb", "e1000", "rtl8139", "ne2k_pci", "pcnet", "es1370", "ac97", "ich6", "lsilogic"})
+
+
+def _needs_pci_slot(el: etree._Element) -> bool:
+    if el.tag in _PCI_DEVICE_TAGS:
+        model = el.find("model")
+        return not (el.tag == "memballoon" and el.get("model") == "none") and (model is None or model.get("type") != "none")
+    if el.tag == "hostdev":
+        return el.get("type") == "mdev"  # a vGPU: a PCI function in the guest (type='pci' ones are ours)
+    if el.tag == "disk":
+        t = el.find("target")
+        return t is not None and t.get("bus") == "virtio"
+    if el.tag == "controller":
+        return el.get("type") in ("virtio-serial", "scsi") or (el.get("type") == "usb" and el.get("model") not in (None, "none"))
+    if el.tag == "input":
+        return el.get("bus") == "virtio"
+    return False
+
+
+def _conventional_pci(el: etree._Element) -> bool:
+    model = el.get("model") or ""
+    m = el.find("model")
+    if m is not None:
+        model = m.get("type") or model
+    return model in _CONVENTIONAL_PCI_MODELS
 
 
 def parse_cpuset(text: str) -> set[int]:

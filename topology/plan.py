@@ -71,8 +71,10 @@ class DomainFacts:
     controllers: tuple[ControllerFact, ...]
     # guest addresses of every other addressed element (disks, NICs, videos, ...)
     other_addresses: tuple[GuestAddress, ...]
-    # PCI devices libvirt will still have to place (each costs a root port, i.e. a bus on pcie.0)
-    unplaced_devices: int
+    # devices libvirt will still have to place on pcie-root: PCIe ones (a root port each) and
+    # conventional PCI ones (behind a pcie-to-pci-bridge in a root port, 31 per bridge)
+    unplaced_pcie: int
+    unplaced_conventional: int
     cells: tuple[NumaCell, ...]
     memnodes: tuple[tuple[int, str], ...]
     vcpupins: tuple[tuple[int, str], ...]
@@ -249,6 +251,12 @@ def allocate_indexes(kept: set[int], count: int) -> list[int]:
     return out
 
 
+def pcie_root_buses_for(facts: DomainFacts) -> int:
+    """Buses below pcie-root that libvirt's own placements will take after our call."""
+    bridges = -(-facts.unplaced_conventional // 31)
+    return facts.unplaced_pcie + 2 * bridges
+
+
 def budget_buses(pxb_sizes: list[int], pcie_root_needed: int) -> list[int]:
     """busNr per expander bus (in order), packed at the top of the 256 buses so pcie-root keeps
     everything below the lowest one. Each pxb reserves its root bus plus one bus per bridge."""
@@ -353,7 +361,7 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
     spares = sorted(set(range(1, highest + 1)) - kept_indexes - set(indexes))
     hotplug_reserve = max(0, KUBEVIRT_HOTPLUG_INDEX_LIMIT - 1 - highest)
     pcie_root_bridges = sum(1 for c in kept if c.model != PCIE_ROOT) + len(spares)
-    pcie_root_needed = 1 + pcie_root_bridges + facts.unplaced_devices + hotplug_reserve
+    pcie_root_needed = 1 + pcie_root_bridges + pcie_root_buses_for(facts) + hotplug_reserve
     bus_nrs = budget_buses(sizes, pcie_root_needed)
 
     # pcie-root slots for the expander buses: sticky (same alias, same slot), else lowest free.

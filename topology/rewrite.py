@@ -36,18 +36,6 @@ from .plan import ControllerFact, DomainFacts, GuestController, HostdevFact, Pla
 
 UNEXPRESSIBLE = "no guest can show this"
 
-# Elements libvirt places on a root port of pcie-root when they carry no address.
-_PCI_DEVICE_TAGS = frozenset({"interface", "rng", "memballoon", "vsock", "filesystem", "watchdog", "shmem", "sound"})
-
-
-@dataclass(frozen=True)
-class RewriteOptions:
-    """Knobs of the rewrite itself (hook-level options such as mode/on-error live in sidecar)."""
-
-    # Write <node> on expander buses when the domain maps host nodes to guest cells.
-    guest_numa: bool = True
-
-
 @dataclass(frozen=True)
 class PlacedDevice:
     host: Bdf
@@ -93,7 +81,7 @@ class Report:
         shape no guest can express (reported, with the reason, but not counted as lost)."""
         return [
             p for p in self.pairs
-            if (not p.nccl_same or (not p.nvml_same and not _broadcom_collapse(p)))
+            if (not p.nccl_same or (not p.nvml_same and not broadcom_collapse(p.host, p.guest)))
             and not (p.why or "").startswith(UNEXPRESSIBLE)
         ]
 
@@ -121,14 +109,10 @@ class RewriteResult:
     guest: GuestView
 
 
-def _broadcom_collapse(p: PairReport) -> bool:
-    return (
-        p.guest is not None
-        and p.host.nvml.value == "PXB"
-        and p.guest.nvml.value == "PIX"
-        and p.host.nccl.value == "PIX"
-        and p.guest.nccl.value == "PIX"
-    )
+def broadcom_collapse(host: PairClass, guest: PairClass | None) -> bool:
+    """The one documented difference: a Broadcom two-level complex mirrored as one virtual
+    switch, the way NCCL flattens it. NCCL's class is unchanged; nvidia-smi's PXB reads PIX."""
+    return guest is not None and host.nccl == guest.nccl and (host.nvml.value, guest.nvml.value) == ("PXB", "PIX")
 
 
 def domain_facts(view: DomainView) -> DomainFacts:
@@ -139,63 +123,27 @@ def domain_facts(view: DomainView) -> DomainFacts:
         ControllerFact(c.index, c.model, c.alias, c.address, c.bus_nr, c.chassis) for c in view.pci_controllers()
     )
     others: list[GuestAddress] = []
-    unplaced = legacy = 0
     for el in view.devices:
         if not isinstance(el.tag, str):
             continue
         if (el.tag == "hostdev" and el.get("type") == "pci") or (el.tag == "controller" and el.get("type") == "pci"):
             continue
-        addr_el = el.find("address")
-        if addr_el is not None and addr_el.get("type") == "pci":
-            a = read_guest_address(el)
-            if a is not None:
-                others.append(a)
-            continue
-        if addr_el is None and _needs_pci_slot(el):
-            if _conventional_pci(el):
-                legacy += 1
-            else:
-                unplaced += 1
-    # libvirt puts conventional PCI devices behind a pcie-to-pci-bridge in a root port: two
-    # buses for the first 31 of them.
-    unplaced += 2 * -(-legacy // 31)
+        a = read_guest_address(el)
+        if a is not None:
+            others.append(a)
+    pcie, conventional = view.unplaced_pci_devices()
     view_cells = tuple(view.numa_cells())
     return DomainFacts(
         hostdevs=hostdevs,
         controllers=controllers,
         other_addresses=tuple(others),
-        unplaced_devices=unplaced,
+        unplaced_pcie=pcie,
+        unplaced_conventional=conventional,
         cells=view_cells,
         memnodes=tuple(view.memnodes()),
         vcpupins=tuple(view.vcpupins()),
         acpi=view.has_acpi(),
     )
-
-
-# Models QEMU offers only as conventional PCI (no PCIe interface) on q35.
-_CONVENTIONAL_PCI_MODELS = frozenset({"i6300esb", "e1000", "rtl8139", "ne2k_pci", "pcnet", "es1370", "ac97", "ich6", "lsilogic"})
-
-
-def _conventional_pci(el: etree._Element) -> bool:
-    model = el.get("model") or ""
-    m = el.find("model")
-    if m is not None:
-        model = m.get("type") or model
-    return model in _CONVENTIONAL_PCI_MODELS
-
-
-def _needs_pci_slot(el: etree._Element) -> bool:
-    if el.tag in _PCI_DEVICE_TAGS:
-        model = el.find("model")
-        return not (el.tag == "memballoon" and el.get("model") == "none") and (model is None or model.get("type") != "none")
-    if el.tag == "disk":
-        t = el.find("target")
-        return t is not None and t.get("bus") == "virtio"
-    if el.tag == "controller":
-        return el.get("type") in ("virtio-serial", "scsi") or (el.get("type") == "usb" and el.get("model") not in (None, "none"))
-    if el.tag == "input":
-        return el.get("bus") == "virtio"
-    return False
 
 
 def _controller_element(c: GuestController) -> etree._Element:
@@ -219,7 +167,7 @@ def _controller_element(c: GuestController) -> etree._Element:
     return el
 
 
-def apply_plan(view: DomainView, p: Plan, options: RewriteOptions) -> tuple[Counter, bool]:
+def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
     devices = view.devices
     unit = indent_unit(view.tree)
     removed = set(p.removed)
@@ -243,8 +191,6 @@ def apply_plan(view: DomainView, p: Plan, options: RewriteOptions) -> tuple[Coun
         anchor = root
     created: Counter = Counter()
     for c in p.controllers:
-        if not options.guest_numa and c.node is not None:
-            c = GuestController(**{**c.__dict__, "node": None})
         el = _controller_element(c)
         indent_subtree(el, 2, unit)
         append_child(devices, el, after=anchor)
@@ -264,14 +210,13 @@ def apply_plan(view: DomainView, p: Plan, options: RewriteOptions) -> tuple[Coun
     return created, normalised
 
 
-def rewrite_domain(domain_xml: bytes, host: Topology, options: RewriteOptions | None = None) -> RewriteResult:
-    options = options or RewriteOptions()
+def rewrite_domain(domain_xml: bytes, host: Topology) -> RewriteResult:
     tree = parse_domain(domain_xml)
     view = DomainView(tree)
     view.check_q35()
     facts = domain_facts(view)
     p = plan(host, facts)
-    created, normalised = apply_plan(view, p, options)
+    created, normalised = apply_plan(view, p)
     out = serialize(tree, domain_xml)
     report = Report(
         created=created,
@@ -280,6 +225,18 @@ def rewrite_domain(domain_xml: bytes, host: Topology, options: RewriteOptions | 
         numa_source=p.numa_source,
         notes=list(p.notes),
     )
+    if created.get("pcie-switch-upstream-port"):
+        report.notes.append(
+            "QEMU's emulated switch upstream ports report a 2.5 GT/s x1 link: path classes are the host's, but "
+            "NCCL's bandwidth estimate for paths from a switch up to the CPU is low (PIX paths, GPU to its own NIC, "
+            "do not cross that link)"
+        )
+    gpus = sum(1 for hd in facts.hostdevs if host.role(host.function(hd.source)).value == "gpu")
+    if gpus and not view.has_64bit_mmio_window():
+        report.notes.append(
+            f"{gpus} GPU(s) below expander buses and no <pcihole64> on pcie-root or <cpu><maxphysaddr>: "
+            "large GPU BARs may not fit the guest's default 64-bit MMIO window"
+        )
     if normalised:
         report.notes.append("hostdev source addresses written without type='pci', as libvirt formats them (its schema has no such attribute)")
     guest = verify(tree, host, facts, report)
@@ -330,7 +287,7 @@ def _numa_divergent(host: Topology, f) -> bool:
 
 def _why_differs(hc: PairClass, gc: PairClass, no_cells: bool, acpi: bool) -> str:
     # The Broadcom collapse is judged first: it happens with or without NUMA cells.
-    if hc.nccl == gc.nccl and hc.nvml.value == "PXB" and gc.nvml.value == "PIX":
+    if broadcom_collapse(hc, gc):
         return "Broadcom two-level complex collapsed into one virtual switch, as NCCL flattens it (nvidia-smi on the host says PXB)"
     if not acpi:
         return "no <features><acpi/>: the guest sees no NUMA, so SYS/NODE collapse"
@@ -346,4 +303,4 @@ def _canonical(xml: bytes) -> bytes:
         raise DomainError("output XML does not parse (internal error)") from None
 
 
-__all__ = ["RewriteOptions", "RewriteResult", "Report", "rewrite_domain"]
+__all__ = ["RewriteResult", "Report", "rewrite_domain"]
