@@ -83,7 +83,12 @@ def main() -> int:
         for name in ("hgx-h100", "sriov-4k"):
             src = open_source(f"{d}/{name}")
             bdfs = pick16(src)
-            dir_results[name] = sample(lambda src=src, bdfs=bdfs: [classify(Topology(SysfsReader(src)), a, b) for a, b in pairs(bdfs)] and None, args.samples)
+            def classify16_dir(src=src, bdfs=bdfs):
+                t = Topology(SysfsReader(src))
+                for a, b in pairs(bdfs):
+                    classify(t, a, b)
+
+            dir_results[name] = sample(classify16_dir, args.samples)
         r2 = statistics.median(dir_results["sriov-4k"]) / statistics.median(dir_results["hgx-h100"])
         print(f"directory sources (like /sys): hgx-h100 {fmt(dir_results['hgx-h100'])}")
         print(f"directory sources (like /sys): sriov-4k {fmt(dir_results['sriov-4k'])}")
