@@ -198,111 +198,131 @@ def kubevirt_numa_preplace(xml: bytes, host: Topology) -> bytes:
     return to_kubevirt_bytes(root)
 
 
-def _needs_slot(el: etree._Element) -> bool:
-    tag = el.tag
-    if tag == "disk":
+# Unaddressed devices libvirt gives a root port of their own on pcie-root.
+_PCIE_TAGS = ("interface", "memballoon", "rng", "vsock")
+PORT_MODEL_NAMES = {"pcie-root-port": "pcie-root-port", "pcie-switch-downstream-port": "xio3130-downstream",
+                    "pcie-switch-upstream-port": "x3130-upstream", "pcie-expander-bus": "pxb-pcie",
+                    "pcie-to-pci-bridge": "pcie-pci-bridge"}
+
+
+def _needs_root_port(el: etree._Element) -> bool:
+    if el.tag in _PCIE_TAGS:
+        return el.get("model") != "none" and (el.find("model") is None or el.find("model").get("type") != "none")
+    if el.tag == "hostdev":
+        return el.get("type") == "mdev"
+    if el.tag == "disk":
         t = el.find("target")
         return t is not None and t.get("bus") == "virtio"
-    if tag == "controller":
+    if el.tag == "controller":
         return el.get("type") in ("scsi", "virtio-serial")
-    if tag == "memballoon":
-        return el.get("model") != "none"
-    if tag == "input":
+    if el.tag == "input":
         return el.get("bus") == "virtio"
-    return tag in ("interface", "rng", "hostdev", "video")
+    return False
 
 
 def libvirt_define(xml: bytes) -> bytes:
-    """What libvirt adds at define (brief: the input of later calls carries it). A superset of
-    ``kubevirt_sim.libvirt_define``, closer to libvirt for the harness: a pcie-root,
-    ``pci.N`` aliases, ``<model name>`` and chassis/port on ports, a pcie-root-port on pcie-root
-    for every PCI device without an address (root ports packed as functions of one slot from
-    slot 2, as libvirt does), the primary video at 00:01.0, hostdev source addresses without
-    ``type``, and ``<driver name="vfio">`` on hostdevs."""
-    root = etree.fromstring(xml, etree.XMLParser(remove_blank_text=True, resolve_entities=False))
+    """libvirt's additions at define (checked against libvirt 9.0's define and dumpxml):
+    pcie-root; the primary video at 00:01.0; one pcie-root-port on pcie-root per unaddressed
+    PCIe device, at the lowest free index (root ports packed as functions of one slot from slot
+    2); a pcie-to-pci-bridge in a root port of its own for a conventional PCI watchdog; root
+    ports in every index gap below the highest; model names, chassis/port and ``pci.N`` aliases
+    on controllers that lack them; hostdevs with ``mode``, ``<driver name='vfio'>`` and source
+    addresses without ``type``."""
+    root = etree.fromstring(xml, etree.XMLParser(resolve_entities=False))
     devices = root.find("devices")
-    ctrls = [c for c in devices.findall("controller") if c.get("type") == "pci"]
-    if not any(c.get("model") == "pcie-root" for c in ctrls):
-        pr = etree.Element("controller", type="pci", index="0", model="pcie-root")
-        first = devices.find("controller")
-        (first.addprevious(pr) if first is not None else devices.insert(0, pr))
-        ctrls.insert(0, pr)
-    used_root_slots = {0}
-    for el in devices.iter("address"):
-        if el.getparent().tag != "source" and el.get("type") == "pci" and _hexint(el.get("bus")) == 0:
-            used_root_slots.add(_hexint(el.get("slot")))
-    next_index = max(_hexint(c.get("index")) for c in ctrls) + 1
-    slot_fn = [2, 0]
+    pci = [c for c in devices.findall("controller") if c.get("type") == "pci"]
+    if not any(c.get("model") == "pcie-root" for c in pci):
+        el = etree.Element("controller", type="pci", index="0", model="pcie-root")
+        devices.insert(0, el)
+        pci.insert(0, el)
+    used_indexes = {parse_int(c.get("index"), "index") for c in pci}
+    taken_slots = {0, 0x1F}
+    for a in devices.iter("address"):
+        if a.get("type") == "pci" and a.getparent().tag != "source" and parse_int(a.get("bus", "0"), "bus") == 0:
+            taken_slots.add(parse_int(a.get("slot", "0"), "slot"))
+    video = devices.find("video")
+    if video is not None and video.find("address") is None and 1 not in taken_slots:
+        _sub(video, "address", type="pci", domain="0x0000", bus="0x00", slot="0x01", function="0x0")
+    taken_slots.add(1)
+    open_slot: list[int] = []  # [slot, next function] of the slot being filled
 
-    def free_root_function() -> tuple[int, int]:
-        while slot_fn[0] in used_root_slots:
-            slot_fn[0] += 1
-            slot_fn[1] = 0
-        s, f = slot_fn
-        slot_fn[1] += 1
-        if slot_fn[1] == 8:
-            used_root_slots.add(s)
-            slot_fn[1] = 0
+    def free_root_fn() -> tuple[int, int]:
+        if not open_slot or open_slot[1] == 8:
+            s = next(s for s in range(2, 0x1F) if s not in taken_slots)
+            taken_slots.add(s)
+            open_slot[:] = [s, 0]
+        s, f = open_slot
+        open_slot[1] += 1
         return s, f
 
-    def set_address(el: etree._Element, bus: int, slot: int, fn: int, multi: bool = False) -> None:
-        a = etree.SubElement(el, "address", type="pci", domain="0x0000", bus=f"0x{bus:02x}", slot=f"0x{slot:02x}", function=f"0x{fn:x}")
-        if multi:
-            a.set("multifunction", "on")
+    def add_port(index: int) -> etree._Element:
+        s, f = free_root_fn()
+        rp = etree.Element("controller", type="pci", index=str(index), model=ROOT_PORT)
+        _sub(rp, "target", chassis=str(index), port=f"0x{(s << 3) | f:x}")
+        _sub(rp, "address", type="pci", domain="0x0000", bus="0x00", slot=f"0x{s:02x}", function=f"0x{f:x}",
+             **({"multifunction": "on"} if f == 0 else {}))
+        pci[-1].addnext(rp)
+        pci.append(rp)
+        used_indexes.add(index)
+        return rp
 
-    video = devices.find("video")
-    if video is not None and video.find("address") is None:
-        set_address(video, 0, 1, 0)
-        used_root_slots.add(1)
-    new_ports: list[etree._Element] = []
+    def lowest_free() -> int:
+        i = 1
+        while i in used_indexes:
+            i += 1
+        return i
+
+    bridge: list[int] = []  # the pcie-to-pci-bridge for conventional PCI devices, once made
     for el in list(devices):
-        if not isinstance(el.tag, str) or el.tag == "video" or el.find("address") is not None or not _needs_slot(el):
+        if not isinstance(el.tag, str) or el.find("address") is not None:
             continue
-        slot, fn = free_root_function()
-        rp = etree.Element("controller", type="pci", index=str(next_index), model="pcie-root-port")
-        set_address(rp, 0, slot, fn, multi=(fn == 0))
-        new_ports.append(rp)
-        set_address(el, next_index, 0, 0)
-        next_index += 1
-    anchor = ctrls[-1]
-    for rp in new_ports:
-        anchor.addnext(rp)
-        anchor = rp
-    for c in devices.findall("controller"):
-        if c.get("type") != "pci":
-            continue
+        if _needs_root_port(el):
+            index = lowest_free()
+            add_port(index)
+            _sub(el, "address", type="pci", domain="0x0000", bus=f"0x{index:02x}", slot="0x00", function="0x0")
+        elif el.tag == "watchdog" and el.get("model") == "i6300esb":
+            if not bridge:
+                port = lowest_free()
+                add_port(port)
+                index = lowest_free()
+                br = etree.Element("controller", type="pci", index=str(index), model="pcie-to-pci-bridge")
+                _sub(br, "address", type="pci", domain="0x0000", bus=f"0x{port:02x}", slot="0x00", function="0x0")
+                pci[-1].addnext(br)
+                pci.append(br)
+                used_indexes.add(index)
+                bridge.append(index)
+            _sub(el, "address", type="pci", domain="0x0000", bus=f"0x{bridge[0]:02x}", slot="0x01", function="0x0")
+    highest = max(used_indexes)
+    for i in range(1, highest):
+        if i not in used_indexes:
+            add_port(i)
+    for c in pci:
         model = c.get("model")
-        idx = _hexint(c.get("index"))
-        if model in ("pcie-root-port", "pcie-switch-downstream-port", "pcie-switch-upstream-port", "pcie-expander-bus") and c.find("model") is None:
-            name = {"pcie-root-port": "pcie-root-port", "pcie-switch-downstream-port": "xio3130-downstream",
-                    "pcie-switch-upstream-port": "x3130-upstream", "pcie-expander-bus": "pxb-pcie"}[model]
-            c.insert(0, etree.Element("model", name=name))
-        if model in ("pcie-root-port", "pcie-switch-downstream-port"):
+        if model in PORT_MODEL_NAMES and c.find("model") is None:
+            c.insert(0, etree.Element("model", name=PORT_MODEL_NAMES[model]))
+        if model in (ROOT_PORT, "pcie-switch-downstream-port"):
             t = c.find("target")
             if t is None:
                 t = etree.Element("target")
                 c.find("model").addnext(t)
             if t.get("chassis") is None:
-                t.set("chassis", str(idx))
+                t.set("chassis", c.get("index"))
             if t.get("port") is None:
-                t.set("port", "0x10")
+                t.set("port", "0x0")
         if c.find("alias") is None:
-            al = etree.Element("alias", name="pcie.0" if model == "pcie-root" else f"pci.{idx}")
+            al = etree.Element("alias", name="pcie.0" if model == "pcie-root" else f"pci.{c.get('index')}")
             addr = c.find("address")
             (addr.addprevious(al) if addr is not None else c.append(al))
     for hd in devices.findall("hostdev"):
+        if hd.get("type") != "pci":
+            continue
         hd.set("mode", "subsystem")
         src = hd.find("source/address")
         if src is not None:
             src.attrib.pop("type", None)
         if hd.find("driver") is None:
             hd.insert(0, etree.Element("driver", name="vfio"))
-    return etree.tostring(root, encoding="utf-8", pretty_print=True)
-
-
-def _hexint(text: str | None) -> int:
-    t = (text or "0").strip().lower()
-    return int(t, 16) if t.startswith("0x") else int(t)
+    return to_kubevirt_bytes(root)
 
 
 def kubevirt_reparse(xml: bytes, decimal_bus: bool = False) -> bytes:

@@ -45,6 +45,7 @@ from kubevirt_sim import (
     kubevirt_domain,
     kubevirt_numa_preplace,
     kubevirt_reparse,
+    libvirt_define,
     to_kubevirt_bytes,
 )
 from topology.domain import ROOT_PORT, parse_int
@@ -443,108 +444,8 @@ def without_acpi(xml: bytes) -> bytes:
 
 
 # Device elements libvirt puts on a pcie-root-port of its own when they have no address.
-_PCIE_TAGS = ("interface", "memballoon", "rng", "vsock")
-
-
-def _needs_root_port(el: etree._Element) -> bool:
-    if el.tag in _PCIE_TAGS:
-        return el.get("model") != "none" and (el.find("model") is None or el.find("model").get("type") != "none")
-    if el.tag == "disk":
-        t = el.find("target")
-        return t is not None and t.get("bus") == "virtio"
-    if el.tag == "controller":
-        return el.get("type") in ("scsi", "virtio-serial")
-    if el.tag == "input":
-        return el.get("bus") == "virtio"
-    return False
-
-
-def libvirt_define_all(xml: bytes) -> bytes:
-    """libvirt's additions at define for every device kind this module generates: pcie-root,
-    one pcie-root-port on pcie-root (chassis = index) per unaddressed PCIe device, at the lowest
-    free index (libvirt fills index gaps with root ports too), a pcie-to-pci-bridge (in a root
-    port of its own) for a conventional PCI watchdog, and chassis/port on every root or
-    downstream port that lacks them. (Checked against libvirt 9.0's define and dumpxml.)"""
-    root = etree.fromstring(xml)
-    devices = root.find("devices")
-    pci = [c for c in devices.findall("controller") if c.get("type") == "pci"]
-    if not any(c.get("model") == "pcie-root" for c in pci):
-        el = etree.Element("controller", type="pci", index="0", model="pcie-root")
-        devices.insert(0, el)
-        pci.insert(0, el)
-    used_indexes = {parse_int(c.get("index"), "index") for c in pci}
-    # Slots of pcie-root taken by anything; root ports libvirt adds open new slots from 2 up,
-    # eight functions each (multifunction).
-    taken_slots = {0, 1, 0x1F}
-    for a in devices.iter("address"):
-        if a.get("type") == "pci" and a.getparent().tag != "source" and parse_int(a.get("bus", "0"), "bus") == 0:
-            taken_slots.add(parse_int(a.get("slot", "0"), "slot"))
-    open_slot: list[int] = []  # [slot, next function] of the slot being filled
-
-    def free_root_fn() -> tuple[int, int]:
-        if not open_slot or open_slot[1] == 8:
-            s = next(s for s in range(2, 0x1F) if s not in taken_slots)
-            taken_slots.add(s)
-            open_slot[:] = [s, 0]
-        s, f = open_slot
-        open_slot[1] += 1
-        return s, f
-
-    def add_port(index: int) -> etree._Element:
-        s, f = free_root_fn()
-        rp = etree.Element("controller", type="pci", index=str(index), model=ROOT_PORT)
-        _sub(rp, "model", name="pcie-root-port")
-        _sub(rp, "target", chassis=str(index), port=f"0x{(s << 3) | f:x}")
-        _sub(rp, "address", type="pci", domain="0x0000", bus="0x00", slot=f"0x{s:02x}", function=f"0x{f:x}")
-        pci[-1].addnext(rp)
-        pci.append(rp)
-        used_indexes.add(index)
-        return rp
-
-    def lowest_free() -> int:
-        i = 1
-        while i in used_indexes:
-            i += 1
-        return i
-
-    bridge: list[int] = []  # the pcie-to-pci-bridge for conventional PCI devices, once made
-
-    for el in list(devices):
-        if not isinstance(el.tag, str) or el.find("address") is not None:
-            continue
-        if _needs_root_port(el):
-            index = lowest_free()
-            add_port(index)
-            _sub(el, "address", type="pci", domain="0x0000", bus=f"0x{index:02x}", slot="0x00", function="0x0")
-        elif el.tag == "watchdog" and el.get("model") == "i6300esb":
-            # Conventional PCI (seen with libvirt 9.0): a pcie-to-pci-bridge in a root port.
-            if not bridge:
-                port = lowest_free()
-                add_port(port)
-                index = lowest_free()
-                br = etree.Element("controller", type="pci", index=str(index), model="pcie-to-pci-bridge")
-                _sub(br, "model", name="pcie-pci-bridge")
-                _sub(br, "address", type="pci", domain="0x0000", bus=f"0x{port:02x}", slot="0x00", function="0x0")
-                pci[-1].addnext(br)
-                pci.append(br)
-                used_indexes.add(index)
-                bridge.append(index)
-            _sub(el, "address", type="pci", domain="0x0000", bus=f"0x{bridge[0]:02x}", slot="0x01", function="0x0")
-    # Index gaps below the highest index: libvirt fills them with root ports.
-    highest = max(used_indexes)
-    for i in range(1, highest):
-        if i not in used_indexes:
-            add_port(i)
-    for c in pci:
-        if c.get("model") in (ROOT_PORT, "pcie-switch-downstream-port"):
-            t = c.find("target")
-            if t is None:
-                t = _sub(c, "target")
-            if t.get("chassis") is None:
-                t.set("chassis", c.get("index"))
-            if t.get("port") is None:
-                t.set("port", "0x0")
-    return to_kubevirt_bytes(root)
+# libvirt's define additions: one simulation for every tier (tests/kubevirt_sim.py).
+libvirt_define_all = libvirt_define
 
 
 # KubeVirt appends bare root ports for hotplug after the last call while the highest PCI
