@@ -131,9 +131,5 @@ def xmlfix_main(argv: Sequence[str] | None = None) -> int:
     return run_door("xmlfix", lambda: xmlfix(list(sys.argv[1:] if argv is None else argv)))
 
 
-def _entry(fn: Callable[[], int]) -> None:
-    sys.exit(fn())
-
-
 if __name__ == "__main__":  # pragma: no cover
-    _entry(pcitopo_main)
+    sys.exit(pcitopo_main())

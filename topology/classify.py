@@ -180,8 +180,9 @@ def classify(topo: Topology, a: Bdf | str | PciFunction, b: Bdf | str | PciFunct
     fb = b if isinstance(b, PciFunction) else topo.function(b)
     # A pair's class is a fact of the tree, like a device's NCCL path: remembered for the life
     # of the topology (the sidecar's host model answers every call's host pairs from here).
+    # Both classes are symmetric, so (a, b) and (b, a) share one entry.
     return topo.memo(
-        ("classify", fa.bdf, fb.bdf),
+        ("classify", min(fa.bdf, fb.bdf), max(fa.bdf, fb.bdf)),
         lambda: PairClass(nccl_class(nccl_path(topo, fa), nccl_path(topo, fb)), nvml_class(topo, fa, fb)),
     )
 

@@ -54,14 +54,14 @@ def guest_view(tree: etree._ElementTree, host: Topology) -> GuestView:
     acpi = view.has_acpi()
     ctrls = {c.index: c for c in view.pci_controllers()}
     children: dict[int, list[tuple[GuestAddress, PciController | PciHostdev]]] = {}
-    for c in ctrls.values():
-        if c.address is not None:
-            children.setdefault(c.address.bus, []).append((c.address, c))
-    for hd in view.pci_hostdevs():
-        if hd.address is not None:
-            children.setdefault(hd.address.bus, []).append((hd.address, hd))
+    for item in (*ctrls.values(), *view.pci_hostdevs()):
+        addr = item.address
+        if addr is not None:
+            children.setdefault(addr.bus, []).append((addr, item))
     functions: dict[Bdf, PciFunction] = {}
-    out = GuestView(Topology(_StaticLoader("guest", functions, {})))
+    host_to_guest: dict[Bdf, Bdf] = {}
+    cells: dict[str, int | None] = {}
+    notes: list[str] = []
 
     def walk(index: int, bus: int, path: tuple[str, ...], node: int, counter: list[int]) -> None:
         for addr, item in sorted(children.get(index, []), key=lambda x: (x[0].slot, x[0].function)):
@@ -77,24 +77,24 @@ def guest_view(tree: etree._ElementTree, host: Topology) -> GuestView:
             else:
                 hf = host.find(item.source)
                 if hf is None:
-                    out.notes.append(f"hostdev {item.source} is not on the host; left out of the guest model")
+                    notes.append(f"hostdev {item.source} is not on the host; left out of the guest model")
                     continue
                 functions[bdf] = PciFunction(
                     bdf, path + (str(bdf),), hf.vendor, hf.device, hf.class_code,
                     subsystem_vendor=hf.subsystem_vendor, subsystem_device=hf.subsystem_device,
                     numa_node=node, link=hf.link,
                 )
-                out.host_to_guest[hf.bdf] = bdf
+                host_to_guest[hf.bdf] = bdf
 
     walk(0, 0, ("pci0000:00",), -1, [1])
-    for pxb in sorted((c for c in ctrls.values() if c.model == PXB), key=lambda c: c.bus_nr or 0):
-        if pxb.bus_nr is None:
-            out.notes.append(f"expander bus index {pxb.index} has no busNr: its guest bus numbers cannot be predicted")
+    pxbs = [(c.bus_nr, c) for c in ctrls.values() if c.model == PXB]
+    for bus_nr, pxb in sorted(pxbs, key=lambda x: x[0] or 0):
+        if bus_nr is None:
+            notes.append(f"expander bus index {pxb.index} has no busNr: its guest bus numbers cannot be predicted")
             continue
         cell = pxb.node if acpi else None
-        rc = f"pci0000:{pxb.bus_nr:02x}"
-        out.cells[rc] = cell
-        walk(pxb.index, pxb.bus_nr, (rc,), cell if cell is not None else -1, [pxb.bus_nr + 1])
+        rc = f"pci0000:{bus_nr:02x}"
+        cells[rc] = cell
+        walk(pxb.index, bus_nr, (rc,), cell if cell is not None else -1, [bus_nr + 1])
     nodes = {c.id: NumaNode(c.id, c.cpus) for c in view.numa_cells()}
-    out.topology = Topology(_StaticLoader("guest", functions, nodes))
-    return out
+    return GuestView(Topology(_StaticLoader("guest", functions, nodes)), host_to_guest, cells, notes)

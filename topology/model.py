@@ -88,10 +88,6 @@ class Role(str, Enum):
     HOST_BRIDGE = "host-bridge"
     OTHER = "other"
 
-    @property
-    def is_port(self) -> bool:
-        return self in (Role.ROOT_PORT, Role.UPSTREAM_PORT, Role.DOWNSTREAM_PORT)
-
 
 # Display-class devices from these vendors are BMC consoles, not compute GPUs.
 BMC_DISPLAY_VENDORS = frozenset({0x1A03, 0x102B})  # ASPEED, Matrox

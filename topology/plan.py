@@ -89,9 +89,7 @@ class GuestController:
     index: int
     alias: str
     parent: int
-    slot: int
-    function: int = 0
-    multifunction: bool = False
+    slot: int  # on the parent's bus; -1: no address (libvirt picks a pcie-root slot)
     bus_nr: int | None = None
     node: int | None = None
     chassis: int | None = None
@@ -333,9 +331,8 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
 
     rcs = build_mirror(host, devices)
 
-    by_index = {c.index: c for c in facts.controllers}
-    if len(by_index) != len(facts.controllers):
-        dup = [i for i, n in Counter(c.index for c in facts.controllers).items() if n > 1]
+    dup = [i for i, n in Counter(c.index for c in facts.controllers).items() if n > 1]
+    if dup:
         raise DomainError(f"duplicate pci controller index {dup[0]}")
     removed = controllers_to_remove(facts)
     kept = [c for c in facts.controllers if c.index not in removed]
