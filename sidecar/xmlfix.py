@@ -99,7 +99,7 @@ def xmlfix(argv: Sequence[str]) -> int:
             print(f"xmlfix: check: not rewritten ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
             return EXIT_CHECK_FAILED
         lost = result.report.fidelity_lost
-        if result.report.changed:
+        if result.changed:
             print("xmlfix: check: the domain is not placed as the host topology requires (see --diff)", file=sys.stderr)
             return EXIT_CHECK_FAILED
         if lost:

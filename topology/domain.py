@@ -115,6 +115,41 @@ def write_guest_address(el: etree._Element, a: GuestAddress, multifunction: bool
         append_child(el, new)
 
 
+def pci_controller_element(
+    index: int,
+    model: str,
+    *,
+    alias: str | None = None,
+    bus_nr: int | None = None,
+    node: int | None = None,
+    chassis: int | None = None,
+    port: int = 0,
+    address: GuestAddress | None = None,
+) -> etree._Element:
+    """A ``<controller type='pci'>`` as we write it: the QEMU model name, target, alias and
+    address re-emitted explicitly, since KubeVirt's re-parse drops some of them."""
+    el = etree.Element("controller")
+    el.set("type", "pci")
+    el.set("index", str(index))
+    el.set("model", model)
+    if model in QEMU_MODEL_NAME:
+        etree.SubElement(el, "model").set("name", QEMU_MODEL_NAME[model])
+    if bus_nr is not None:
+        target = etree.SubElement(el, "target")
+        target.set("busNr", str(bus_nr))
+        if node is not None:
+            etree.SubElement(target, "node").text = str(node)
+    elif chassis is not None:
+        target = etree.SubElement(el, "target")
+        target.set("chassis", str(chassis))
+        target.set("port", f"0x{port:x}")
+    if alias is not None:
+        etree.SubElement(el, "alias").set("name", alias)
+    if address is not None:
+        write_guest_address(el, address)
+    return el
+
+
 def append_child(parent: etree._Element, child: etree._Element, after: etree._Element | None = None) -> None:
     """Insert keeping the document's indentation style (KubeVirt indents with tabs)."""
     indent, closing = _indent_of(parent)
@@ -146,15 +181,12 @@ def remove_element(el: etree._Element) -> None:
 
 
 def _indent_of(parent: etree._Element) -> tuple[str, str]:
-    unit = "\t"
     if parent.text and parent.text.strip() == "" and "\n" in parent.text:
         inner = parent.text.rsplit("\n", 1)[-1]
         outer = (parent[-1].tail or "\n").rsplit("\n", 1)[-1] if len(parent) else inner[: -1]
         return inner, "\n" + outer
     depth = len(list(parent.iterancestors())) + 1
-    sample = parent.getroottree().getroot().text or ""
-    if sample and "\n" in sample:
-        unit = sample.rsplit("\n", 1)[-1] or "\t"
+    unit = indent_unit(parent.getroottree())
     return unit * depth, "\n" + unit * (depth - 1)
 
 

@@ -16,7 +16,6 @@ from .domain import (
     DOWNSTREAM,
     PCIE_ROOT,
     PXB,
-    QEMU_MODEL_NAME,
     ROOT_PORT,
     DomainView,
     GuestAddress,
@@ -24,6 +23,7 @@ from .domain import (
     indent_subtree,
     indent_unit,
     parse_domain,
+    pci_controller_element,
     read_guest_address,
     remove_element,
     serialize,
@@ -31,7 +31,7 @@ from .domain import (
 )
 from .errors import DomainError
 from .guest import GuestView, guest_view
-from .model import Bdf, Topology
+from .model import Bdf, Role, Topology
 from .plan import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan, plan
 
 UNEXPRESSIBLE = "no guest can show this"
@@ -72,7 +72,6 @@ class Report:
     numa_source: str = "none"
     notes: list[str] = field(default_factory=list)
     pairs: list[PairReport] = field(default_factory=list)
-    changed: bool = False
 
     @property
     def fidelity_lost(self) -> list[PairReport]:
@@ -107,6 +106,13 @@ class RewriteResult:
     xml: bytes
     report: Report
     guest: GuestView
+    input_xml: bytes
+
+    @property
+    def changed(self) -> bool:
+        """Whether the rewrite changed anything beyond formatting (xmlfix --check asks; the
+        sidecar never does, so the two canonicalisations stay off the per-call path)."""
+        return _canonical(self.xml) != _canonical(self.input_xml)
 
 
 def broadcom_collapse(host: PairClass, guest: PairClass | None) -> bool:
@@ -147,24 +153,11 @@ def domain_facts(view: DomainView) -> DomainFacts:
 
 
 def _controller_element(c: GuestController) -> etree._Element:
-    el = etree.Element("controller")
-    el.set("type", "pci")
-    el.set("index", str(c.index))
-    el.set("model", c.model)
-    etree.SubElement(el, "model").set("name", QEMU_MODEL_NAME[c.model])
-    if c.model == PXB:
-        target = etree.SubElement(el, "target")
-        target.set("busNr", str(c.bus_nr))
-        if c.node is not None:
-            etree.SubElement(target, "node").text = str(c.node)
-    elif c.chassis is not None:
-        target = etree.SubElement(el, "target")
-        target.set("chassis", str(c.chassis))
-        target.set("port", f"0x{c.port or 0:x}")
-    etree.SubElement(el, "alias").set("name", c.alias)
-    if c.slot >= 0:  # spares get their pcie-root slot from libvirt
-        write_guest_address(el, GuestAddress(c.parent, c.slot, c.function), c.multifunction)
-    return el
+    return pci_controller_element(
+        c.index, c.model, alias=c.alias, bus_nr=c.bus_nr, node=c.node, chassis=c.chassis, port=c.port or 0,
+        # spares (slot -1) get their pcie-root slot from libvirt
+        address=GuestAddress(c.parent, c.slot, 0) if c.slot >= 0 else None,
+    )
 
 
 def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
@@ -179,10 +172,7 @@ def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
         if isinstance(el.tag, str) and el.tag == "controller":
             anchor = el
     if p.added_pcie_root:
-        root = etree.Element("controller")
-        root.set("type", "pci")
-        root.set("index", "0")
-        root.set("model", PCIE_ROOT)
+        root = pci_controller_element(0, PCIE_ROOT)
         if anchor is None and len(devices):
             devices[0].addprevious(root)
             root.tail = devices.text
@@ -231,7 +221,7 @@ def rewrite_domain(domain_xml: bytes, host: Topology) -> RewriteResult:
             "NCCL's bandwidth estimate for paths from a switch up to the CPU is low (PIX paths, GPU to its own NIC, "
             "do not cross that link)"
         )
-    gpus = sum(1 for hd in facts.hostdevs if host.role(host.function(hd.source)).value == "gpu")
+    gpus = sum(1 for hd in facts.hostdevs if host.role(hd.source) == Role.GPU)
     if gpus and not view.has_64bit_mmio_window():
         report.notes.append(
             f"{gpus} GPU(s) below expander buses and no <pcihole64> on pcie-root or <cpu><maxphysaddr>: "
@@ -240,8 +230,7 @@ def rewrite_domain(domain_xml: bytes, host: Topology) -> RewriteResult:
     if normalised:
         report.notes.append("hostdev source addresses written without type='pci', as libvirt formats them (its schema has no such attribute)")
     guest = verify(tree, host, facts, report)
-    report.changed = _canonical(out) != _canonical(domain_xml)
-    return RewriteResult(out, report, guest)
+    return RewriteResult(out, report, guest, domain_xml)
 
 
 def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report: Report) -> GuestView:
