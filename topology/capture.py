@@ -11,12 +11,15 @@ from dataclasses import dataclass
 
 from .errors import SysfsError
 from .sysfs import (
+    CLASS_DIRS,
     LINK_ATTRS,
+    MAX_ATTR_BYTES,
     NODE_ATTRS,
     NODE_DIR,
     OPTIONAL_ATTRS,
     PCI_DEVICES_DIR,
     REQUIRED_ATTRS,
+    VPD_ATTR,
     MemoryTree,
     Source,
     Unreadable,
@@ -62,6 +65,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
             t = source.readlink(f"{real}/{attr}")
             if t is not None:
                 tree.add_link(f"{real}/{attr}", t)
+        _capture_mgmt_signals(source, tree, real)
     nodes = 0
     for n in sorted(source.listdir(NODE_DIR) or []):
         if not (n.startswith("node") and n[4:].isdigit()):
@@ -73,6 +77,25 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
             if isinstance(data, bytes):
                 tree.add_file(f"{NODE_DIR}/{n}/{attr}", data)
     return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped))
+
+
+def _capture_mgmt_signals(source: Source, tree: MemoryTree, real: str) -> None:
+    """For ConnectX-7 functions only (topology/nvswitch_mgmt.py): the VPD image when readable
+    (root) and the class children (``infiniband/``, ``net/``) with their entries' names."""
+    ids = [source.read(f"{real}/{a}") for a in ("vendor", "device")]
+    if not all(isinstance(x, bytes) for x in ids):
+        return
+    if tuple(x.decode("ascii", "replace").strip().lower() for x in ids) != ("0x15b3", "0x1021"):
+        return
+    vpd = source.read(f"{real}/{VPD_ATTR}")
+    if isinstance(vpd, bytes) and vpd:
+        tree.add_file(f"{real}/{VPD_ATTR}", vpd[:MAX_ATTR_BYTES])
+    for d in CLASS_DIRS:
+        names = source.listdir(f"{real}/{d}")
+        if names is not None:
+            tree.add_dir(f"{real}/{d}")
+            for n in names:
+                tree.add_dir(f"{real}/{d}/{n}")
 
 
 def capture(sysfs: str | os.PathLike, out: str | os.PathLike) -> CaptureSummary:

@@ -62,3 +62,16 @@ class ConfigError(PcitopoError):
     """A hook option (VMI annotation, CLI flag) has a bad value."""
 
     kind = "config"
+
+
+class FabricError(PcitopoError):
+    """An NVLink fabric file (``fmpm -l`` output) or module map is unreadable, malformed, or
+    names GPUs this host does not have."""
+
+    kind = "fabric"
+
+
+class NvlinkError(PcitopoError):
+    """``pcitopo.kubevirt.io/nvlink: require`` and the VM's GPU set will not get NVLink."""
+
+    kind = "nvlink"

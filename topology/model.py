@@ -200,6 +200,12 @@ class Topology:
             value = self._memo[key] = compute()
             return value
 
+    def extra(self, what: str, bdf: Bdf):
+        """A fact only some loaders know (the sysfs reader: ``vpd``, ``class_dirs``; see
+        topology/nvswitch_mgmt.py), read once; None where the loader has no such reader."""
+        read = getattr(self._loader, f"read_{what}", None)
+        return None if read is None else self.memo(("extra", what, bdf), lambda: read(bdf))
+
     @property
     def warnings(self) -> list[str]:
         """What the loader skipped or could not read (optional attributes only)."""

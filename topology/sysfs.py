@@ -33,6 +33,10 @@ OPTIONAL_ATTRS = (
     "local_cpulist",
 )
 LINK_ATTRS = ("driver", "iommu_group", "physfn")
+# Read only for NVLink-switch management candidates (topology/nvswitch_mgmt.py): the VPD image
+# (root-readable; bounded like any attribute) and which class children a function registered.
+VPD_ATTR = "vpd"
+CLASS_DIRS = ("infiniband", "net")
 NODE_ATTRS = ("cpulist",)
 
 PCI_DEVICES_DIR = "bus/pci/devices"
@@ -461,6 +465,17 @@ class SysfsReader:
             physfn=physfn,
             local_cpulist=self._text(f"{base}/local_cpulist", False),
         )
+
+    def read_vpd(self, bdf: "Bdf") -> bytes | None:
+        """The function's VPD image, or None when absent or unreadable (not root)."""
+        data = self.source.read(f"{resolve(self, f'{PCI_DEVICES_DIR}/{bdf}')}/{VPD_ATTR}")
+        return data[:MAX_ATTR_BYTES] if isinstance(data, bytes) else None
+
+    def read_class_dirs(self, bdf: "Bdf") -> tuple[str, ...]:
+        """Which of ``infiniband/`` and ``net/`` the function has (a driver registered an RDMA
+        device or a network interface on it)."""
+        base = resolve(self, f"{PCI_DEVICES_DIR}/{bdf}")
+        return tuple(d for d in CLASS_DIRS if self.source.listdir(f"{base}/{d}") is not None)
 
     def all_bdfs(self) -> list["Bdf"]:
         names = self.source.listdir(PCI_DEVICES_DIR)
