@@ -1,4 +1,4 @@
-"""Command-line doors: ``pcitopo`` (topo, capture, serve) and ``xmlfix``.
+"""Command-line doors: ``pcitopo`` (topo, partitions, capture, serve) and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.
@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from topology.errors import PcitopoError
+from topology.errors import ConfigError, PcitopoError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -55,8 +55,16 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     from topology.sysfs import open_host
 
     topo = open_host(args.sysfs)
-    table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
-    oracle = NvlinkOracle(topo, table)
+    if args.fabric:
+        if args.nvlink_table:
+            raise ConfigError("--fabric and --nvlink-table exclude each other (the fabric says what the table would guess)")
+        from topology.fabric import load_fabric
+        from topology.partitions import FabricNvlink
+
+        oracle = FabricNvlink(load_fabric(args.fabric, args.module_map, topo))
+    else:
+        table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
+        oracle = NvlinkOracle(topo, table)
     # Named devices in the order given, each once (a repeated BDF is not a second device).
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
@@ -79,6 +87,34 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     for w in topo.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return EXIT_OK
+
+
+def _cmd_partitions(args: argparse.Namespace) -> int:
+    from topology.fabric import load_fabric
+    from topology.partitions import partition_rows, partitions_json, partitions_text
+    from topology.report import default_devices, label_devices
+    from topology.sysfs import open_host
+
+    if not args.fabric:
+        raise ConfigError("no fabric file: give --fabric FILE (the output of `fmpm -l`) or set PCITOPO_FABRIC")
+    topo = open_host(args.sysfs)
+    fabric = load_fabric(args.fabric, args.module_map, topo)
+    labels = {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}
+    rows = partition_rows(topo, fabric, labels)
+    if args.json:
+        json.dump(partitions_json(fabric, rows), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(partitions_text(fabric, rows))
+    return EXIT_OK
+
+
+def _fabric_args(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
+                   help=f"NVLink fabric partitions, the output of `fmpm -l` (default $PCITOPO_FABRIC): {what}")
+    p.add_argument("--module-map", metavar="FILE", default=os.environ.get("PCITOPO_MODULE_MAP") or None,
+                   help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for a fabric file whose BDFs are placeholders '
+                   "(default $PCITOPO_MODULE_MAP)")
 
 
 def _cmd_capture(args: argparse.Namespace) -> int:
@@ -115,13 +151,18 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--tree", action="store_true", help="lspci -tv-like tree with roles, NUMA, switch kinds")
     t.add_argument("--vfs", action="store_true", help="include SR-IOV VFs in the default device list")
     t.add_argument("--nvlink-table", metavar="FILE", help="JSON NVLink board table overriding the built-in one")
+    _fabric_args(t, "NV# from the fabric's active partitions instead of the board table")
     t.add_argument("bdf", nargs="*", help="devices to classify (default: all GPU and NIC physical functions)")
+    pp = sub.add_parser("partitions", help="NVLink fabric partitions with each GPU's best NIC (GPU pools that keep NVLink and GDR)")
+    pp.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
+    _fabric_args(pp, "required")
+    pp.add_argument("--json", action="store_true", help='{"partitions": [{"id", "active", "gpus": [{"bdf", "module", "nic", "nic_class"}], "all_pix"}]}')
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
     c.add_argument("--sysfs", default=default_sysfs())
     c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz")
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     args = parser.parse_args(argv)
-    handler = {"topo": _cmd_topo, "capture": _cmd_capture}[args.command]
+    handler = {"topo": _cmd_topo, "capture": _cmd_capture, "partitions": _cmd_partitions}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

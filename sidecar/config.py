@@ -5,12 +5,19 @@ VM: on ``spec.template.metadata.annotations``)::
 
     pcitopo.kubevirt.io/mode: "mirror"        # mirror | off            (default mirror)
     pcitopo.kubevirt.io/on-error: "fail"      # fail | passthrough      (default fail)
+    pcitopo.kubevirt.io/nvlink: "warn"        # require | warn | off    (default warn)
 
 ``mode: off`` hands the domain back unchanged (the sidecar can stay attached to a VM template
 while a user opts one VM out). ``on-error: passthrough`` boots the VM with KubeVirt's own
 placement when the topology cannot be mirrored, and logs why; the default ``fail`` stops the
 VM start with our one-line reason, because an operator who attached this sidecar wants the
 topology or a loud failure, not a silently slow VM.
+
+``nvlink`` is the NVLink fabric check (topology/partitions.py): with the sidecar started with
+``--fabric FILE``, the VM's NVIDIA GPUs must be exactly one active Fabric Manager partition with
+all links. ``require`` fails the VM start with one line when they are not (whatever
+``on-error`` says: booting without NVLink is what the operator asked us to prevent); ``warn``
+boots and says why in the report and the log line; ``off`` skips the check.
 
 Values are exact, lower-case strings. An unknown annotation under the prefix is an error too
 (a typo such as ``pcitopo.kubevirt.io/on-eror`` must not silently fall back to a default).
@@ -52,7 +59,7 @@ class VmiError(ConfigError):
 # ``HookOptions()``. The two below are checked against the model when it is built.
 
 # Annotation suffix -> option (field) name.
-_ANNOTATIONS = {"mode": "mode", "on-error": "on_error"}
+_ANNOTATIONS = {"mode": "mode", "on-error": "on_error", "nvlink": "nvlink"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +68,7 @@ class DefaultOptions:
 
     mode: str = "mirror"
     on_error: str = "fail"
+    nvlink: str = "warn"
 
     def __eq__(self, other: object) -> bool:
         if not all(hasattr(other, n) for n in _ANNOTATIONS.values()):
@@ -87,6 +95,11 @@ def _build_hook_options() -> type:
             "fail",
             alias="on-error",
             description="when the topology cannot be mirrored: fail the VM start, or return the domain unchanged",
+        )
+        nvlink: Literal["require", "warn", "off"] = Field(
+            "warn",
+            description="when the VM's GPUs are not exactly one active NVLink fabric partition with all links "
+            "(needs the sidecar's --fabric FILE): fail the VM start, boot and report it, or do not check",
         )
 
     HookOptions.__module__ = __name__

@@ -11,7 +11,10 @@ What it promises its doors:
   with the reason, instead of raising;
 - otherwise every failure is a :class:`topology.errors.PcitopoError` with a one-line reason,
   including bugs (wrapped as :class:`InternalError`), so no door ever shows a traceback;
-- a bad option (annotation) or malformed VMI JSON always raises, whatever ``on-error`` says.
+- a bad option (annotation) or malformed VMI JSON always raises, whatever ``on-error`` says;
+- so does ``nvlink: require`` when the VM's GPUs will not get NVLink (:func:`nvlink_check`):
+  the fabric check runs after a successful rewrite, its verdict lands in the report's notes
+  and the log line's ``nvlink``/``nvlink_reason`` fields.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Union
 
-from topology.errors import DomainError, PcitopoError
+from topology.errors import DomainError, FabricError, NvlinkError, PcitopoError
 from topology.model import Topology
 from topology.rewrite import RewriteResult, rewrite_domain
 
@@ -30,6 +33,9 @@ if TYPE_CHECKING:
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 HostArg = Union[Topology, Callable[[], Topology]]
+# The NVLink fabric (topology.fabric.Fabric), a callable returning it (read per call, so a
+# refreshed file counts), or None when the door was started without --fabric.
+FabricArg = Any
 
 
 class InternalError(PcitopoError):
@@ -63,7 +69,7 @@ def summarize(report: Any) -> dict[str, Any]:
     return {"report": str(summary if summary is not None else report)}
 
 
-def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostArg) -> HookOutcome:
+def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostArg, fabric: FabricArg = None) -> HookOutcome:
     """Rewrite one domain as the hook's options say.
 
     ``host`` is the host model, or a callable returning it (called only when the options ask
@@ -91,7 +97,37 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         if options.on_error == "passthrough":
             return _passthrough(domain_xml, err, vmi, options)
         raise err from e
+    summary.update(nvlink_check(result, topo, fabric, options.nvlink))
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result)
+
+
+def nvlink_check(result: RewriteResult, topo: Topology, fabric: FabricArg, policy: str) -> dict[str, Any]:
+    """The NVLink fabric check on a rewritten domain's NVIDIA GPUs. Returns the log fields;
+    under ``require`` a GPU set that will not get full NVLink raises NvlinkError (so does a
+    missing fabric file); under ``warn`` the verdict becomes a report note. Without a fabric
+    file and under ``warn`` nothing is said (the operator has not set the check up)."""
+    if policy == "off":
+        return {}
+    from topology.partitions import check_gpu_set, nvidia_gpus
+
+    try:
+        fab = fabric() if callable(fabric) else fabric
+    except FabricError as e:
+        if policy == "require":
+            raise
+        result.report.notes.append(f"NVLink: not checked: {e.reason}")
+        return {"nvlink": "fabric-error", "nvlink_reason": e.reason}
+    gpus = nvidia_gpus(topo, [d.host for d in result.report.placed if d.role == "gpu"])
+    verdict = check_gpu_set(fab, gpus)
+    result.report.nvlink = verdict  # xmlfix --explain predicts the guest's NVLink from it
+    if verdict.nvlink_ok:
+        return {"nvlink": verdict.status} if fab is not None and verdict.status == "ok" else {}
+    if policy == "require":
+        raise NvlinkError(verdict.message)
+    if verdict.status == "no-fabric":
+        return {}
+    result.report.notes.append(f"NVLink: {verdict.message}")
+    return {"nvlink": verdict.status, "nvlink_reason": verdict.message}
 
 
 def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions | DefaultOptions) -> HookOutcome:

@@ -65,6 +65,18 @@ class _Help(Exception):
     pass
 
 
+class _Once:
+    """Call ``fn`` once and keep the result (the rewrite and the fabric check share one host)."""
+
+    def __init__(self, fn):
+        self._fn, self._value = fn, None
+
+    def __call__(self):
+        if self._value is None:
+            self._value = self._fn()
+        return self._value
+
+
 def run(argv: Sequence[str]) -> int:
     from topology.sysfs import default_sysfs, open_host
 
@@ -75,7 +87,13 @@ def run(argv: Sequence[str]) -> int:
     sysfs = args.get("sysfs") or default_sysfs()
     domain = os.fsencode(args["domain"])
     vmi = os.fsencode(args["vmi"]) if "vmi" in args else None
-    outcome = handle_define_domain(domain, vmi, lambda: open_host(sysfs))
+    host = _Once(lambda: open_host(sysfs))
+    fabric = None
+    if os.environ.get("PCITOPO_FABRIC"):  # the shim has no flags of ours: the environment says it
+        from topology.fabric import FabricFile
+
+        fabric = FabricFile(os.environ["PCITOPO_FABRIC"], os.environ.get("PCITOPO_MODULE_MAP") or None, host)
+    outcome = handle_define_domain(domain, vmi, host, fabric)
     out = sys.stdout.buffer
     out.write(outcome.xml)
     out.flush()

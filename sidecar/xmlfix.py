@@ -1,6 +1,6 @@
 """`xmlfix`: the rewrite on a captured domain XML and a captured (or live) sysfs.
 
-    xmlfix [--sysfs PATH] [--vmi FILE] [-o FILE] [--check] [--explain] [--diff] DOMAIN.xml|-
+    xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--diff] DOMAIN.xml|-
 
 Exit 0 on success; 1 when --check finds the domain not already correctly placed or fidelity
 lost; 2 with one line on stderr for bad input.
@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     p.add_argument("--vmi", metavar="FILE", help="the VMI as JSON: its pcitopo.kubevirt.io/ annotations set the options")
+    p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
+                   help="NVLink fabric partitions: the output of `fmpm -l` (default $PCITOPO_FABRIC); enables the "
+                   "pcitopo.kubevirt.io/nvlink check and the fabric's NV# in --explain")
+    p.add_argument("--module-map", metavar="FILE", default=os.environ.get("PCITOPO_MODULE_MAP") or None,
+                   help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for a fabric file with placeholder BDFs '
+                   "(default $PCITOPO_MODULE_MAP)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the rewritten domain here instead of stdout")
     p.add_argument("--check", action="store_true", help="exit 1 unless the domain is already correctly placed with full fidelity")
     p.add_argument("--explain", action="store_true", help="host vs predicted guest matrices and the guest tree")
@@ -70,7 +76,14 @@ def xmlfix(argv: Sequence[str]) -> int:
     domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
     host = open_host(args.sysfs)
-    outcome = handle_define_domain(domain, vmi, host)
+    fabric = None
+    if args.fabric:
+        from topology.fabric import load_fabric
+
+        fabric = load_fabric(args.fabric, args.module_map, host)
+    elif args.module_map:
+        raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
+    outcome = handle_define_domain(domain, vmi, host, fabric)
     result = outcome.result
     out = outcome.xml
 
@@ -78,7 +91,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         if result is None:
             sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
         else:
-            sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None))
+            sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
     if args.diff:
         name = "-" if args.domain == "-" else args.domain
         diff = difflib.unified_diff(

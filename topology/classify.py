@@ -244,6 +244,8 @@ class NvlinkOracle:
     """Answers NVLink counts for GPU pairs of one topology. The NVSwitch presence check reads
     the whole device list once, lazily, only when a GPU pair of a board that needs it is asked."""
 
+    source = "inferred from the SXM board table"
+
     def __init__(self, topo: Topology, table: NvlinkTable | None = None):
         self.topo = topo
         self.table = table or DEFAULT_NVLINK_TABLE

@@ -294,3 +294,41 @@ def check_against_host(fabric: Fabric, host: Topology) -> None:
 
 def modules_text(modules: Iterable[int]) -> str:
     return "{" + ",".join(str(m) for m in sorted(modules)) + "}"
+
+
+class FabricFile:
+    """``--fabric FILE [--module-map FILE]`` for a door that answers many calls: the files are
+    re-read when they change (inode, size or mtime), so an operator who activates a partition and
+    refreshes the file (a PVC, or a ConfigMap in a new pod) is seen without a restart, and a
+    file that is still the same costs one ``stat`` per call. Thread-safe."""
+
+    def __init__(self, path: str | os.PathLike, module_map: str | os.PathLike | None = None, host=None):
+        import threading
+
+        self.path = os.fspath(path)
+        self.module_map = os.fspath(module_map) if module_map is not None else None
+        self._host = host  # a Topology, or a callable returning one
+        self._lock = threading.Lock()
+        self._key: tuple | None = None
+        self._fabric: Fabric | None = None
+
+    def _stamp(self) -> tuple:
+        out = []
+        for p in (self.path, self.module_map):
+            if p is None:
+                continue
+            try:
+                st = os.stat(p)
+            except OSError as e:
+                raise FabricError(f"cannot read {'fabric file' if p == self.path else 'module map'} {p}: {e.strerror or e}") from None
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(out)
+
+    def __call__(self) -> Fabric:
+        key = self._stamp()
+        with self._lock:
+            if self._fabric is None or key != self._key:
+                host = self._host() if callable(self._host) else self._host
+                self._fabric = load_fabric(self.path, self.module_map, host)
+                self._key = key
+            return self._fabric

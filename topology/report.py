@@ -33,10 +33,16 @@ class Labeled:
 
 
 def default_devices(topo: Topology, include_vfs: bool = False) -> list[Bdf]:
-    """GPUs and NICs of the host (physical functions only unless asked)."""
+    """GPUs and compute NICs of the host (physical functions only unless asked); ConnectX
+    functions that manage NVLink switch chips are not NICs a workload uses (nvswitch_mgmt)."""
+    from .nvswitch_mgmt import management_reason
+
     out = []
     for f in topo.functions():
-        if topo.role(f) in (Role.GPU, Role.NIC) and (include_vfs or not f.is_vf):
+        role = topo.role(f)
+        if role in (Role.GPU, Role.NIC) and (include_vfs or not f.is_vf):
+            if role == Role.NIC and management_reason(topo, f) is not None:
+                continue
             out.append(f.bdf)
     return out
 
@@ -116,8 +122,11 @@ def topo_text(
     nvml = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nvml"), affinity)
     nccl = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nccl"))
     parts = [nvml, "", NVML_LEGEND, "", device_legend(topo, rows, live_root), "", NCCL_LEGEND, "", nccl]
+    source = getattr(nvlink, "source", "inferred from the SXM board table")
     if any(v for v in links.values()):
-        parts += ["", "NV# counts are inferred from the SXM board table (NVLink is not in sysfs)."]
+        parts += ["", f"NV# counts: {source} (NVLink is not in sysfs)."]
+    elif hasattr(nvlink, "fabric"):
+        parts += ["", f"No NV# between these devices: {source}."]
     return "\n".join(parts) + "\n"
 
 
@@ -165,7 +174,7 @@ def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict
         "host": topo.name,
         "devices": [device_json(topo, r) for r in rows],
         "pairs": out_pairs,
-        "nvlink_source": "inferred from the SXM board table",
+        "nvlink_source": getattr(nvlink, "source", "inferred from the SXM board table"),
         "warnings": topo.warnings,
     }
 
@@ -190,6 +199,12 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
         name = part_name(f, live_root)
         if name:
             bits.append(name)
+        if role == Role.NIC:
+            from .nvswitch_mgmt import management_reason
+
+            why = management_reason(topo, f)
+            if why:
+                bits.append(f"(NVLink switch management, not a compute NIC: {why})")
         if f.physfn:
             bits.append(f"VF of {f.physfn}")
         if f.bdf in labels:
@@ -216,7 +231,22 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
 
 # -- xmlfix --explain --------------------------------------------------------------------------
 
-def explain_text(result, host: Topology, live_root: str | None = None) -> str:
+def _explain_nvlink(result, host: Topology, fabric) -> tuple[object | None, list[str]]:
+    """The NV# the guest will show and the lines that explain it. With a fabric file: NV<n> only
+    inside the VM's own partition when the check found it active; without one: the board-table
+    inference, marked as such."""
+    verdict = result.report.nvlink
+    if fabric is None:
+        oracle = NvlinkOracle(host)
+        return oracle, ["NVLink: NV# inferred from the SXM board table (no fabric file): the guest has NVLink only "
+                        "if its GPUs are exactly one active Fabric Manager partition (xmlfix --fabric checks that)"]
+    head = f"NVLink (fabric file {fabric.path}, GPU BDFs from the {fabric.source}): "
+    if verdict is None:
+        return None, [head + "not checked (pcitopo.kubevirt.io/nvlink: off)"]
+    return verdict.guest_nvlink(fabric), [head + verdict.message]
+
+
+def explain_text(result, host: Topology, live_root: str | None = None, fabric=None) -> str:
     """Host and predicted guest classes side by side (``HOST>GUEST*`` where they differ), the
     reasons, and the guest tree as ``lspci -tv`` would draw it."""
     report = result.report
@@ -226,12 +256,12 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
     by_pair = {}
     for p in report.pairs:
         by_pair[(p.a, p.b)] = by_pair[(p.b, p.a)] = p
-    oracle = NvlinkOracle(host)
+    oracle, nvlink_lines = _explain_nvlink(result, host, fabric)
 
     def cell(view: str):
         def fn(a: Labeled, b: Labeled) -> str:
             p = by_pair[(a.function.bdf, b.function.bdf)]
-            links = oracle.count(a.function, b.function)
+            links = oracle.count(a.function, b.function) if oracle is not None else None
             if links:
                 return f"NV{links}"
             h = p.host.nvml.value if view == "nvml" else p.host.nccl.value
@@ -280,8 +310,11 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
         out.append("Every pair's guest class equals the host's (NCCL and NVML).")
     numa = ", ".join(f"host {h} -> cell {c}" for h, c in sorted(report.numa_map.items())) or "none"
     out += ["", f"NUMA map ({report.numa_source}): {numa}"]
+    if any(r.role == Role.GPU for r in rows):
+        out += nvlink_lines
     for n in report.notes:
-        out.append(f"note: {n}")
+        if not n.startswith("NVLink: "):  # said just above
+            out.append(f"note: {n}")
     out += ["", "Guest PCI tree (predicted, as lspci -tv would show it):", ""]
     guest_labels = {}
     for r in rows:

@@ -72,6 +72,8 @@ class Report:
     numa_source: str = "none"
     notes: list[str] = field(default_factory=list)
     pairs: list[PairReport] = field(default_factory=list)
+    # The NVLink fabric verdict (topology.partitions.NvlinkVerdict) when the door checked one.
+    nvlink: object | None = None
 
     @property
     def fidelity_lost(self) -> list[PairReport]:
