@@ -127,6 +127,8 @@ _GRPC_CODE = {
     "sysfs": "FAILED_PRECONDITION",
     "plan": "FAILED_PRECONDITION",
     "internal": "INTERNAL",
+    "fabric": "FAILED_PRECONDITION",
+    "nvlink": "FAILED_PRECONDITION",
 }
 
 
@@ -144,8 +146,9 @@ def error_details(err: PcitopoError) -> str:
 class Hooks:
     """What every version's servicer calls; owns the call counter, the log and the stop event."""
 
-    def __init__(self, host: Callable[[], Topology], log: JsonLog, stop: threading.Event):
+    def __init__(self, host: Callable[[], Topology], log: JsonLog, stop: threading.Event, fabric: Callable | None = None):
         self.host = host
+        self.fabric = fabric  # topology.fabric.FabricFile, or None without --fabric
         self.log = log
         self.stop = stop
         self._calls = 0
@@ -161,7 +164,7 @@ class Hooks:
             call = self._calls
         t0 = time.perf_counter()
         try:
-            out = core.handle_define_domain(domain_xml, vmi_json, self.host)
+            out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric)
         except PcitopoError as e:
             self.log(
                 ON_DEFINE_DOMAIN, level="error", version=version, vmi=_vmi_ref(vmi_json), call=call,
@@ -407,14 +410,20 @@ def _same_file(path: str, ident: tuple[int, int] | None) -> bool:
 class HookServer:
     """The server's lifecycle: build, bind, open the door, wait, stop, clean up."""
 
-    def __init__(self, socket_path: str, sysfs: str, log: JsonLog | None = None, workers: int = WORKERS):
+    def __init__(self, socket_path: str, sysfs: str, log: JsonLog | None = None, workers: int = WORKERS,
+                 fabric: str | None = None, module_map: str | None = None):
         self.socket_path = os.path.abspath(socket_path)
         self.sysfs = sysfs
         self.log = log or JsonLog()
         self.workers = workers
         self.stop_event = threading.Event()
         self.host = HostCache(sysfs)
-        self.hooks = Hooks(self.host, self.log, self.stop_event)
+        self.fabric = None
+        if fabric:
+            from topology.fabric import FabricFile
+
+            self.fabric = FabricFile(fabric, module_map, self.host)
+        self.hooks = Hooks(self.host, self.log, self.stop_event, self.fabric)
         self._server: grpc.Server | None = None
         self._ident: tuple[int, int] | None = None
 
@@ -428,6 +437,14 @@ class HookServer:
             self.log("host", level="error", sysfs=self.sysfs, error=e.kind, reason=e.reason)
             return
         self.log("host", sysfs=self.sysfs, name=topo.name)
+        if self.fabric is not None:  # same policy: log now, and every call says it again
+            try:
+                fab = self.fabric()
+            except PcitopoError as e:
+                self.log("fabric", level="error", path=self.fabric.path, error=e.kind, reason=e.reason)
+                return
+            self.log("fabric", path=fab.path, partitions=len(fab.partitions), active=[p.id for p in fab.partitions if p.active],
+                     bdf_source=fab.source)
 
     def start(self) -> None:
         import grpc
@@ -551,7 +568,7 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
 
 
 def serve_main(argv: list[str]) -> int:
-    """``pcitopo serve [--socket PATH] [--sysfs PATH]``. Returns the exit code; a bad argument
+    """``pcitopo serve [--socket PATH] [--sysfs PATH] [--fabric FILE [--module-map FILE]]``. Returns the exit code; a bad argument
     or an unusable socket path raises PcitopoError (one line, exit 2 through the CLI door)."""
     keep_openssl_out()
     limit_malloc_arenas()
@@ -560,8 +577,14 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument(
         "--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)"
     )
+    parser.add_argument("--fabric", default=os.environ.get("PCITOPO_FABRIC") or None, metavar="FILE",
+                        help="NVLink fabric partitions (`fmpm -l` output; default $PCITOPO_FABRIC), re-read when it changes")
+    parser.add_argument("--module-map", default=os.environ.get("PCITOPO_MODULE_MAP") or None, metavar="FILE",
+                        help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for placeholder BDFs (default $PCITOPO_MODULE_MAP)')
     args = parser.parse_args(argv)
-    return HookServer(args.socket, args.sysfs).run()
+    if args.module_map and not args.fabric:
+        raise ConfigError("--module-map needs --fabric")
+    return HookServer(args.socket, args.sysfs, fabric=args.fabric, module_map=args.module_map).run()
 
 
 def main() -> None:  # python -m sidecar.server

@@ -86,6 +86,8 @@ def xmlfix(argv: Sequence[str]) -> int:
     outcome = handle_define_domain(domain, vmi, host, fabric)
     result = outcome.result
     out = outcome.xml
+    if outcome.summary.get("nvlink_reason"):  # nvlink: warn boots, and says why here
+        print(f"xmlfix: warning: NVLink: {outcome.summary['nvlink_reason']}", file=sys.stderr)
 
     if args.explain:
         if result is None:
