@@ -258,13 +258,18 @@ def load_fabric(path: str | os.PathLike, module_map: str | os.PathLike | None = 
     FmList, ModuleMap = _models()
     name = os.fspath(path)
     doc = _read_json(name, "fabric file")
+    if not isinstance(doc, dict):
+        raise FabricError(f"fabric file {name}: a JSON {type(doc).__name__}, not an object (want the output of `fmpm -l`)")
     fm = _validate(FmList, doc, "fabric file", name)
     mapping: dict[int, Bdf] | None = None
-    if isinstance(doc, dict) and "gpus" in doc:
+    if "gpus" in doc:
         mapping = _map_bdfs(_validate(ModuleMap, doc, "module map in", name), name)
     if module_map is not None:
         mname = os.fspath(module_map)
-        mapping = _map_bdfs(_validate(ModuleMap, _read_json(mname, "module map"), "module map", mname), mname)
+        mdoc = _read_json(mname, "module map")
+        if not isinstance(mdoc, dict):
+            raise FabricError(f'module map {mname}: a JSON {type(mdoc).__name__}, not an object (want {{"gpus": [{{"module", "bdf"}}]}})')
+        mapping = _map_bdfs(_validate(ModuleMap, mdoc, "module map", mname), mname)
     parts, source = _resolve(fm, mapping, name)
     fabric = Fabric(parts, source, name)
     if host is not None:
