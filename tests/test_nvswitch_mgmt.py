@@ -51,7 +51,9 @@ def vpd_image(ro: dict[str, bytes], ident: bytes = b"NVIDIA ConnectX-7 HHHL adap
     return ident_res + b"\x90" + len(body).to_bytes(2, "little") + body + b"\x78"
 
 
-SW_MNG_VPD = vpd_image({"PN": b"699-2G530-0200-A0", "SN": b"MT2424X00001", "V3": b"SW_MNG"})
+# `lspci -vv` shows the marker as `SMDL=SW_MNG` inside a vendor-specific field of these functions'
+# VPD; the rest of the field is a guess.
+SW_MNG_VPD = vpd_image({"PN": b"699-2G530-0200-A0", "SN": b"MT2424X00001", "VA": b"MLX:MODL=CX7:SMDL=SW_MNG"})
 PLAIN_VPD = vpd_image({"PN": b"MCX75310AAS-NEAT", "SN": b"MT2424X00002"})
 
 
@@ -71,7 +73,7 @@ def host(tree: MemoryTree) -> Topology:
 
 def test_vpd_parsing_finds_sw_mng_in_any_field():
     fields = parse_vpd(SW_MNG_VPD)
-    assert [(f.section, f.keyword) for f in fields] == [("ID", ""), ("RO", "PN"), ("RO", "SN"), ("RO", "V3"), ("RO", "RV")]
+    assert [(f.section, f.keyword) for f in fields] == [("ID", ""), ("RO", "PN"), ("RO", "SN"), ("RO", "VA"), ("RO", "RV")]
     assert vpd_says_switch_management(SW_MNG_VPD) and not vpd_says_switch_management(PLAIN_VPD)
     assert vpd_says_switch_management(vpd_image({}, ident=b"ConnectX-7 SW_MNG"))
     truncated = SW_MNG_VPD[:20]

@@ -5,14 +5,18 @@ ConnectX-7 functions (``15b3:1021``) whose VPD carries ``SW_MNG``. Such a functi
 other ConnectX-7 NIC by its ids and class, so two signals tell it apart:
 
 1. **VPD** (authoritative): the function's ``vpd`` file (PCI Vital Product Data, readable by
-   root only) holds ``SW_MNG`` in its identifier string or in a keyword of its read-only or
-   read-write section.
-2. **No RDMA use** (where the VPD cannot be read, e.g. in the unprivileged sidecar): on a host
-   with B200 GPUs, the function is bound to a host driver other than ``vfio-pci`` and has
-   registered neither an RDMA device (no ``infiniband/`` child in its sysfs directory) nor a
-   network interface (no ``net/`` child). A compute NIC is either handed to VMs (``vfio-pci``)
-   or used by the host for RDMA (``infiniband/``) or networking (``net/``); a function the host
-   driver owns without any of these serves nothing a workload could use.
+   root only) holds ``SW_MNG`` (``lspci -vv`` shows ``SMDL=SW_MNG`` in a vendor-specific field)
+   in its identifier string or in any keyword of its read-only or read-write section.
+2. **No RDMA use** (where the VPD cannot be read, e.g. unprivileged): on a host with B200 GPUs,
+   the function is bound to a host driver other than ``vfio-pci`` and has registered neither an
+   RDMA device (no ``infiniband/`` child in its sysfs directory) nor a network interface (no
+   ``net/`` child). A compute NIC is either handed to VMs (``vfio-pci``) or used by the host for
+   RDMA (``infiniband/``) or networking (``net/``); a function the host driver owns without any
+   of these serves nothing a workload could use. This signal is weaker: where Fabric Manager's
+   NVLink subnet manager runs on the host it talks to the switches through these functions'
+   InfiniBand devices, so they do have ``infiniband/`` and only the VPD tells them apart. Run
+   the operator tools (``pcitopo topo``, ``pcitopo partitions``, ``pcitopo capture``) as root on
+   B200 hosts; the rewrite in the sidecar never needs this distinction.
 
 VPDs are read only for ``15b3:1021`` functions: reading VPD goes to the hardware and is slow
 on some devices.
