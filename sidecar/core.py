@@ -106,8 +106,8 @@ def nvlink_check(result: RewriteResult, topo: Topology, fabric: FabricArg, polic
     under ``require`` a GPU set that will not get full NVLink raises NvlinkError (so does a
     missing fabric file); under ``warn`` the verdict becomes a report note. Without a fabric
     file and under ``warn`` nothing is said (the operator has not set the check up)."""
-    if policy == "off":
-        return {}
+    if policy == "off" or (fabric is None and policy == "warn"):
+        return {}  # nothing to check or say: and no import on the sidecar's common path
     from topology.partitions import check_gpu_set, nvidia_gpus
 
     try:

@@ -20,7 +20,7 @@ from topology.sysfs import open_host
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-HOSTILE = sorted((REPO / "tests" / "hostile" / "fabric").glob("*.json"))
+HOSTILE = sorted((REPO / "tests" / "hostile_fabric").glob("*.json"))
 
 
 def run(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
@@ -95,7 +95,7 @@ def test_hostile_fabric_files_are_one_line_and_exit_2(path):
 
 def test_a_bdf_the_host_lacks_is_named():
     with pytest.raises(FabricError, match=r"0000:77:00\.0.*does not have"):
-        load_fabric(REPO / "tests/hostile/fabric/bdf-host-lacks.json", host=open_host(REPO / "fixtures/hgx-h100"))
+        load_fabric(REPO / "tests/hostile_fabric/bdf-host-lacks.json", host=open_host(REPO / "fixtures/hgx-h100"))
 
 
 # -- the boot check through xmlfix (Done-when) ------------------------------------------------------

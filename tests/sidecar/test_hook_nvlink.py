@@ -132,7 +132,7 @@ def test_placeholder_bdfs_with_the_module_map_through_the_socket(serve):
 
 
 def test_a_hostile_fabric_file_is_logged_at_start_and_named_on_every_call(serve):
-    bad = str(REPO / "tests/hostile/fabric/truncated.json")
+    bad = str(REPO / "tests/hostile_fabric/truncated.json")
     srv, launcher = serve("hgx-h100", "--fabric", bad)
     start = [r for r in srv.log_lines() if r.get("event") == "fabric"][0]
     assert start["level"] == "error" and "truncated.json: not JSON" in start["reason"]
