@@ -63,6 +63,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 
         oracle = FabricNvlink(load_fabric(args.fabric, args.module_map, topo))
     else:
+        if args.module_map:
+            raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
         table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
         oracle = NvlinkOracle(topo, table)
     # Named devices in the order given, each once (a repeated BDF is not a second device).
@@ -153,7 +155,11 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--nvlink-table", metavar="FILE", help="JSON NVLink board table overriding the built-in one")
     _fabric_args(t, "NV# from the fabric's active partitions instead of the board table")
     t.add_argument("bdf", nargs="*", help="devices to classify (default: all GPU and NIC physical functions)")
-    pp = sub.add_parser("partitions", help="NVLink fabric partitions with each GPU's best NIC (GPU pools that keep NVLink and GDR)")
+    pp = sub.add_parser(
+        "partitions", help="NVLink fabric partitions with each GPU's best NIC (GPU pools that keep NVLink and GDR)",
+        description="For each Fabric Manager partition (from `fmpm -l`): active or not, its GPUs (BDF, label, module ID), "
+        "each GPU's best compute NIC with NCCL's class, and whether every GPU is PIX to a NIC of its own.",
+    )
     pp.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     _fabric_args(pp, "required")
     pp.add_argument("--json", action="store_true", help='{"partitions": [{"id", "active", "gpus": [{"bdf", "module", "nic", "nic_class"}], "all_pix"}]}')
