@@ -143,3 +143,22 @@ def test_a_hostile_fabric_file_is_logged_at_start_and_named_on_every_call(serve)
     assert b"pcie-expander-bus" in out
     rec = define_calls(srv)[-1]
     assert rec["nvlink"] == "fabric-error" and "not JSON" in rec["nvlink_reason"]
+
+
+def test_the_shim_way_reads_the_fabric_from_the_environment():
+    """KubeVirt's sidecar-shim passes only --vmi and --domain: PCITOPO_FABRIC names the file."""
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, PCITOPO_SYSFS=fixture_sysfs("hgx-h100"), PCITOPO_FABRIC=fabric("hgx-h100", "active"))
+    env.pop("PCITOPO_MODULE_MAP", None)
+
+    def shim(modules: set[int], policy: str) -> subprocess.CompletedProcess:
+        dom = domain_with_modules("hgx-h100", modules)
+        return subprocess.run([str(bin_dir / "onDefineDomain"), "--vmi", vmi_with(policy).decode(), "--domain", dom.decode()],
+                              capture_output=True, env=env, cwd="/", timeout=120)
+
+    bad = shim({1, 2}, "require")
+    assert bad.returncode == 2 and not bad.stdout
+    assert bad.stderr.decode().startswith("onDefineDomain: nvlink: GPUs 0000:2a:00.0,0000:5d:00.0 are modules {1,2}")
+    good = shim({1, 3}, "require")
+    assert good.returncode == 0 and b"pcie-expander-bus" in good.stdout
+    assert json.loads(good.stderr.decode().splitlines()[-1])["nvlink"] == "ok"
