@@ -86,6 +86,11 @@ class Fabric:
         return None
 
     @property
+    def bdf_origin(self) -> str:
+        """Where the GPUs' BDFs came from, for people: "GPU BDFs from the module map"."""
+        return "GPU BDFs unknown: placeholder BDFs and no module map" if self.source == SOURCE_NONE else f"GPU BDFs from the {self.source}"
+
+    @property
     def mapped(self) -> bool:
         """Whether every GPU of every partition has a BDF."""
         return all(g.bdf is not None for p in self.partitions for g in p.gpus)

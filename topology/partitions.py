@@ -40,7 +40,7 @@ class FabricNvlink:
                         n = min(a.links, b.links)
                         if n > 0:
                             self._links[frozenset((a.bdf, b.bdf))] = n
-        self.source = f"fabric file {fabric.path} (active partitions only; BDFs from the {fabric.source})"
+        self.source = f"fabric file {fabric.path} (active partitions only; {fabric.bdf_origin})"
 
     def count(self, fa: PciFunction, fb: PciFunction) -> int | None:
         return self._links.get(frozenset((fa.bdf, fb.bdf)))
@@ -255,7 +255,7 @@ def partitions_json(fabric: Fabric, rows: list[PartitionRow]) -> dict:
 
 
 def partitions_text(fabric: Fabric, rows: list[PartitionRow]) -> str:
-    lines = [f"Fabric {fabric.path}: {len(rows)} partitions, GPU BDFs from the {fabric.source}", ""]
+    lines = [f"Fabric {fabric.path}: {len(rows)} partitions, {fabric.bdf_origin}", ""]
     for r in rows:
         p = r.partition
         lines.append(

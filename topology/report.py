@@ -240,7 +240,7 @@ def _explain_nvlink(result, host: Topology, fabric) -> tuple[object | None, list
         oracle = NvlinkOracle(host)
         return oracle, ["NVLink: NV# inferred from the SXM board table (no fabric file): the guest has NVLink only "
                         "if its GPUs are exactly one active Fabric Manager partition (xmlfix --fabric checks that)"]
-    head = f"NVLink (fabric file {fabric.path}, GPU BDFs from the {fabric.source}): "
+    head = f"NVLink (fabric file {fabric.path}, {fabric.bdf_origin}): "
     if verdict is None:
         return None, [head + "not checked (pcitopo.kubevirt.io/nvlink: off)"]
     return verdict.guest_nvlink(fabric), [head + verdict.message]
