@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable
 
 from .errors import FabricError, UnknownDeviceError
@@ -117,8 +118,9 @@ def normalise_bus_id(text: str) -> Bdf:
     return Bdf.parse(t)
 
 
+@lru_cache(maxsize=1)
 def _models():
-    """The pydantic models of both file formats (built on first use)."""
+    """The pydantic models of both file formats (built once, on first use)."""
     from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
     count = Field(ge=0, le=1 << 20)
