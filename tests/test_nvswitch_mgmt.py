@@ -12,7 +12,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
 
 from topology.capture import capture
 from topology.model import Bdf, Topology
