@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from topology.errors import PcitopoError
+from topology.errors import ConfigError, PcitopoError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -84,15 +84,36 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 def _cmd_capture(args: argparse.Namespace) -> int:
     from topology.capture import capture
 
-    summary = capture(args.sysfs, args.output)
+    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # finding 4: -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
-        f"({summary.entries} entries) from {args.sysfs} into {args.output}",
+        f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
         file=sys.stderr,
     )
     for s in summary.skipped:
         print(f"warning: skipped {s}", file=sys.stderr)
     return EXIT_OK
+
+
+# -- pcitopo verify (issue 14, finding 5): the guest against xmlfix --json ------------------
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from topology.sysfs import open_host
+    from topology.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
+
+    try:
+        with open(args.expect, "rb") as fh:
+            data = fh.read(MAX_EXPECT_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read {args.expect}: {e.strerror or e}") from None
+    expect = load_expectation(data, args.expect)
+    v = verify_guest(expect, open_host(args.sysfs))
+    for line in v.problems:
+        print(f"pcitopo verify: {line}", file=sys.stderr)
+    verdict = "differs from the prediction" if v.problems else "as predicted"
+    print(f"pcitopo verify: {verdict}: {v.devices_checked}/{len(expect.devices)} devices, "
+          f"{v.pairs_checked}/{len(expect.pairs)} pairs checked, {len(v.problems)} difference(s)", file=sys.stderr)
+    return EXIT_CHECK_FAILED if v.problems else EXIT_OK
 
 
 def _cmd_serve(argv: Sequence[str]) -> int:
@@ -117,11 +138,14 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--nvlink-table", metavar="FILE", help="JSON NVLink board table overriding the built-in one")
     t.add_argument("bdf", nargs="*", help="devices to classify (default: all GPU and NIC physical functions)")
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
-    c.add_argument("--sysfs", default=default_sysfs())
-    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz")
+    c.add_argument("--sysfs", default=default_sysfs(), help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
+    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
+    v = sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction (exit 1 on any difference)")
+    v.add_argument("--expect", required=True, metavar="PREDICTED.json", help="what `xmlfix --json` printed for this VM")
+    v.add_argument("--sysfs", default=default_sysfs(), help="the guest's sysfs root, a capture .tar.gz or a sysfs-shaped dir (default $PCITOPO_SYSFS or /sys)")
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     args = parser.parse_args(argv)
-    handler = {"topo": _cmd_topo, "capture": _cmd_capture}[args.command]
+    handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="write the rewritten domain here instead of stdout")
     p.add_argument("--check", action="store_true", help="exit 1 unless the guest will see what the host has (every pair's class, every device's NUMA cell); reasons on stderr")
     p.add_argument("--explain", action="store_true", help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
+    p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
     return p
 
@@ -66,6 +67,8 @@ def xmlfix(argv: Sequence[str]) -> int:
     from topology.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))
+    if args.json and (args.explain or args.diff):  # finding 5: one document on stdout
+        raise ConfigError("--json prints one JSON document: use it without --explain and --diff")
     domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
     host = open_host(args.sysfs)
@@ -73,6 +76,8 @@ def xmlfix(argv: Sequence[str]) -> int:
     result = outcome.result
     out = outcome.xml
 
+    if args.json:
+        _print_prediction(outcome, host)
     if args.explain:
         if result is None:
             sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
@@ -82,7 +87,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:
         _write_atomic(args.output, out)
-    elif not (args.explain or args.diff or args.check):
+    elif not (args.explain or args.diff or args.check or args.json):
         sys.stdout.buffer.write(out)
         sys.stdout.flush()
 
@@ -106,3 +111,15 @@ def _check(outcome, host) -> int:
         print(f"xmlfix: check: {line}", file=sys.stderr)
     print(f"xmlfix: check: {'failed' if problems else 'ok'}: {verdict(outcome.result, host)}", file=sys.stderr)
     return EXIT_CHECK_FAILED if problems else EXIT_OK
+
+
+def _print_prediction(outcome, host) -> None:
+    """--json (finding 5): what `pcitopo verify --expect` checks in the guest."""
+    import json
+
+    from topology.predict import prediction
+
+    doc = prediction(outcome.result, host) if outcome.result is not None else {
+        "devices": [], "pairs": [], "notes": [f"domain left unchanged ({outcome.outcome}): {outcome.reason}"]}
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")

@@ -141,3 +141,81 @@ def test_f3_explain_without_guest_cells_says_what_to_set_in_kubevirt():
     assert "guestMappingPassthrough" in out and "dedicatedCpuPlacement" in out and "hugepages" in out
     assert out.count("cross-node pairs cannot show SYS") == 1
     assert "... and 72 more" in out
+
+
+# -- finding 5: xmlfix --json predicts the guest; pcitopo verify checks it ------------------------
+
+def test_f5_json_is_the_predicted_guest():
+    """Finding 5: the prediction's contract, keyed by host BDF (the booted check is in
+    tests/e2e/test_verify_boot.py)."""
+    r = run("xmlfix", "--json", "--sysfs", str(H100), str(H100 / "domain.xml"))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"devices", "pairs", "notes"}
+    assert set(doc["devices"][0]) == {"host_bdf", "guest_bdf", "kind", "label", "numa"}
+    assert set(doc["pairs"][0]) == {"a", "b", "nccl", "nvml", "nvlink"}
+    assert len(doc["devices"]) == 20 and len(doc["pairs"]) == 190
+    gpu0 = doc["devices"][0]
+    assert (gpu0["host_bdf"], gpu0["label"], gpu0["kind"], gpu0["numa"]) == ("0000:18:00.0", "GPU0", "gpu", 0)
+    assert any(p["nvlink"] == 18 for p in doc["pairs"])
+    r = run("xmlfix", "--json", "--explain", "--sysfs", str(H100), str(H100 / "domain.xml"))
+    assert r.returncode == 2 and b"--json" in r.stderr and r.stdout == b""
+
+
+def test_f5_verify_against_the_guest_derived_from_the_output():
+    """Finding 5: the guest tree derived from the rewritten XML is as predicted; a wrong
+    prediction is named pair by pair."""
+    from topology.predict import prediction
+    from topology.rewrite import rewrite_domain
+    from topology.sysfs import open_host
+    from topology.verify import load_expectation, verify_guest
+
+    host = open_host(H100)
+    result = rewrite_domain((H100 / "domain.xml").read_bytes(), host)
+    doc = prediction(result, host)
+    ok = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology)
+    assert ok.problems == [] and ok.devices_checked == 20 and ok.pairs_checked == 190
+    doc["pairs"][0]["nvml"] = "SYS"
+    doc["devices"][2]["guest_bdf"] = "0000:01:1f.0"
+    bad = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology)
+    assert len(bad.problems) == 2
+    assert "GPU0-NIC0 (host 0000:18:00.0-0000:19:00.0" in bad.problems[1] and "nvidia-smi PIX, predicted SYS" in bad.problems[1]
+    assert "NIC1 (host 0000:29:00.0): predicted at guest 0000:01:1f.0, the guest has no such device" == bad.problems[0]
+
+
+def test_f5_verify_door_and_bad_prediction_files(tmp_path):
+    """Finding 5: `pcitopo verify` reads a sysfs-shaped tree and a prediction; a bad file is one
+    line naming the field. (Here the "guest" is the host fixture itself, predicted as itself.)"""
+    topo = json.loads(run("pcitopo", "topo", "--json", "--sysfs", str(H100)).stdout)
+    doc = {"devices": [{"host_bdf": d["bdf"], "guest_bdf": d["bdf"], "kind": d["kind"], "label": d["label"],
+                        "numa": d["numa"]} for d in topo["devices"]],
+           "pairs": topo["pairs"], "notes": []}
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(doc))
+    r = run("pcitopo", "verify", "--expect", str(f), "--sysfs", str(H100))
+    assert r.returncode == 0 and b"as predicted: 20/20 devices, 190/190 pairs" in r.stderr
+    doc["pairs"][3]["nccl"] = "PIXX"
+    f.write_text(json.dumps(doc))
+    r = run("pcitopo", "verify", "--expect", str(f), "--sysfs", str(H100))
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"pairs[3].nccl" in r.stderr
+    f.write_text('{"devices": [{"host_bdf": "0000:18:00.0"}], "pairs": []}')
+    r = run("pcitopo", "verify", "--expect", str(f), "--sysfs", str(H100))
+    assert r.returncode == 2 and b"devices[0].guest_bdf is missing" in r.stderr
+
+
+# -- finding 4: a dry run on a node ---------------------------------------------------------------
+
+def test_f4_capture_to_stdout_then_xmlfix_on_it(tmp_path):
+    """Finding 4: `pcitopo capture -o -` wrote a file named '-'; now the tarball goes to stdout
+    (byte-identical to -o FILE), and xmlfix reads it back: the documented node dry run."""
+    r = subprocess.run([str(BIN / "pcitopo"), "capture", "--sysfs", str(H100), "-o", "-"],
+                       cwd=tmp_path, capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "-").exists() and b"into stdout" in r.stderr
+    node = tmp_path / "node.tar.gz"
+    node.write_bytes(r.stdout)
+    assert run("pcitopo", "capture", "--sysfs", str(H100), "-o", str(tmp_path / "f.tar.gz")).returncode == 0
+    assert (tmp_path / "f.tar.gz").read_bytes() == r.stdout
+    r = run("xmlfix", "--check", "--sysfs", str(node), str(H100 / "domain.xml"))
+    assert r.returncode == 0 and b"check: ok" in r.stderr
+    assert b"/host/sys" in run("pcitopo", "capture", "--help").stdout

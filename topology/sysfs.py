@@ -243,6 +243,14 @@ class MemoryTree:
 
     def write_tarball(self, out: str | os.PathLike) -> None:
         """Write a deterministic ``.tar.gz``: sorted members, mtime 0, root-owned."""
+        data = self.tarball_bytes()
+        tmp = f"{os.fspath(out)}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, out)
+
+    def tarball_bytes(self) -> bytes:
+        """The deterministic ``.tar.gz`` (see :meth:`write_tarball`) as bytes."""
         import gzip
         import io
         import tarfile
@@ -268,11 +276,10 @@ class MemoryTree:
                     info.type = tarfile.DIRTYPE
                     info.mode = 0o755
                     tar.addfile(info)
-        tmp = f"{os.fspath(out)}.tmp"
-        with open(tmp, "wb") as fh:
-            with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=9) as gz:
-                gz.write(raw.getvalue())
-        os.replace(tmp, out)
+        packed = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0, compresslevel=9) as gz:
+            gz.write(raw.getvalue())
+        return packed.getvalue()
 
     def write_dir(self, out: str | os.PathLike) -> None:
         """Materialise the tree as a real directory (symlinks kept as symlinks)."""
