@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Callable, Sequence
 
+from topology import __version__
 from topology.errors import ConfigError, PcitopoError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -129,6 +130,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "serve":
         return run_door("pcitopo serve", lambda: _cmd_serve(argv[1:]))
     parser = _Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
+    parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")  # finding 6
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     t = sub.add_parser("topo", help="GPU/NIC matrix like `nvidia-smi topo -m`, or the tree")
     t.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")

@@ -44,7 +44,8 @@ from concurrent import futures
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
-from topology.errors import ConfigError, PcitopoError, SysfsError
+from topology import __version__
+from topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
 from topology.model import Topology
 from topology.sysfs import default_sysfs, open_host
 
@@ -66,6 +67,12 @@ SOCKET_MODE = 0o660
 # A KubeVirt domain is tens of KB and a VMI JSON a few KB; gRPC's own default (4 MiB) would do,
 # but say it here so it is a decision: larger requests are refused by gRPC before they reach us.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# virt-launcher dials hook sidecars with grpc-go's default call options, whose receive limit is
+# 4 MiB (grpc-go: defaultClientMaxReceiveMessageSize = 1024 * 1024 * 4): a larger reply fails
+# there with an error that does not name us, so we refuse it here with one that does. The reply is OnDefineDomainResult{domainXML = 1}:
+# the XML plus one tag byte and up to five length bytes.
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+REPLY_FRAMING_BYTES = 6
 # The sidecar gets 200m CPU; a small pool keeps memory flat. Extra calls queue (never refused).
 WORKERS = 2
 # How long in-flight calls may run on when we are asked to stop.
@@ -152,7 +159,7 @@ class Hooks:
         self._lock = threading.Lock()
 
     def info(self) -> bytes:
-        self.log("Info", versions=list(VERSIONS))
+        self.log("Info", name=INFO_NAME, pcitopo_version=__version__, versions=list(VERSIONS))
         return INFO_RESULT
 
     def on_define_domain(self, version: str, domain_xml: bytes, vmi_json: bytes, context: grpc.ServicerContext) -> bytes:
@@ -173,6 +180,16 @@ class Hooks:
 
             self.log(ON_DEFINE_DOMAIN, level="error", version=version, call=call, outcome="failed", error="internal", reason=f"{type(e).__name__}: {e}", duration_ms=_ms(t0))
             context.abort(grpc.StatusCode.INTERNAL, f"pcitopo: internal: {type(e).__name__}: {' '.join(str(e).split())}")
+        if len(out.xml) + REPLY_FRAMING_BYTES > MAX_REPLY_BYTES:  # finding 12: a reply the client can read
+            e = DomainError(
+                f"the {out.outcome} domain is {len(out.xml)} bytes: virt-launcher's gRPC client (grpc-go defaults) "
+                f"refuses replies over {MAX_REPLY_BYTES} bytes, so the VM could not start with it"
+            )
+            self.log(ON_DEFINE_DOMAIN, level="error", version=version, vmi=out.vmi.ref, call=call, outcome="failed",
+                     error=e.kind, reason=e.reason, in_bytes=len(domain_xml), out_bytes=len(out.xml), duration_ms=_ms(t0))
+            import grpc
+
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, error_details(e))
         self.log(
             ON_DEFINE_DOMAIN, level="warning" if out.outcome == "passthrough" else "info", version=version,
             vmi=out.vmi.ref, call=call, outcome=out.outcome, reason=out.reason, duration_ms=_ms(t0),
@@ -471,7 +488,7 @@ class HookServer:
         st = os.lstat(self.socket_path)
         self._ident = (st.st_dev, st.st_ino)
         self.log(
-            "serving", socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
+            "serving", pcitopo_version=__version__, socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
             replaced_stale_socket=replaced or None, ready_ms=_ms(t0),
         )
 
@@ -515,7 +532,7 @@ class HookServer:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
-        raise ConfigError(f"{self.prog}: {message}")
+        raise ConfigError(message)  # the door prefixes "pcitopo serve: " once (finding 6)
 
 
 # Standard-library modules that load OpenSSL (libssl/libcrypto: ~4 MiB resident, measured with
@@ -560,8 +577,34 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument(
         "--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)"
     )
+    parser.add_argument(
+        "--version", nargs="?", const="", metavar="HOOK_API_VERSION",
+        help="alone: print pcitopo's version; with a hook API version (KubeVirt's example sidecars pass "
+        "`--version v1alpha2`): accepted and ignored, pcitopo serves v1alpha1, v1alpha2 and v1alpha3",
+    )
     args = parser.parse_args(argv)
-    return HookServer(args.socket, args.sysfs).run()
+    ignored = _hook_version_arg(args.version)
+    if ignored is None:
+        print(f"pcitopo {__version__}")
+        return EXIT_OK
+    server = HookServer(args.socket, args.sysfs)
+    if ignored:
+        server.log("args", level="warning", ignored=f"--version {ignored}",
+                   reason=f"pcitopo serves every hook API version ({', '.join(VERSIONS)}); virt-launcher picks one")
+    return server.run()
+
+
+def _hook_version_arg(value: str | None) -> str | None:
+    """``serve --version`` (finding 6): None to print our version, "" when absent, the hook API
+    version when one is named (accepted, ignored); anything else is a one-line error."""
+    if value == "":
+        return None
+    if value is None:
+        return ""
+    if value not in VERSIONS:
+        raise ConfigError(f"--version {value[:40]}: not a hook API version ({', '.join(VERSIONS)}); "
+                          f"pcitopo serves all of them, so the argument can be dropped")
+    return value
 
 
 def main() -> None:  # python -m sidecar.server

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Sequence
 
+from topology import __version__
 from topology.domain import MAX_DOMAIN_BYTES
 from topology.errors import ConfigError, DomainError
 from topology.sysfs import default_sysfs
@@ -50,6 +51,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.")
+    p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")  # finding 6
     p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     p.add_argument("--vmi", metavar="FILE", help="the VMI as JSON: its pcitopo.kubevirt.io/ annotations set the options")
