@@ -55,6 +55,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     from topology.report import default_devices, topo_json, topo_text, tree_text
     from topology.sysfs import open_host
 
+    if args.json and args.tree:  # finding 12: one output per run, never a silent choice
+        raise ConfigError("--json and --tree are two different outputs: give one of them")
     topo = open_host(args.sysfs)
     table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
     oracle = NvlinkOracle(topo, table)

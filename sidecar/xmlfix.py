@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")  # finding 6
     p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
-    p.add_argument("--vmi", metavar="FILE", help="the VMI as JSON: its pcitopo.kubevirt.io/ annotations set the options")
+    p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
     p.add_argument("-o", "--output", metavar="FILE", help="write the rewritten domain here instead of stdout")
     p.add_argument("--check", action="store_true", help="exit 1 unless the guest will see what the host has (every pair's class, every device's NUMA cell); reasons on stderr")
     p.add_argument("--explain", action="store_true", help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
@@ -73,6 +73,10 @@ def xmlfix(argv: Sequence[str]) -> int:
         raise ConfigError("--json prints one JSON document: use it without --explain and --diff")
     domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
+    if vmi is not None:  # finding 8: `kubectl get vmi -o yaml` is what people paste
+        from .vmiyaml import vmi_as_json
+
+        vmi = vmi_as_json(vmi, args.vmi)
     host = open_host(args.sysfs)
     outcome = handle_define_domain(domain, vmi, host)
     result = outcome.result

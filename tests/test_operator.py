@@ -219,3 +219,70 @@ def test_f4_capture_to_stdout_then_xmlfix_on_it(tmp_path):
     r = run("xmlfix", "--check", "--sysfs", str(node), str(H100 / "domain.xml"))
     assert r.returncode == 0 and b"check: ok" in r.stderr
     assert b"/host/sys" in run("pcitopo", "capture", "--help").stdout
+
+
+# -- finding 8: messages that leaked internals ----------------------------------------------------
+
+def test_f8_sysfs_pointing_at_an_xml_file_is_one_clear_line():
+    """Finding 8: was tarfile's ReadError chain (gz, bz2, xz, tar)."""
+    r = run("xmlfix", "--sysfs", str(H100 / "domain.xml"), str(H100 / "domain.xml"))
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1
+    assert "it is XML, a domain?" in err and "--sysfs takes /sys" in err
+    assert "ReadError" not in err and "method gz" not in err
+
+
+def test_f8_bad_nvlink_table_names_the_field(tmp_path):
+    """Finding 8: was "2 validation errors for _Table"."""
+    table = tmp_path / "t.json"
+    table.write_text('{"boards": [{"name": "x", "gpus": "10de:2330", "links": 18}]}')
+    r = run("pcitopo", "topo", "--sysfs", str(H100), "--nvlink-table", str(table))
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1
+    assert "boards[0].gpus: Input should be a valid list" in err and "_Table" not in err
+
+
+def test_f8_yaml_vmi_is_accepted(tmp_path):
+    """Finding 8: `kubectl get vmi -o yaml` gave "Expecting value"; its annotations now apply
+    exactly as the JSON's do (here: mode off leaves the domain unchanged, and says so)."""
+    vmi = tmp_path / "vmi.yaml"
+    vmi.write_text(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: gpu-vm\n"
+        "  namespace: ml\n  annotations:\n    pcitopo.kubevirt.io/mode: \"off\"\nspec:\n  domain: {}\n"
+    )
+    r = run("xmlfix", "--vmi", str(vmi), "--sysfs", str(H100), str(H100 / "domain.xml"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (H100 / "domain.xml").read_bytes() and b"unchanged-off" in r.stderr
+    vmi.write_text("metadata:\n  name: [unclosed\n")
+    r = run("xmlfix", "--vmi", str(vmi), "--sysfs", str(H100), str(H100 / "domain.xml"))
+    assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"neither JSON nor YAML at line" in r.stderr
+
+
+def test_f8_host_without_gpus_says_so_and_shows_the_nics(tmp_path):
+    """Finding 8: a host with one NIC and no GPU printed a 1x1 NIC matrix."""
+    from topology.synth import build_tree, parse_topo
+
+    text = ("numa 0 cpus=0-7\nrc 0000:15 numa=0\n  ep 15:00.0 preset=intel-vtd\n"
+            "  rp 15:01.0 preset=intel-rp\n    ep 16:00.0 preset=cx7-eth\n")
+    build_tree(parse_topo(text, "nogpu")).write_tarball(tmp_path / "nogpu.tar.gz")
+    r = run("pcitopo", "topo", "--sysfs", str(tmp_path / "nogpu.tar.gz"))
+    out = r.stdout.decode()
+    assert r.returncode == 0 and out.startswith("no GPUs found")
+    assert "NIC0: 0000:16:00.0" in out and "NUMA Affinity 0" in out and "NIC0  X" not in out
+
+
+# -- finding 12: small ones ----------------------------------------------------------------------
+
+def test_f12_json_and_tree_are_exclusive():
+    """Finding 12: `--json --tree` silently printed JSON."""
+    r = run("pcitopo", "topo", "--json", "--tree", "--sysfs", str(H100))
+    assert r.returncode == 2 and r.stdout == b"" and b"--json and --tree" in r.stderr
+
+
+def test_f12_readme_json_contract_lists_every_top_level_key():
+    """Finding 12: the README's contract omitted host, nvlink_source and warnings."""
+    keys = list(json.loads((H100 / "topo.json").read_text()))
+    readme = (ROOT / "README.md").read_text()
+    contract = readme.split("`--json`: the stable contract", 1)[1].split("\n- ", 1)[0]
+    for k in keys:
+        assert f'"{k}"' in contract, k

@@ -105,8 +105,11 @@ def topo_text(
     bdfs: Sequence[Bdf],
     nvlink: NvlinkOracle,
     live_root: str | None = None,
+    _gpus_checked: bool = False,
 ) -> str:
     rows = label_devices(topo, bdfs)
+    if rows and not _gpus_checked and not any(r.role == Role.GPU for r in rows):
+        return _no_gpu_text(topo, rows, nvlink, live_root)
     classes = {(a.label, b.label): classify(topo, a.function, b.function) for a in rows for b in rows if a is not b}
     links = {(a.label, b.label): nvlink.count(a.function, b.function) for a in rows for b in rows if a is not b}
     affinity = [
@@ -119,6 +122,20 @@ def topo_text(
     if any(v for v in links.values()):
         parts += ["", "NV# counts are inferred from the SXM board table (NVLink is not in sysfs)."]
     return "\n".join(parts) + "\n"
+
+
+def _no_gpu_text(topo: Topology, rows: Sequence[Labeled], nvlink: NvlinkOracle, live_root: str | None) -> str:
+    """No GPU among the devices (issue 14, finding 8): say so, then still show the NICs: their
+    NUMA and CPU affinity, and their matrix when there is more than one."""
+    head = [f"no GPUs found: {len(rows)} other device(s) shown ({', '.join(sorted({r.role.value for r in rows}))})", ""]
+    if len(rows) > 1:
+        body = topo_text(topo, [r.function.bdf for r in rows], nvlink, live_root, _gpus_checked=True)
+        return "\n".join(head) + "\n" + body
+    r = rows[0]
+    numa = topo.numa_of(r.function)
+    lines = [device_legend(topo, rows, live_root), "",
+             f"  {r.label}: CPU Affinity {cpus_of(topo, r.function)}, NUMA Affinity {numa if numa >= 0 else 'N/A'}"]
+    return "\n".join(head + lines) + "\n"
 
 
 def device_json(topo: Topology, lab: Labeled) -> dict:

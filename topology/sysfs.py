@@ -333,8 +333,32 @@ class MemoryTree:
         except SysfsError:
             raise
         except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile) as e:
-            raise SysfsError(f"{name}: not a readable capture tarball ({e})") from None
+            raise SysfsError(_not_a_capture(name, e)) from None
         return tree
+
+
+SYSFS_KINDS = "/sys, a directory laid out like sysfs, a capture .tar.gz from `pcitopo capture`, or a fixture directory"
+
+
+def _not_a_capture(name: str, e: BaseException) -> str:
+    """One line for a --sysfs file that is not a capture (finding 8: tarfile's own message
+    chains four decompressors' errors). Says what the file looks like when that is obvious."""
+    import tarfile
+
+    try:
+        with open(name, "rb") as fh:
+            head = fh.read(512).lstrip()
+    except OSError as oe:
+        return f"{name}: cannot read it ({oe.strerror or oe})"
+    if head.startswith(b"<"):
+        what = "it is XML, a domain?"
+    elif head[:1] in (b"{", b"["):
+        what = "it is JSON"
+    elif head.startswith(b"\x1f\x8b") or isinstance(e, (EOFError, tarfile.ReadError)) and "end of" in str(e):
+        what = "truncated or damaged"
+    else:
+        what = "not a gzip'd tar"
+    return f"{name}: not a readable capture tarball ({what}); --sysfs takes {SYSFS_KINDS}"
 
 
 def default_sysfs() -> str:

@@ -176,7 +176,7 @@ def venv(tmp_path_factory, wheel):
     py = root / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    deps = _requirement_closure(["grpcio", "protobuf", "lxml", "pydantic", "pyudev"]) - {"pcitopo"}
+    deps = _requirement_closure(["grpcio", "protobuf", "lxml", "pydantic", "pyudev", "pyyaml"]) - {"pcitopo"}
     linked = 0
     for key in sorted(deps):
         dist = md.distribution(key)
