@@ -13,8 +13,13 @@ from topology.errors import ConfigError
 def vmi_as_json(data: bytes, name: str) -> bytes:
     """The VMI as JSON bytes: JSON input unchanged, YAML converted (safe loader: plain data
     only); a list of exactly one VMI (``kubectl get vmi -o yaml`` without a name) is unwrapped."""
-    if data.lstrip()[:1] in (b"{", b""):
+    if data.lstrip()[:1] in (b"{", b"[", b""):
+        return data  # JSON (or meant as JSON): parse_vmi judges it, with its own messages
+    try:
+        json.loads(data)
         return data
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        pass
     import yaml  # only here: see the module docstring
 
     try:
