@@ -52,6 +52,9 @@ class Verification:
     pairs_checked: int = 0
 
 
+_TYPE_NAMES = {str: "a string", int: "a number", list: "a list"}
+
+
 def _field(obj: object, key: str, where: str, types: tuple[type, ...], optional: bool = False):
     if not isinstance(obj, dict) or key not in obj:
         raise ConfigError(f"{where}.{key} is missing")
@@ -59,7 +62,7 @@ def _field(obj: object, key: str, where: str, types: tuple[type, ...], optional:
     if v is None and optional:
         return None
     if not isinstance(v, types) or isinstance(v, bool):
-        raise ConfigError(f"{where}.{key} is {json.dumps(v)[:40]}, not a {types[0].__name__}")
+        raise ConfigError(f"{where}.{key} is {json.dumps(v)[:40]}, not {_TYPE_NAMES.get(types[0], types[0].__name__)}")
     return v
 
 
@@ -138,9 +141,13 @@ def verify_guest(expect: Expectation, guest: Topology) -> Verification:
         da, db = ok.get(p.a), ok.get(p.b)
         if da is None or db is None:
             continue  # the device is reported above
-        got = classify(guest, da.guest_bdf, db.guest_bdf)  # type: ignore[arg-type]
-        v.pairs_checked += 1
         where = f"{da.label}-{db.label} (host {p.a}-{p.b}, guest {da.guest_bdf}-{db.guest_bdf})"
+        try:
+            got = classify(guest, da.guest_bdf, db.guest_bdf)  # type: ignore[arg-type]
+        except PcitopoError as e:
+            v.problems.append(f"{where}: cannot classify it in the guest: {e}")
+            continue
+        v.pairs_checked += 1
         for view, want, have in (("NCCL", p.nccl, got.nccl.value), ("nvidia-smi", p.nvml, got.nvml.value)):
             if want is not None and want != have:
                 v.problems.append(f"{where}: {view} {have}, predicted {want}")
