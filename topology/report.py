@@ -274,7 +274,7 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
             g = f"{p.guest.nccl.value}/{p.guest.nvml.value}" if p.guest else "?"
             out.append(
                 f"  {label_of[p.a]}-{label_of[p.b]}: host {p.host.nccl.value}/{p.host.nvml.value} "
-                f"(NCCL/NVML), guest {g}: {p.why}"
+                f"(NCCL/NVML), guest {g}: {p.reason}"
             )
     else:
         out.append("Every pair's guest class equals the host's (NCCL and NVML).")
