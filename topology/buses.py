@@ -48,10 +48,10 @@ BUSES_PER_PCI_BRIDGE = 2
 # pcie-root's own bus.
 PCIE_ROOT_OWN_BUS = 1
 
-# -- KubeVirt (pkg/virt-launcher/virtwrap/manager.go, calculateHotplugPortCount) --------------
+# -- KubeVirt (pkg/virt-launcher/virtwrap/manager.go, allocateHotplugPorts) --------------------
 
-# After the last hook call KubeVirt appends bare pcie-root-ports for hotplug while the highest
-# PCI controller index is below this; each one takes a bus below pcie-root.
+# After the hooks KubeVirt appends bare pcie-root-ports for hotplug while the highest PCI
+# controller index is below this (kubevirt/kubevirt#14754); each takes a bus below pcie-root.
 KUBEVIRT_HOTPLUG_INDEX_LIMIT = 32
 
 # -- chassis (QEMU pcie-root-port / xio3130-downstream 'chassis' property, 8 bits) ------------
