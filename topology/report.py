@@ -212,9 +212,23 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
     return "\n".join(out) + "\n"
 
 
-
-
 # -- xmlfix --explain --------------------------------------------------------------------------
+
+def _differences(report, rows: Sequence[Labeled]) -> list[str]:
+    """The pairs whose guest class differs from the host's, each with its reason."""
+    diffs = [p for p in report.pairs if p.why]
+    if not diffs:
+        return ["Every pair's guest class equals the host's (NCCL and NVML)."]
+    out = ["Differences:"]
+    label_of = {r.function.bdf: r.label for r in rows}
+    for p in diffs:
+        g = f"{p.guest.nccl.value}/{p.guest.nvml.value}" if p.guest else "?"
+        out.append(
+            f"  {label_of[p.a]}-{label_of[p.b]}: host {p.host.nccl.value}/{p.host.nvml.value} "
+            f"(NCCL/NVML), guest {g}: {p.reason}"
+        )
+    return out
+
 
 def explain_text(result, host: Topology, live_root: str | None = None) -> str:
     """Host and predicted guest classes side by side (``HOST>GUEST*`` where they differ), the
@@ -266,18 +280,7 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
         device_legend(host, rows, live_root),
         "",
     ]
-    diffs = [p for p in report.pairs if p.why]
-    if diffs:
-        out.append("Differences:")
-        label_of = {r.function.bdf: r.label for r in rows}
-        for p in diffs:
-            g = f"{p.guest.nccl.value}/{p.guest.nvml.value}" if p.guest else "?"
-            out.append(
-                f"  {label_of[p.a]}-{label_of[p.b]}: host {p.host.nccl.value}/{p.host.nvml.value} "
-                f"(NCCL/NVML), guest {g}: {p.reason}"
-            )
-    else:
-        out.append("Every pair's guest class equals the host's (NCCL and NVML).")
+    out += _differences(report, rows)
     numa = ", ".join(f"host {h} -> cell {c}" for h, c in sorted(report.numa_map.items())) or "none"
     out += ["", f"NUMA map ({report.numa_source}): {numa}"]
     for n in report.notes:
