@@ -19,12 +19,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, pick
 from sidecar.config import PREFIX
 from sidecar.core import handle_define_domain
 from sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha1_pb2, v1alpha1_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
 from sidecar.server import error_details, grpc_code
-from strategies import build_domain, fixture_world
+from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, pick
+from testkit.strategies import build_domain, fixture_world
 from topology.errors import PcitopoError
 
 REPO = Path(__file__).resolve().parent.parent

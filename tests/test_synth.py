@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import textwrap
@@ -13,7 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import topology.synth as synth
+import testkit.synth as synth
+from testkit import FIXTURES, fixture_script
+from testkit.synth import build_tree, format_cpus, load_topo_file, parse_cpus, parse_topo
 from topology.errors import SysfsError
 from topology.model import Topology
 from topology.sysfs import (
@@ -25,21 +26,8 @@ from topology.sysfs import (
     SysfsReader,
     resolve,
 )
-from topology.synth import build_tree, format_cpus, load_topo_file, parse_cpus, parse_topo
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
-
-
-def _load_generate():
-    spec = importlib.util.spec_from_file_location("fixtures_generate", FIXTURES / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = _load_generate()
+generate = fixture_script("generate")
 FIXTURE_NAMES = generate.fixture_names()
 SMALL_FIXTURES = [n for n in FIXTURE_NAMES if n != "sriov-4k"]
 

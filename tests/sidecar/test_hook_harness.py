@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from hookkit import (
+from testkit.hookkit import (
     REPO,
     ServerProcess,
     VirtLauncher,

@@ -32,14 +32,18 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 from hypothesis import assume
 from hypothesis import strategies as st
 from lxml import etree
 
-from kubevirt_sim import (
+from topology.domain import ROOT_PORT, parse_int
+from topology.model import Bdf, Role, Topology
+from topology.sysfs import MemoryTree, SysfsReader, open_host
+
+from . import FIXTURES
+from .kubevirt_sim import (
     DomainSpec,
     _sub,
     kubevirt_domain,
@@ -48,13 +52,7 @@ from kubevirt_sim import (
     libvirt_define,
     to_kubevirt_bytes,
 )
-from topology.domain import ROOT_PORT, parse_int
-from topology.model import Bdf, Role, Topology
-from topology.synth import build_tree, parse_topo
-from topology.sysfs import MemoryTree, SysfsReader, open_host
-
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
+from .synth import build_tree, parse_topo
 
 GPU_PRESETS = ("h100", "h200", "b200", "a100-pcie", "l40s")
 NIC_PRESETS = ("cx7-ib", "cx7-eth", "cx6-dx", "bf3")

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
-from .errors import SysfsError
-from .model import Bdf
-from .sysfs import (
+from topology.errors import SysfsError
+from topology.model import Bdf, Topology
+from topology.sysfs import (
     LINK_ATTRS,
     NODE_ATTRS,
     NODE_DIR,
@@ -31,6 +32,7 @@ from .sysfs import (
     PCI_DEVICES_DIR,
     REQUIRED_ATTRS,
     MemoryTree,
+    SysfsReader,
 )
 
 
@@ -639,6 +641,11 @@ class _Builder:
 def build_tree(spec: HostSpec) -> MemoryTree:
     """The sysfs-shaped tree for a parsed description."""
     return _Builder(spec).build()
+
+
+def host_from_topo(text: str, name: str = "test-host") -> Topology:
+    """A host model straight from ``.topo`` text (dedented), read by the sidecar's own reader."""
+    return Topology(SysfsReader(build_tree(parse_topo(textwrap.dedent(text), name))))
 
 
 def load_topo_file(path: str | os.PathLike) -> MemoryTree:
