@@ -22,7 +22,8 @@ import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
-from topology.errors import SysfsError
+from topology.domain import parse_cpuset
+from topology.errors import PcitopoError, SysfsError
 from topology.model import Bdf, Topology
 from topology.sysfs import (
     LINK_ATTRS,
@@ -218,25 +219,10 @@ _HEX = r"[0-9a-fA-F]"
 _RC_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{2}})$")
 _BDF_RE = re.compile(rf"^(?:({_HEX}{{4}}):)?({_HEX}{{2}}):({_HEX}{{2}})\.([0-7])$")
 _IDS_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{4}})$")
-_CPUS_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 _DEVICE_KEYS = {"preset", "ids", "sub", "class", "numa", "speed", "width", "cur-speed", "cur-width",
                 "driver", "iommu", "omit"}
 _EP_KEYS = _DEVICE_KEYS | {"functions", "vfs"}
-
-
-def parse_cpus(text: str) -> tuple[int, ...]:
-    """'0-3,8' → (0, 1, 2, 3, 8). Raises ValueError."""
-    if not _CPUS_RE.match(text):
-        raise ValueError(f"not a CPU list: {text!r}")
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        a, b = int(lo), int(hi or lo)
-        if b < a:
-            raise ValueError(f"backwards CPU range {part!r}")
-        cpus.update(range(a, b + 1))
-    return tuple(sorted(cpus))
 
 
 def format_cpus(cpus: tuple[int, ...] | list[int]) -> str:
@@ -338,9 +324,11 @@ class _Parser:
         if "cpus" not in kv:
             raise self.fail(f"numa {node} needs cpus=LIST")
         try:
-            cpus = parse_cpus(kv["cpus"])
-        except ValueError as e:
-            raise self.fail(str(e)) from None
+            cpus = tuple(sorted(parse_cpuset(kv["cpus"])))  # the kernel's and libvirt's list syntax
+        except PcitopoError as e:
+            raise self.fail(e.reason) from None
+        if not cpus:
+            raise self.fail(f"numa {node}: cpus={kv['cpus']} names no CPU")
         for other in self.numa:
             if other.node == node:
                 raise self.fail(f"numa {node} is already declared on line {other.line}")
@@ -659,17 +647,7 @@ def load_topo_file(path: str | os.PathLike) -> MemoryTree:
     return build_tree(parse_topo(text, name))
 
 
-def count_functions(spec: HostSpec) -> dict[str, int]:
-    """How many functions of each kind a description makes (for READMEs and reports)."""
-    counts: dict[str, int] = {}
-    for d in spec.devices():
-        counts[d.kind] = counts.get(d.kind, 0) + d.functions
-        if d.vfs:
-            counts["vf"] = counts.get("vf", 0) + d.vfs * d.functions
-    return counts
-
-
 __all__ = [
     "DeviceSpec", "HostSpec", "Look", "NumaSpec", "PRESETS", "RootSpec", "TopoError",
-    "build_tree", "count_functions", "format_cpus", "load_topo_file", "parse_cpus", "parse_topo",
+    "build_tree", "format_cpus", "host_from_topo", "load_topo_file", "parse_topo",
 ]

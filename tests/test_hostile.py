@@ -404,10 +404,39 @@ def test_every_corpus_file_has_a_case():
     assert not unused, f"corpus files without a case in cases.toml: {unused}"
 
 
-def test_the_fixture_server_logged_every_failure_as_one_json_line(fixture_server):
-    """Runs after the socket cases (same module, same server): every log line is JSON."""
-    for line in fixture_server.log_text().splitlines():
-        json.loads(line)
+# The refused inputs of the corpus that a server on the fixture host answers quickly.
+LOGGED_FAILURES = [c for c in CASES if c["host"] == "fixture:hgx-h100" and c["grpc"] != "OK"
+                   and "xfail" not in c and not c["domain"].startswith("generate:")]
+
+
+def test_the_server_logs_every_call_as_one_json_line_naming_the_cause(good_call):
+    """A server of its own, the corpus's refused inputs, then a good call: every log line is
+    one JSON object; every call is one OnDefineDomain record, numbered in order; a refused one
+    says ``failed`` with the same kind and reason as the gRPC status details the caller got."""
+    assert len(LOGGED_FAILURES) >= 20, "the corpus lost its refused inputs"
+    srv = start_server(str(REPO / "fixtures" / "hgx-h100"))
+    try:
+        details = []
+        for case in LOGGED_FAILURES:
+            vmi = (HOSTILE / case["vmi"]).read_bytes() if "vmi" in case else b""
+            with pytest.raises(grpc.RpcError) as err:
+                srv.define(materialize_domain(case), vmi)
+            details.append(err.value.details())
+        assert srv.define(good_call[0]) == good_call[1]
+        srv.proc.terminate()  # SIGTERM by PID: the server logs why it stopped
+        assert srv.wait(10) == 0
+        log = srv.log_text()
+    finally:
+        srv.stop()
+    records = [json.loads(line) for line in log.splitlines()]
+    assert all(isinstance(r, dict) and r.get("event") and r.get("level") for r in records), records
+    calls = [r for r in records if r["event"] == "OnDefineDomain"]
+    assert [r["call"] for r in calls] == list(range(1, len(LOGGED_FAILURES) + 2))
+    for case, record, got in zip(LOGGED_FAILURES, calls, details):
+        assert (record["level"], record["outcome"]) == ("error", "failed"), (case["name"], record)
+        assert f"pcitopo: {record['error']}: {record['reason']}" == got, case["name"]
+    assert (calls[-1]["level"], calls[-1]["outcome"]) == ("info", "rewritten")
+    assert records[-1]["event"] == "stopped"
 
 
 # -- security claims (docs/SECURITY.md) --------------------------------------------------------
