@@ -1,9 +1,9 @@
 """Test kit for the hook sidecar: VMI JSON for the golden KubeVirt-shaped inputs, libvirt's
 define-time additions, and a client that behaves like virt-launcher's hook manager. KubeVirt's
-lossy re-parse is ``tests/kubevirt_sim.py``'s (one simulation for the whole suite).
+lossy re-parse is :mod:`testkit.kubevirt_sim`'s (one simulation for the whole suite).
 
-Everything here follows ``shared/brief/01-kubevirt-hooks.md``; where the brief is silent the
-choice is written next to the code. None of it stands in for our own code: the server, the
+Everything here follows KubeVirt's hook manager, ``pkg/hooks/manager.go`` (docs/SOURCES.md,
+"KubeVirt around the hook"); where it leaves a choice, the choice is written next to the code. None of it stands in for our own code: the server, the
 shim and the rewrite under test are the real ones.
 """
 
@@ -48,7 +48,7 @@ def fixture_sysfs(name: str) -> str:
 
 
 def fixture_domain(name: str, case: str | None = None) -> bytes:
-    """A golden KubeVirt-shaped input (built by tests/kubevirt_sim.py, committed by the lead's
+    """A golden KubeVirt-shaped input (built by testkit/kubevirt_sim.py, committed by
     ``make golden``): ``fixtures/<name>/domain.xml`` or ``fixtures/<name>/cases/<case>/domain.xml``."""
     base = REPO / "fixtures" / name
     return ((base / "cases" / case) if case else base).joinpath("domain.xml").read_bytes()
@@ -168,7 +168,7 @@ class Callback:
 
 
 class VirtLauncher:
-    """virt-launcher's hook manager (brief): polls ``hook-sidecar-<i>/`` under the hooks folder,
+    """virt-launcher's hook manager (KubeVirt ``pkg/hooks/manager.go``): polls ``hook-sidecar-<i>/`` under the hooks folder,
     dials each entry with a 2 s timeout (a failed dial means "not ready yet": retry), calls Info
     with a 1 s deadline (an error is fatal), picks the newest version both sides know, then
     dials a new connection per call (OnDefineDomain deadline 1 minute)."""

@@ -193,7 +193,7 @@ rc 0000:15 numa=0
 
 @pytest.mark.parametrize("fixture", ["hgx-h100", "hgx-b200", "dgx-h100"])
 def test_fixture_gpu_to_own_nic(fixture):
-    """Each GPU has exactly one NIC at its closest class: PIX (HGX) or PXB (DGX), as the brief says."""
+    """Each GPU has exactly one NIC at its closest class: PIX (HGX) or PXB (DGX), as on bare metal (docs/SOURCES.md, "the fixture hosts")."""
     from topology.sysfs import open_host
     from topology.model import Role
 

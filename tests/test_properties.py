@@ -1,9 +1,9 @@
 """Properties of the rewrite over generated host worlds and KubeVirt-shaped domains.
 
-On every example (tests/strategies.py makes them), through one to three chained
+On every example (testkit/strategies.py makes them), through one to three chained
 OnDefineDomain calls with libvirt's define additions and KubeVirt's lossy re-parse in between:
 - the output validates against libvirt's own RelaxNG schema (loaded once per session);
-- the brief's bus, index, chassis and placement rules hold, on the raw output and on the
+- libvirt's and QEMU's bus, index, chassis and placement rules (tests/invariants.py) hold, on the raw output and on the
   domain libvirt defines from it (KubeVirt's hotplug ports and libvirt's additions included);
 - the rewrite is idempotent: each output is a fixed point, and every call re-emits the same
   controllers and placements as the first;

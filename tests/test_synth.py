@@ -374,8 +374,9 @@ def test_fixtures_read_back_through_the_project_reader():
         assert host.warnings == [], name
 
 
-def test_hgx_h100_matches_the_corpus_dump():
-    """Facts from corpus/supermicro-hgx-h200-host-and-guests.txt (the NCCL dump of that host)."""
+def test_hgx_h100_matches_the_nccl_dump_of_the_real_host():
+    """Facts from the bare-metal NCCL dump of a Supermicro HGX H200 posted in NVIDIA nccl-tests
+    issue #256 (docs/SOURCES.md, "the fixture hosts")."""
     topo = Topology(SysfsReader(fixture_tree("hgx-h100")))
     switches = {"16:00.0": {"18:00.0", "19:00.0"}, "27:00.0": {"29:00.0", "2a:00.0"},
                 "38:00.0": {"3a:00.0", "3b:00.0"}, "5a:00.0": {"5c:00.0", "5d:00.0"}}
@@ -393,7 +394,7 @@ def test_hgx_h100_matches_the_corpus_dump():
         assert (f.ids, f.subsystem_ids, f.class_code) == ("15b3:1021", "15b3:0023", 0x020000)
     for nvs in ("05:00.0", "06:00.0", "07:00.0", "08:00.0"):
         assert topo.function(nvs).ids == "10de:22a3"
-    # The brief: GPUs 18 2a 3a 5d on NUMA 0, the rest on NUMA 1.
+    # Two sockets: GPUs 18 2a 3a 5d on NUMA 0, the rest on NUMA 1 (fixtures/hgx-h100/README.md).
     assert {g[:2]: topo.numa_of(topo.function(g)) for g in ("18:00.0", "5d:00.0", "9a:00.0", "db:00.0")} == {
         "18": 0, "5d": 0, "9a": 1, "db": 1}
 
