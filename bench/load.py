@@ -21,7 +21,6 @@ A benchmark, not a test: it asserts nothing about time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -30,14 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from sidecar.config import PREFIX
-from sidecar.core import handle_define_domain
-from sidecar.server import error_details, grpc_code
 from testkit import FIXTURES
-from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, pick
 from testkit.server_proc import PrivateServer
-from testkit.strategies import build_domain, fixture_world
-from topology.errors import PcitopoError
+from testkit.strategies import fixture_world
+from testkit.workload import expected_answer, mixed_calls
 
 MEMORY_LIMIT_KIB = 64 * 1000 * 1000 // 1024  # KubeVirt's default sidecar limit: 64M
 
@@ -76,42 +71,12 @@ def slope(points: list[tuple[int, float]]) -> float:
     return 1000 * sum((x - mx) * (y - my) for x, y in points) / var
 
 
-def workload(host_name: str) -> list[tuple[str, bytes, bytes]]:
-    world = fixture_world(host_name)
-    host = world.host
-    devs = gpus_and_nics(host)
-    nodes = sorted({host.numa_of(host.function(b)) for b in devs})
-
-    def vmi(**a: str) -> bytes:
-        return json.dumps({"metadata": {"name": "bench", "namespace": "b",
-                                        "annotations": {PREFIX + k: v for k, v in a.items()}}}).encode()
-
-    unknown = kubevirt_domain(host, DomainSpec("bad", (devs[0],))).replace(
-        f'bus="0x{devs[0].bus:02x}"'.encode(), b'bus="0xfe"', 1)
-    return [
-        ("all", kubevirt_domain(host, DomainSpec("all", tuple(devs))), b""),
-        ("first-node", kubevirt_domain(host, DomainSpec("n", tuple(pick(host, devs, nodes[:1])))), b""),
-        ("pair", kubevirt_domain(host, DomainSpec("pair", tuple(devs[:2]))), b""),
-        ("no-numa", kubevirt_domain(host, DomainSpec("nonuma", tuple(devs), guest_numa=False)), b""),
-        ("preplaced", build_domain(world, devs[:6], layout="preplaced-defined"), b""),
-        ("unknown-bdf", unknown, b""),
-        ("passthrough", unknown, vmi(**{"on-error": "passthrough"})),
-        ("off", unknown, vmi(mode="off")),
-        ("bad-annotation", unknown, vmi(mode="Mirror")),
-    ]
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.calls = workload(args.host)
+        self.calls = mixed_calls(args.host)
         host = fixture_world(args.host).host
-        self.want = {}
-        for name, d, v in self.calls:
-            try:
-                self.want[name] = ("ok", handle_define_domain(d, v, host).xml)
-            except PcitopoError as e:
-                self.want[name] = (grpc_code(e).name, error_details(e))
+        self.want = {name: expected_answer(host, d, v) for name, d, v in self.calls}
         self.wrong = 0
         self.done = 0
         self.lock = threading.Lock()
