@@ -6,7 +6,6 @@ import re
 import shutil
 import textwrap
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given
