@@ -36,10 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "sidecar")]
-
-from harness import (  # noqa: E402
+from harness import (  # bench/harness.py: the script's own folder is first on sys.path
     BIN,
     PeakSampler,
     Server,
@@ -59,6 +56,7 @@ from harness import (  # noqa: E402
     timed,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "bench"
 HOST = "hgx-b200"
 PREFIX = "pcitopo.kubevirt.io/"
@@ -175,7 +173,7 @@ def floor_paths(sysfs: Path, domain: bytes) -> tuple[list[str], list[str]]:
 def measure(args: argparse.Namespace) -> dict:
     from lxml import etree
 
-    from hookkit import vmi_json
+    from testkit.hookkit import vmi_json
     from sidecar.core import handle_define_domain
     from topology.rewrite import rewrite_domain
     from topology.sysfs import open_host
@@ -434,7 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.tree:
         CODE["root"] = Path(args.tree).resolve()
-        sys.path.insert(0, str(CODE["root"]))
+        if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(CODE["root"]):
+            # Start again with the other tree first on PYTHONPATH (ahead of the editable
+            # install), so this process imports its topology/ and sidecar/ as the children do.
+            os.execve(sys.executable, [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], code_env())
     smoke = args.smoke
     args.samples = args.samples or (3 if smoke else 50)
     args.calls = args.calls or (10 if smoke else 1000)

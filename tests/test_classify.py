@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import host_from_topo
+from testkit.synth import host_from_topo
 from topology.classify import NvlinkOracle, classify
 
 NUMA2 = """

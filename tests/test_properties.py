@@ -1,6 +1,6 @@
 """Properties of the rewrite over generated host worlds and KubeVirt-shaped domains.
 
-On every example (tests/strategies.py makes them), through one to three chained
+On every example (testkit/strategies.py makes them), through one to three chained
 OnDefineDomain calls with libvirt's define additions and KubeVirt's lossy re-parse in between:
 - the output validates against libvirt's own RelaxNG schema (loaded once per session);
 - the bus, index, chassis and placement rules (docs/SOURCES.md) hold, on the raw output and on the
@@ -44,8 +44,8 @@ from invariants import (
     owned_projection,
     parse,
 )
-from kubevirt_sim import canonical, kubevirt_reparse, non_owned_elements
-from strategies import (
+from testkit.kubevirt_sim import canonical, kubevirt_reparse, non_owned_elements
+from testkit.strategies import (
     Case,
     as_booted,
     build_domain,
@@ -236,7 +236,7 @@ def mutated_sysfs(draw):
     """A generated host's sysfs tree with a few entries removed, turned into directories or
     links, given garbage content, or made into symlink loops."""
     world = draw(generated_worlds(bmc=False, max_nodes=2))
-    from topology.synth import build_tree, parse_topo
+    from testkit.synth import build_tree, parse_topo
 
     tree = build_tree(parse_topo(world.topo, "mutated"))
     entries = list(tree.iter_entries())
@@ -282,7 +282,7 @@ def test_mutated_sysfs_fail_typed(data):
     RUNS["sysfs"] += 1
     world, tree, ops = data
     note(repr(ops))
-    from kubevirt_sim import DomainSpec, kubevirt_domain
+    from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 
     try:
         host = Topology(SysfsReader(tree))

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 
 import pytest
 from lxml import etree
 
-from conftest import ROOT
-from kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
+from testkit import REPO as ROOT
+from testkit import fixture_script
+from testkit.kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
 from topology.errors import DomainError, PlanError
 from topology.rewrite import Why, rewrite_domain
 from topology.sysfs import open_host
 
-sys.path.insert(0, str(ROOT / "fixtures"))
-import golden  # noqa: E402
+golden = fixture_script("golden")
 
 GOLDEN_CASES = [
     (host, case)
@@ -155,8 +154,8 @@ def test_unknown_hostdev_is_a_clear_error(hosts):
 
 
 def test_out_of_buses_is_a_clear_error():
-    from conftest import host_from_topo
-    from kubevirt_sim import DomainSpec, kubevirt_domain
+    from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
+    from testkit.synth import host_from_topo
 
     # Two PCI domains' worth of switches: the host has room, one guest domain does not.
     lines = ["numa 0 cpus=0-3"]

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from hookkit import REPO
+from testkit.hookkit import REPO
 from sidecar.config import PREFIX, describe_options, options_from_annotations
 from sidecar.server import DEFAULT_SOCKET
 

@@ -24,7 +24,7 @@ def _load_generator():
 
 generate = _load_generator()  # proto/generate.py
 
-# The brief's table (shared/brief/01-kubevirt-hooks.md), written out independently of the
+# KubeVirt's hook API (pkg/hooks/info/api_info.proto, pkg/hooks/v1alpha{1,2,3}/api_v1alpha*.proto), written out independently of the
 # .proto files: package -> service -> rpc -> (request, response), and every message's fields
 # as (name, number, type, repeated).
 B, S, I32, MSG = "bytes", "string", "int32", "message"

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hookkit import (
+from testkit.hookkit import (
     BIN,
     REPO,
     ServerProcess,
