@@ -38,7 +38,8 @@ from sidecar.hookproto import (
     v1alpha3_pb2,
     v1alpha3_pb2_grpc,
 )
-from sidecar.server import COMPUTE_GID, COMPUTE_UID, MAX_MESSAGE_BYTES, SOCKET_MODE
+from sidecar.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
+from sidecar.wire import MAX_MESSAGE_BYTES
 
 ROOT = os.geteuid() == 0
 
@@ -307,6 +308,20 @@ def test_an_oversized_request_is_refused_by_grpc_and_the_server_keeps_serving(sh
     with pytest.raises(grpc.RpcError) as ei:
         define(shared_server.socket, b"<domain>" + b" " * MAX_MESSAGE_BYTES + b"</domain>")
     assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert info(shared_server.socket).name == "pcitopo"
+
+
+@pytest.mark.parametrize("method", ["v1alpha3.Callbacks/OnDefineDomain", "v1alpha2.Callbacks/PreCloudInitIso",
+                                    "v1alpha3.Callbacks/Shutdown"])
+def test_a_request_that_is_not_protobuf_is_refused_and_the_server_keeps_serving(shared_server, method):
+    """The server decodes requests itself (sidecar/wire.py): bytes protobuf would refuse end the
+    call with INVALID_ARGUMENT and one line, and nothing else happens (Shutdown does not stop)."""
+    with grpc.insecure_channel(f"unix:{shared_server.socket}") as ch:
+        call = ch.unary_unary(f"/kubevirt.hooks.{method}")
+        with pytest.raises(grpc.RpcError) as ei:
+            call(b"\x0a\x05abc", timeout=10)  # field 1, length 5, only 3 bytes follow
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ei.value.details() == "pcitopo: request: not a protobuf message (truncated field)"
     assert info(shared_server.socket).name == "pcitopo"
 
 
