@@ -6,17 +6,17 @@ tweaks ``sidecar.process``, the shared door parts ``sidecar.doors``. What virt-l
 and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "KubeVirt hook API"):
 - It lists the socket folder in a loop, dials each entry (a short timeout; a failed dial is
   retried on the next pass), calls ``Info`` with a 1 s deadline and fails the VM start on an
-  error. So everything slow (imports, opening the
-  host model, building the server) happens before the socket exists; then it is bound with its
-  final mode (0660; owned by uid/gid 107 when we run as root) and the server started at once.
-  A connection made after gRPC listens but before start() waits in the backlog and is answered
-  (tested). The one residual window is inside gRPC's bind: the file exists a moment (measured:
-  usually microseconds, up to ~9 ms on a loaded machine) before it listens; a dial landing
-  there is refused and virt-launcher dials again on its next pass, so it costs a second, never
-  an Info error. Binding under a temporary name and renaming would close that
-  window but needs a temporary entry in the folder, which virt-launcher dials too (a failed
-  dial of a directory costs it 2-3 s; a served socket under a temporary name would be recorded
-  under that name and fail the VM later). Nothing but the socket is ever created there.
+  error. So everything slow (imports, opening the host model, building the server) happens
+  before the socket exists; then it is bound with its final mode (0660; owned by uid/gid 107
+  when we run as root) and the server started at once. A connection made after gRPC listens
+  but before start() waits in the backlog and is answered (tested). The one residual window is
+  inside gRPC's bind: the file exists a moment (measured: usually microseconds, up to ~9 ms on
+  a loaded machine) before it listens; a dial landing there is refused and virt-launcher dials
+  again on its next pass, so it costs a second, never an Info error. Binding under a temporary
+  name and renaming would close that window but needs a temporary entry in the folder, which
+  virt-launcher dials too (a failed dial of a directory costs it 2-3 s; a served socket under a
+  temporary name would be recorded under that name and fail the VM later). Nothing but the
+  socket is ever created there.
 - A stale socket file from an earlier run (container restart) is replaced; a live one (some
   process answers on it) is left alone and we refuse to start.
 - ``Info`` answers versions v1alpha3, v1alpha2, v1alpha1 and hook points ``OnDefineDomain`` and
