@@ -1,16 +1,17 @@
 """Hook options, read from the VMI's own annotations (KubeVirt's convention for sidecars).
 
 Every option is an annotation under one prefix, ``pcitopo.kubevirt.io/``, set on the VMI (for a
-VM: on ``spec.template.metadata.annotations``)::
+VM: on ``spec.template.metadata.annotations``), for example::
 
-    pcitopo.kubevirt.io/mode: "mirror"        # mirror | off            (default mirror)
-    pcitopo.kubevirt.io/on-error: "fail"      # fail | passthrough      (default fail)
+    pcitopo.kubevirt.io/on-error: "passthrough"
 
-``mode: off`` hands the domain back unchanged (the sidecar can stay attached to a VM template
-while a user opts one VM out). ``on-error: passthrough`` boots the VM with KubeVirt's own
-placement when the topology cannot be mirrored, and logs why; the default ``fail`` stops the
-VM start with our one-line reason, because an operator who attached this sidecar wants the
-topology or a loud failure, not a silently slow VM.
+The options are the fields of :class:`HookOptions`, declared there and nowhere else
+(docs/DEPLOY.md lists them; a test keeps the list in step). ``mode: off`` hands the domain
+back unchanged (the sidecar can stay attached to a VM template while a user opts one VM out).
+``on-error: passthrough`` boots the VM with KubeVirt's own placement when the topology cannot
+be mirrored, and logs why; the default ``fail`` stops the VM start with our one-line reason,
+because an operator who attached this sidecar wants the topology or a loud failure, not a
+silently slow VM.
 
 Values are exact, lower-case strings. An unknown annotation under the prefix is an error too
 (a typo such as ``pcitopo.kubevirt.io/on-eror`` must not silently fall back to a default).
@@ -48,8 +49,9 @@ class HookOptions(BaseModel):
 
     A field's alias is its annotation name after :data:`PREFIX` (derived from the field name,
     ``_`` -> ``-``); its type is a ``Literal`` of the allowed values; its default and
-    description are what docs/DEPLOY.md shows (a test compares them). Adding an option is adding
-    a field here (and a row in docs/DEPLOY.md and docs/SECURITY.md, which tests check)."""
+    description are what docs/DEPLOY.md shows. Adding an option is adding a field here; tests
+    then ask for its row in docs/DEPLOY.md and for docs/SECURITY.md's review of it
+    (``tests/sidecar/test_hook_docs.py``, ``tests/test_hostile.py``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=_annotation_suffix)
 
