@@ -100,6 +100,17 @@ def test_info_lists_the_three_versions_and_our_hook_points(start):
     assert res.name == "pcitopo"
 
 
+def test_the_server_process_keeps_openssl_out_and_validates_options(start):
+    """sidecar/process.py: `pcitopo serve` never maps OpenSSL, although pydantic (imported with
+    the server) and grpcio would load it if they could; and it still validates options."""
+    srv = start()
+    vmi = vmi_json(DOMAIN, {f"{PREFIX}on-error": "passthrough"})
+    assert define(srv.socket, DOMAIN, vmi)
+    maps = Path(f"/proc/{srv.proc.pid}/maps").read_text()
+    assert "pydantic_core" in maps, "the server did not load pydantic: is this the server process?"
+    assert not [line for line in maps.splitlines() if "libssl" in line or "libcrypto" in line]
+
+
 def test_the_folder_holds_our_socket_and_nothing_else(start):
     srv = start()
     info(srv.socket)
