@@ -121,6 +121,7 @@ _GRPC_CODE = {
     "config": "INVALID_ARGUMENT",
     "vmi": "INVALID_ARGUMENT",
     "domain": "INVALID_ARGUMENT",
+    "malformed-bdf": "INVALID_ARGUMENT",
     "unknown-device": "FAILED_PRECONDITION",
     "sysfs": "FAILED_PRECONDITION",
     "plan": "FAILED_PRECONDITION",
