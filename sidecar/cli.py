@@ -10,41 +10,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 from topology import __version__
-from topology.errors import ConfigError, PcitopoError
+from topology.errors import ConfigError
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 like every other bad input."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}\n")
-
-
-def run_door(prog: str, body: Callable[[], int]) -> int:
-    try:
-        return body()
-    except PcitopoError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except BrokenPipeError:
-        # `pcitopo topo | head`: the reader left; not an error of ours.
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
-        return EXIT_OK
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # the last line of defence: still one line, still no traceback
-        if os.environ.get("PCITOPO_DEBUG"):
-            raise
-        print(f"{prog}: internal error: {type(e).__name__}: {e} (set PCITOPO_DEBUG=1 for a traceback)", file=sys.stderr)
-        return EXIT_INTERNAL
+from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
 
 
 # -- pcitopo topo ----------------------------------------------------------------------------
@@ -120,7 +91,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(argv: Sequence[str]) -> int:
-    from sidecar.server import serve_main
+    from .process import tune_server_process
+
+    tune_server_process()  # before grpc and pydantic are imported
+    from .server import serve_main
 
     return serve_main(list(argv))
 
@@ -131,9 +105,9 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
         return run_door("pcitopo serve", lambda: _cmd_serve(argv[1:]))
-    parser = _Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
+    parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
     parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")  # finding 6
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     t = sub.add_parser("topo", help="GPU/NIC matrix like `nvidia-smi topo -m`, or the tree")
     t.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     t.add_argument("--json", action="store_true", help="machine-readable devices and pairs")
@@ -154,7 +128,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
 
 
 def xmlfix_main(argv: Sequence[str] | None = None) -> int:
-    from sidecar.xmlfix import xmlfix
+    from .xmlfix import xmlfix
 
     return run_door("xmlfix", lambda: xmlfix(list(sys.argv[1:] if argv is None else argv)))
 

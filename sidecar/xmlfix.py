@@ -18,7 +18,7 @@ from topology.domain import MAX_DOMAIN_BYTES
 from topology.errors import ConfigError, DomainError
 from topology.sysfs import default_sysfs
 
-from .cli import EXIT_CHECK_FAILED, EXIT_OK, _Parser
+from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser
 
 MAX_VMI_BYTES = 4 * 1024 * 1024
 
@@ -50,7 +50,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.")
+    p = Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.")
     p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")  # finding 6
     p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def xmlfix(argv: Sequence[str]) -> int:
-    from sidecar.core import handle_define_domain
+    from .core import handle_define_domain
     from topology.report import diff_text, explain_text
     from topology.sysfs import open_host
 

@@ -13,20 +13,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .classify import NvlinkOracle
+from .labels import label_devices
 from .model import Bdf, Topology
+
+from .rewrite import Why
 
 if TYPE_CHECKING:
     from .rewrite import PairReport, RewriteResult
 
-# Short forms of the rewrite's reasons (``PairReport.why``), for the verdict line. Matched on
-# the start of the reason text; the full reason is printed in the explanation.
-SHORT_REASONS = (
-    ("Broadcom", "by design (Broadcom flattening)"),
-    ("no <features><acpi/>", "(no ACPI: the guest sees no NUMA)"),
-    ("no guest NUMA cells", "(no guest NUMA cells)"),
-    ("no guest can show this", "(host firmware NUMA mismatch: no guest can show it)"),
-    ("not placed", "(not placed in the guest)"),
-)
+# Short forms of the rewrite's reasons (``PairReport.why``), for the verdict line; the full
+# reason is printed in the explanation.
+SHORT_REASONS = {
+    Why.BROADCOM_COLLAPSE: "by design (Broadcom flattening)",
+    Why.NO_ACPI: "(no ACPI: the guest sees no NUMA)",
+    Why.NO_CELLS: "(no guest NUMA cells)",
+    Why.UNEXPRESSIBLE: "(host firmware NUMA mismatch: no guest can show it)",
+    Why.NOT_PLACED: "(not placed in the guest)",
+}
 KUBEVIRT_NUMA_ADVICE = (
     "the VM has no guest NUMA cells tied to host nodes. In KubeVirt set "
     "spec.domain.cpu.dedicatedCpuPlacement: true, spec.domain.cpu.numa.guestMappingPassthrough: {} "
@@ -36,12 +39,8 @@ KUBEVIRT_NUMA_ADVICE = (
 )
 
 
-def short_reason(why: object) -> str:
-    text = str(getattr(why, "value", why) or "")
-    for start, short in SHORT_REASONS:
-        if text.startswith(start):
-            return short
-    return f"({text})"
+def short_reason(why: Why | None) -> str:
+    return SHORT_REASONS.get(why, f"({why})") if why is not None else ""
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class PairView:
 
     @property
     def by_design(self) -> bool:
-        return short_reason(self.p.why).startswith("by design")
+        return self.p.why is Why.BROADCOM_COLLAPSE
 
     @property
     def name(self) -> str:
@@ -74,7 +73,6 @@ class PairView:
 
 
 def pair_views(result: RewriteResult, host: Topology) -> list[PairView]:
-    from .report import label_devices
 
     label_of = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in result.report.placed])}
     oracle = NvlinkOracle(host)
@@ -147,7 +145,6 @@ def check_problems(result: RewriteResult, host: Topology) -> list[str]:
 
 def prediction(result: RewriteResult, host: Topology) -> dict:
     """The predicted guest, keyed by host BDF: what ``pcitopo verify --expect`` checks."""
-    from .report import label_devices
 
     report = result.report
     labels = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in report.placed])}

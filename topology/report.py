@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from .classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
 from .model import Bdf, PciFunction, Role, Topology
+from .labels import Labeled, label_devices
 from .names import part_name
-
-LABEL_PREFIX = {Role.GPU: "GPU", Role.NIC: "NIC", Role.NVME: "NVME", Role.NVSWITCH: "NVSW"}
 
 NVML_LEGEND = """Legend:
 
@@ -25,35 +23,12 @@ NCCL_LEGEND = """NCCL's view (decides GPUDirect RDMA: used only at PXB or closer
   PIX = same switch   PXB = several switches, no CPU   PHB = through a CPU   SYS = across CPUs"""
 
 
-@dataclass(frozen=True, slots=True)
-class Labeled:
-    label: str
-    function: PciFunction
-    role: Role
-
-
 def default_devices(topo: Topology, include_vfs: bool = False) -> list[Bdf]:
     """GPUs and NICs of the host (physical functions only unless asked)."""
     out = []
     for f in topo.functions():
         if topo.role(f) in (Role.GPU, Role.NIC) and (include_vfs or not f.is_vf):
             out.append(f.bdf)
-    return out
-
-
-def label_devices(topo: Topology, bdfs: Iterable[Bdf]) -> list[Labeled]:
-    """GPU0.., NIC0.. in BDF order, as nvidia-smi numbers them; other roles DEV0.."""
-    fs = sorted((topo.function(b) for b in bdfs), key=lambda f: f.bdf)
-    counters: dict[str, int] = {}
-    out = []
-    for group in ("GPU", "NIC", "NVME", "NVSW", "DEV"):
-        for f in fs:
-            role = topo.role(f)
-            if LABEL_PREFIX.get(role, "DEV") != group:
-                continue
-            n = counters.get(group, 0)
-            counters[group] = n + 1
-            out.append(Labeled(f"{group}{n}", f, role))
     return out
 
 
@@ -229,8 +204,6 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
     return "\n".join(out) + "\n"
 
 
-
-
 # -- xmlfix --explain --------------------------------------------------------------------------
 
 def explain_text(result, host: Topology, live_root: str | None = None) -> str:
@@ -320,7 +293,7 @@ def explain_differences(result, host: Topology, width: int = 100) -> list[str]:
     for v in views:
         shown = [f"{t} {v.transition(k)}" for k, t in (("nccl", "NCCL"), ("nvml", "nvidia-smi")) if v.differs(k)]
         if shown:
-            groups.setdefault(str(getattr(v.p.why, "value", v.p.why)), []).append(f"{v.name} {', '.join(shown)}")
+            groups.setdefault(str(v.p.why), []).append(f"{v.name} {', '.join(shown)}")
     out = []
     for why, items in groups.items():
         out.append(f"Differences ({len(items)} pair(s)): {why}")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from .errors import SysfsError, UnknownDeviceError
+from .errors import MalformedBdfError, SysfsError
 from .model import Bdf, Link, NumaNode, PciFunction, Topology, is_bdf
 
 # The attribute files the reader uses: one list, shared by the reader and `pcitopo capture`.
@@ -469,7 +469,7 @@ class SysfsReader:
         if physfn_name is not None:
             try:
                 physfn = Bdf.parse(physfn_name)
-            except UnknownDeviceError:
+            except MalformedBdfError:
                 self._warn(f"{base}/physfn: {physfn_name!r} is not a PCI address, ignored")
         group = self._link_name(f"{base}/iommu_group")
         return PciFunction(
