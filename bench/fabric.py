@@ -19,12 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "sidecar")]
+from harness import BIN, Server, define_new_connection, mib, proc_status
+from perf import ensure_bytecode, materialise
 
-from fabric_kit import domain_with_modules, fabric, vmi_with  # noqa: E402
-from harness import BIN, Server, define_new_connection, mib, proc_status  # noqa: E402
-from perf import ensure_bytecode, materialise  # noqa: E402
+from testkit.fabric_kit import domain_with_modules, fabric, vmi_with
 
 
 def run(label: str, sysfs: Path, extra: list[str], domain: bytes, vmi: bytes, calls: int) -> dict:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fabric_kit import B200, H100, domain_with_modules, fabric, module_map, vmi_with
-from topology.errors import FabricError, UnknownDeviceError
+from testkit.fabric_kit import B200, H100, domain_with_modules, fabric, module_map, vmi_with
+from topology.errors import FabricError, MalformedBdfError
 from topology.fabric import SOURCE_FABRIC, SOURCE_MAP, SOURCE_NONE, load_fabric, normalise_bus_id
 from topology.model import Bdf
 from topology.partitions import check_gpu_set, compute_nics
@@ -43,7 +43,7 @@ def test_bus_ids_are_normalised_from_nvml_spelling():
     assert normalise_bus_id("00000000:1A:00.0") == Bdf(0, 0x1A, 0, 0)
     assert str(normalise_bus_id("00000001:C0:1f.7")) == "0001:c0:1f.7"
     assert str(normalise_bus_id("0000:1a:00.0")) == "0000:1a:00.0"
-    with pytest.raises(UnknownDeviceError):
+    with pytest.raises(MalformedBdfError):
         normalise_bus_id("00010000:1A:00.0")
 
 

@@ -18,7 +18,7 @@ from topology.model import Bdf, Topology
 from topology.nvswitch_mgmt import management_reason, parse_vpd, vpd_says_switch_management
 from topology.partitions import compute_nics
 from topology.report import default_devices, tree_text
-from topology.synth import build_tree, parse_topo
+from testkit.synth import build_tree, parse_topo
 from topology.sysfs import PCI_DEVICES_DIR, MemoryTree, SysfsReader, open_host, resolve
 
 REPO = Path(__file__).resolve().parents[1]

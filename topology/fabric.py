@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable
 
-from .errors import FabricError, UnknownDeviceError
+from .errors import FabricError, MalformedBdfError
 from .model import NVIDIA, Bdf, Role, Topology
 
 # A fabric file is a few KB (15 partitions of at most 8 GPUs); anything far larger is not one.
@@ -113,7 +113,7 @@ def normalise_bus_id(text: str) -> Bdf:
         except ValueError:
             dom = -1
         if not 0 <= dom <= 0xFFFF:
-            raise UnknownDeviceError(f"not a PCI address: {text!r} (PCI domain above ffff)")
+            raise MalformedBdfError(f"malformed BDF: not a PCI address: {text!r} (PCI domain above ffff)")
         t = f"{dom:04x}:{rest}"
     return Bdf.parse(t)
 
@@ -214,7 +214,7 @@ def _map_bdfs(doc, name: str) -> dict[int, Bdf]:
     for g in doc.gpus:
         try:
             bdf = normalise_bus_id(g.bdf)
-        except UnknownDeviceError as e:
+        except MalformedBdfError as e:
             raise FabricError(f"module map {name}: module {g.module}: {e.reason}") from None
         if out.get(g.module, bdf) != bdf or seen.get(bdf, g.module) != g.module:
             raise FabricError(f"module map {name}: module {g.module} / {bdf} mapped twice, differently")
@@ -235,7 +235,7 @@ def _resolve(fm, module_map: dict[int, Bdf] | None, name: str) -> tuple[tuple[Pa
             if g.pciBusId.strip() not in PLACEHOLDER_BUS_IDS:
                 try:
                     bdf = normalise_bus_id(g.pciBusId)
-                except UnknownDeviceError as e:
+                except MalformedBdfError as e:
                     raise FabricError(f"fabric file {name}: partition {p.partitionId}: {e.reason}") from None
                 used_fabric = True
             elif module_map is not None and g.physicalId in module_map:

@@ -213,7 +213,7 @@ def partition_rows(host: Topology, fabric: Fabric, labels: dict[Bdf, str]) -> li
     nics = compute_nics(host)
     rows = []
     for p in fabric.partitions:
-        bdfs = [g.bdf for g in p.gpus if g.bdf is not None and host.has(g.bdf)]
+        bdfs = [g.bdf for g in p.gpus if g.bdf is not None and host.find(g.bdf) is not None]
         ranked: dict[Bdf, list[tuple[int, Bdf]]] = {}
         for g in bdfs:
             # NCCL's class decides; nvidia-smi's breaks ties (a GPU's own NIC inside a flattened

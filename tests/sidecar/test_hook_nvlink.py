@@ -16,10 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hookkit import REPO, ServerProcess, VirtLauncher, fixture_sysfs, serve_argv, wait_for_socket, xmlfix
-
-sys.path.insert(0, str(REPO / "tests"))
-from fabric_kit import domain_with_modules, fabric, module_map, vmi_with  # noqa: E402
+from testkit import REPO
+from testkit.fabric_kit import domain_with_modules, fabric, module_map, vmi_with
+from testkit.hookkit import ServerProcess, VirtLauncher, fixture_sysfs, serve_argv, wait_for_socket, xmlfix
 
 
 @pytest.fixture

@@ -4,11 +4,10 @@ nvlink option, and the fabric fixtures by name."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from lxml import etree
 
-REPO = Path(__file__).resolve().parents[1]
+from . import REPO
 
 # Module ID -> (GPU bus, its PIX NIC's bus) on the fixtures (fixtures/fabric_gen.py scrambles them).
 H100 = {1: ("2a", "29"), 2: ("5d", "5c"), 3: ("18", "19"), 4: ("3a", "3b"), 5: ("ab", "aa"), 6: ("db", "da"), 7: ("9a", "9b"), 8: ("ba", "bb")}
