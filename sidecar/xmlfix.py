@@ -98,7 +98,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         print(f"xmlfix: warning: NVLink: {outcome.summary['nvlink_reason']}", file=sys.stderr)
 
     if args.json:
-        _print_prediction(outcome, host)
+        _print_prediction(outcome, host, fabric)
     if args.explain:
         if result is None:
             sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
@@ -116,31 +116,31 @@ def xmlfix(argv: Sequence[str]) -> int:
     if result is None:
         print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
     if args.check:
-        return _check(outcome, host)
+        return _check(outcome, host, fabric)
     return EXIT_OK
 
 
-def _check(outcome, host) -> int:
+def _check(outcome, host, fabric=None) -> int:
     """--check: exit 0 only if the guest will see what the host has (finding 2)."""
     from topology.predict import check_problems, verdict
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    problems = check_problems(outcome.result, host)
+    problems = check_problems(outcome.result, host, fabric)
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
-    print(f"xmlfix: check: {'failed' if problems else 'ok'}: {verdict(outcome.result, host)}", file=sys.stderr)
+    print(f"xmlfix: check: {'failed' if problems else 'ok'}: {verdict(outcome.result, host, fabric)}", file=sys.stderr)
     return EXIT_CHECK_FAILED if problems else EXIT_OK
 
 
-def _print_prediction(outcome, host) -> None:
+def _print_prediction(outcome, host, fabric=None) -> None:
     """--json (finding 5): what `pcitopo verify --expect` checks in the guest."""
     import json
 
     from topology.predict import prediction
 
-    doc = prediction(outcome.result, host) if outcome.result is not None else {
+    doc = prediction(outcome.result, host, fabric) if outcome.result is not None else {
         "devices": [], "pairs": [], "notes": [f"domain left unchanged ({outcome.outcome}): {outcome.reason}"]}
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")

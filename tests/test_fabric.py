@@ -218,6 +218,29 @@ def test_explain_without_a_fabric_marks_nvlink_as_inferred(tmp_path):
     assert cells(text, "NV18") == 4 and "inferred from the SXM board table (no fabric file)" in text
 
 
+def gpu_pair_nvlink(tmp_path, board, modules, variant="active") -> list:
+    """``nvlink`` of every GPU-GPU pair in ``xmlfix --json``'s prediction."""
+    r = xmlfix_nvlink(tmp_path, board, modules, "warn", variant, extra=("--json",))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    gpus = {d["host_bdf"] for d in doc["devices"] if d["kind"] == "gpu"}
+    return [p["nvlink"] for p in doc["pairs"] if {p["a"], p["b"]} <= gpus]
+
+
+def test_json_prediction_and_check_follow_the_fabric(tmp_path):
+    # xmlfix --json (what `pcitopo verify` checks) and --check judge NVLink as --explain does:
+    # with a fabric file, NV# only inside the VM's own active partition.
+    assert gpu_pair_nvlink(tmp_path, "hgx-h100", {1, 3}) == [18]
+    assert gpu_pair_nvlink(tmp_path, "hgx-h100", {1, 3}, "degraded") == [16]
+    assert gpu_pair_nvlink(tmp_path, "hgx-h100", {1, 2}) == [None]
+    assert gpu_pair_nvlink(tmp_path, "hgx-h100", {1, 2}, variant="") == [18]  # board table, no fabric
+    ok = xmlfix_nvlink(tmp_path, "hgx-h100", {1, 3}, "warn", extra=("--check",))
+    assert "check: NVLink" not in ok.stderr.decode()
+    bad = xmlfix_nvlink(tmp_path, "hgx-h100", {1, 2}, "warn", extra=("--check",))
+    assert bad.returncode == 1 and "xmlfix: check: NVLink: GPUs" in bad.stderr.decode(), bad.stderr
+    assert "no fabric partition" in bad.stderr.decode()
+
+
 # -- pcitopo partitions -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("board", ["hgx-h100", "hgx-b200"])

@@ -72,14 +72,28 @@ class PairView:
         return f"{self.labels[0]}-{self.labels[1]}"
 
 
-def pair_views(result: RewriteResult, host: Topology) -> list[PairView]:
+def guest_nvlink(result: RewriteResult, host: Topology, fabric=None):
+    """What gives the guest's NV# (an object with ``count(fa, fb)``), or None for no NVLink.
+
+    Without a fabric file (topology/fabric.py): the SXM board table's inference. With one: the
+    NVLink check's verdict (``report.nvlink``, sidecar/core.py ``nvlink_check``) decides, so
+    the guest has NV# only inside its own partition when that is active; None when the check
+    did not run (``pcitopo.kubevirt.io/nvlink: off``)."""
+    if fabric is None:
+        return NvlinkOracle(host)
+    verdict = result.report.nvlink
+    return verdict.guest_nvlink(fabric) if verdict is not None else None
+
+
+def pair_views(result: RewriteResult, host: Topology, fabric=None) -> list[PairView]:
 
     label_of = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in result.report.placed])}
-    oracle = NvlinkOracle(host)
-    return [
-        PairView(p, (label_of[p.a], label_of[p.b]), oracle.count(host.function(p.a), host.function(p.b)))
-        for p in result.report.pairs
-    ]
+    oracle = guest_nvlink(result, host, fabric)
+
+    def links(p: PairReport) -> int | None:
+        return oracle.count(host.function(p.a), host.function(p.b)) if oracle is not None else None
+
+    return [PairView(p, (label_of[p.a], label_of[p.b]), links(p)) for p in result.report.pairs]
 
 
 def cell_less_devices(result: RewriteResult) -> dict[int, list[Bdf]]:
@@ -106,11 +120,11 @@ def _view_summary(views: list[PairView], view: str, title: str) -> str:
     return text
 
 
-def verdict(result: RewriteResult, host: Topology) -> str:
+def verdict(result: RewriteResult, host: Topology, fabric=None) -> str:
     """One line: how many pairs each view shows as on the host, and why the others differ."""
     if not result.report.placed:
         return "no PCI hostdevs: nothing to mirror, the guest sees no host device"
-    views = pair_views(result, host)
+    views = pair_views(result, host, fabric)
     parts = [_view_summary(views, "nccl", "NCCL"), _view_summary(views, "nvml", "nvidia-smi")]
     if not result.report.numa_map and result.report.placed:
         parts.append("NUMA: no guest cells")
@@ -119,11 +133,12 @@ def verdict(result: RewriteResult, host: Topology) -> str:
     return "; ".join(parts)
 
 
-def check_problems(result: RewriteResult, host: Topology) -> list[str]:
+def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[str]:
     """Everything that keeps the guest from seeing what the host has, one line each; empty
     when it will. The only accepted difference is the documented Broadcom flattening
-    (nvidia-smi PXB → PIX where NCCL already says PIX on the host)."""
-    views = pair_views(result, host)
+    (nvidia-smi PXB → PIX where NCCL already says PIX on the host). With a fabric file, GPUs
+    that will not get NVLink (the NVLink check's verdict) are one more problem."""
+    views = pair_views(result, host, fabric)
     groups: dict[str, list[PairView]] = {}
     for v in views:
         if (v.differs("nccl") or v.differs("nvml")) and not (v.by_design and not v.differs("nccl")):
@@ -140,15 +155,18 @@ def check_problems(result: RewriteResult, host: Topology) -> list[str]:
         )
     if not result.report.numa_map and len({d.host_node for d in result.report.placed if d.host_node >= 0}) > 1:
         out.append(KUBEVIRT_NUMA_ADVICE)
+    nv = result.report.nvlink
+    if fabric is not None and nv is not None and not nv.nvlink_ok:
+        out.append(f"NVLink: {nv.message}")
     return out
 
 
-def prediction(result: RewriteResult, host: Topology) -> dict:
+def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
     """The predicted guest, keyed by host BDF: what ``pcitopo verify --expect`` checks."""
 
     report = result.report
     labels = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in report.placed])}
-    oracle = NvlinkOracle(host)
+    views = {(v.p.a, v.p.b): v.nvlink for v in pair_views(result, host, fabric)}
     devices = [
         {
             "host_bdf": str(d.host),
@@ -165,7 +183,7 @@ def prediction(result: RewriteResult, host: Topology) -> dict:
             "b": str(p.b),
             "nccl": p.guest.nccl.value if p.guest else None,
             "nvml": p.guest.nvml.value if p.guest else None,
-            "nvlink": oracle.count(host.function(p.a), host.function(p.b)),
+            "nvlink": views[p.a, p.b],
         }
         for p in report.pairs
     ]

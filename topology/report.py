@@ -225,15 +225,17 @@ def _explain_nvlink(result, host: Topology, fabric) -> tuple[object | None, list
     """The NV# the guest will show and the lines that explain it. With a fabric file: NV<n> only
     inside the VM's own partition when the check found it active; without one: the board-table
     inference, marked as such."""
-    verdict = result.report.nvlink
+    from .predict import guest_nvlink
+
+    oracle = guest_nvlink(result, host, fabric)
     if fabric is None:
-        oracle = NvlinkOracle(host)
         return oracle, ["NVLink: NV# inferred from the SXM board table (no fabric file): the guest has NVLink only "
                         "if its GPUs are exactly one active Fabric Manager partition (xmlfix --fabric checks that)"]
     head = f"NVLink (fabric file {fabric.path}, {fabric.bdf_origin}): "
+    verdict = result.report.nvlink
     if verdict is None:
         return None, [head + "not checked (pcitopo.kubevirt.io/nvlink: off)"]
-    return verdict.guest_nvlink(fabric), [head + verdict.message]
+    return oracle, [head + verdict.message]
 
 
 def explain_text(result, host: Topology, live_root: str | None = None, fabric=None) -> str:
@@ -277,7 +279,7 @@ def explain_text(result, host: Topology, live_root: str | None = None, fabric=No
     from .predict import verdict
 
     out = [
-        f"Verdict: {verdict(result, host)}",
+        f"Verdict: {verdict(result, host, fabric)}",
         "",
         "Host vs predicted guest, nvidia-smi view (cells read HOST>GUEST* where they differ):",
         "",
@@ -290,7 +292,7 @@ def explain_text(result, host: Topology, live_root: str | None = None, fabric=No
         device_legend(host, rows, live_root),
         "",
     ]
-    out += explain_differences(result, host)
+    out += explain_differences(result, host, fabric=fabric)
     numa = ", ".join(f"host {h} -> cell {c}" for h, c in sorted(report.numa_map.items())) or "none"
     out += ["", f"NUMA map ({report.numa_source}): {numa}"]
     if any(r.role == Role.GPU for r in rows):
@@ -315,13 +317,13 @@ def explain_text(result, host: Topology, live_root: str | None = None, fabric=No
 MAX_LISTED = 12  # pairs listed per reason in --explain; the rest are counted
 
 
-def explain_differences(result, host: Topology, width: int = 100) -> list[str]:
+def explain_differences(result, host: Topology, width: int = 100, fabric=None) -> list[str]:
     """The pairs a reader would see differ, grouped by reason (each reason once), naming for
     each pair only the view that differs; NVLink-joined GPU pairs are left out (both views use
     NVLink), and devices the guest shows without a NUMA cell are listed."""
     from .predict import cell_less_devices, pair_views
 
-    views = pair_views(result, host)
+    views = pair_views(result, host, fabric)
     groups: dict[str, list[str]] = {}
     for v in views:
         shown = [f"{t} {v.transition(k)}" for k, t in (("nccl", "NCCL"), ("nvml", "nvidia-smi")) if v.differs(k)]
