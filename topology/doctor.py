@@ -76,6 +76,7 @@ class Finding:
 class DoctorReport:
     host: str
     findings: tuple[Finding, ...]
+    targets: tuple["Target", ...] = ()  # the devices checked (for the fleet outputs)
 
     def summary(self) -> dict[str, int]:
         counts = dict.fromkeys(STATUSES, 0)
@@ -387,7 +388,7 @@ def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source
     for bridge, label in path_bridges(topo, targets):
         out.append(check_acs(files, bridge, label))
         out.append(check_link(bridge, label, topo.role(bridge)))
-    return DoctorReport(topo.name, tuple(out))
+    return DoctorReport(topo.name, tuple(out), tuple(targets))
 
 
 __all__ = ["CHECKS", "STATUSES", "DoctorError", "DoctorReport", "Finding", "HostFiles", "LABEL_PREFIX",
