@@ -5,12 +5,18 @@ VM: on ``spec.template.metadata.annotations``)::
 
     pcitopo.kubevirt.io/mode: "mirror"        # mirror | off            (default mirror)
     pcitopo.kubevirt.io/on-error: "fail"      # fail | passthrough      (default fail)
+    pcitopo.kubevirt.io/doctor: "warn"        # require | warn | off    (default warn)
 
 ``mode: off`` hands the domain back unchanged (the sidecar can stay attached to a VM template
 while a user opts one VM out). ``on-error: passthrough`` boots the VM with KubeVirt's own
 placement when the topology cannot be mirrored, and logs why; the default ``fail`` stops the
 VM start with our one-line reason, because an operator who attached this sidecar wants the
 topology or a loud failure, not a silently slow VM.
+
+``doctor`` runs the host-readiness checks of ``pcitopo doctor`` for the devices the hook places
+and puts the findings in the log line: ``warn`` only reports, ``require`` stops the VM start
+when a check fails (whatever ``on-error`` says), ``off`` skips the checks. A check the
+unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and never stops a VM.
 
 Values are exact, lower-case strings. An unknown annotation under the prefix is an error too
 (a typo such as ``pcitopo.kubevirt.io/on-eror`` must not silently fall back to a default).
@@ -52,7 +58,7 @@ class VmiError(ConfigError):
 # ``HookOptions()``. The two below are checked against the model when it is built.
 
 # Annotation suffix -> option (field) name.
-_ANNOTATIONS = {"mode": "mode", "on-error": "on_error"}
+_ANNOTATIONS = {"mode": "mode", "on-error": "on_error", "doctor": "doctor"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +67,7 @@ class DefaultOptions:
 
     mode: str = "mirror"
     on_error: str = "fail"
+    doctor: str = "warn"
 
     def __eq__(self, other: object) -> bool:
         if not all(hasattr(other, n) for n in _ANNOTATIONS.values()):
@@ -87,6 +94,11 @@ def _build_hook_options() -> type:
             "fail",
             alias="on-error",
             description="when the topology cannot be mirrored: fail the VM start, or return the domain unchanged",
+        )
+        doctor: Literal["require", "warn", "off"] = Field(
+            "warn",
+            description="host-readiness checks for the placed devices: require (a failed check stops the VM start), "
+                        "warn (log only), off",
         )
 
     HookOptions.__module__ = __name__

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Union
 
+from topology.doctor import DoctorError, DoctorReport
 from topology.errors import DomainError, PcitopoError
 from topology.model import Topology
 from topology.rewrite import RewriteResult, rewrite_domain
@@ -51,6 +52,8 @@ class HookOutcome:
     options: HookOptions | DefaultOptions = DEFAULT_OPTIONS
     # The full rewrite result (report, guest view) when the rewrite ran; xmlfix explains it.
     result: RewriteResult | None = None
+    # pcitopo doctor's findings for the placed devices (option doctor: warn|require), or None.
+    doctor: DoctorReport | None = None
 
 
 def summarize(report: Any) -> dict[str, Any]:
@@ -91,7 +94,50 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         if options.on_error == "passthrough":
             return _passthrough(domain_xml, err, vmi, options)
         raise err from e
-    return HookOutcome(xml, "rewritten", None, summary, vmi, options, result)
+    doctor = _doctor(topo, result, options, summary)  # pcitopo doctor (issue 13)
+    return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
+
+
+# -- pcitopo doctor (issue 13) ---------------------------------------------------------------------
+
+def _doctor(topo: Topology, result: RewriteResult, options: HookOptions | DefaultOptions,
+            summary: dict[str, Any]) -> DoctorReport | None:
+    """Run the host-readiness checks for the devices just placed; findings go into the log
+    summary. Under ``doctor: require`` a failed check raises DoctorError (the VM does not
+    start). ``unknown`` (the unprivileged sidecar cannot read ACS/ATS) never stops a VM, and a
+    doctor that cannot run at all is logged, not fatal."""
+    mode = getattr(options, "doctor", "warn")
+    if mode == "off":
+        return None
+    from topology.doctor import run_checks
+
+    placed = [d.host for d in result.report.placed]
+    try:
+        report = run_checks(topo, placed)
+    except PcitopoError as e:
+        summary["doctor"] = {"error": f"{e.kind}: {e.reason}"}
+        return None
+    summary["doctor"] = report.summary()
+    summary["doctor_findings"] = [
+        f"{f.status} {f.check} {f.bdf or 'host'}: {f.message}" for f in report.findings if f.status in ("fail", "warn")
+    ]
+    unknown = sorted({f.check for f in report.findings if f.status == "unknown"})
+    if unknown:
+        summary["doctor_unknown"] = unknown
+    if mode == "require" and report.failed:
+        first = report.failed[0]
+        more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
+        raise DoctorError(f"host not ready (annotation {_PREFIX()}doctor is require): "
+                          f"{first.check} {first.bdf or 'host'}: {first.message}{more}")
+    return report
+
+
+def _PREFIX() -> str:  # noqa: N802 - read lazily like _mode_annotation
+    from .config import PREFIX
+
+    return PREFIX
+
+# -- end pcitopo doctor ---------------------------------------------------------------------------
 
 
 def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions | DefaultOptions) -> HookOutcome:

@@ -79,6 +79,10 @@ def xmlfix(argv: Sequence[str]) -> int:
             sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None))
+            if outcome.doctor is not None:  # pcitopo doctor (issue 13): the placed devices' readiness
+                from topology.fleet import doctor_text
+
+                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + doctor_text(outcome.doctor))
     if args.diff:
         name = "-" if args.domain == "-" else args.domain
         diff = difflib.unified_diff(

@@ -1,0 +1,92 @@
+"""The hook runs pcitopo doctor's checks for the devices it places (option doctor)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from hookkit import BIN, fixture_domain, fixture_sysfs, vmi_json
+from sidecar.config import PREFIX, DefaultOptions, options_from_annotations
+from sidecar.core import handle_define_domain
+from topology.doctor import DoctorError
+from topology.model import Topology
+from topology.sysfs import MemoryTree, SysfsReader, open_host, resolve
+
+DOMAIN = fixture_domain("hgx-h100")  # 20 hostdevs, the same BDFs as hgx-h100-faults
+ONE_PAIR = fixture_domain("hgx-h100", "one-pair")  # GPU0 and NIC0 (both on vfio-pci)
+
+
+@pytest.fixture(scope="module")
+def faults():
+    return open_host(fixture_sysfs("hgx-h100-faults"))
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return open_host(fixture_sysfs("hgx-h100"))
+
+
+def test_the_option_defaults_to_warn_and_takes_three_values():
+    assert DefaultOptions().doctor == "warn"
+    assert options_from_annotations({f"{PREFIX}doctor": "require"}).doctor == "require"
+    with pytest.raises(Exception, match="allowed values: require | warn | off"):
+        options_from_annotations({f"{PREFIX}doctor": "strict"})
+
+
+def test_warn_logs_the_findings_and_starts_the_vm(faults):
+    out = handle_define_domain(DOMAIN, vmi_json(DOMAIN), faults)
+    assert out.outcome == "rewritten" and out.doctor is not None
+    s = out.summary
+    assert s["doctor"]["fail"] >= 11
+    assert "fail bar 0000:ba:00.0: BAR1 (128 GiB, 64-bit, prefetchable) unassigned" in " | ".join(s["doctor_findings"])
+    json.dumps(s)  # the log line stays JSON
+    # the checks ran for the placed devices only, and their paths
+    placed = {str(d.host) for d in out.result.report.placed}
+    targets = {f.bdf for f in out.doctor.findings if f.check in ("vfio-driver", "bar")}
+    assert targets == placed
+
+
+def test_require_stops_the_vm_on_a_failed_check_even_under_passthrough(faults):
+    ann = {f"{PREFIX}doctor": "require", f"{PREFIX}on-error": "passthrough"}
+    with pytest.raises(DoctorError, match=r"host not ready \(annotation pcitopo.kubevirt.io/doctor is require\)"):
+        handle_define_domain(DOMAIN, vmi_json(DOMAIN, ann), faults)
+
+
+def test_require_starts_a_vm_whose_devices_are_ready(clean):
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, {f"{PREFIX}doctor": "require"}), clean)
+    assert out.outcome == "rewritten" and out.summary["doctor"]["fail"] == 0 and out.summary["doctor_findings"] == []
+
+
+def test_off_skips_the_checks(faults):
+    out = handle_define_domain(DOMAIN, vmi_json(DOMAIN, {f"{PREFIX}doctor": "off"}), faults)
+    assert out.doctor is None and "doctor" not in out.summary
+
+
+def unprivileged(name: str) -> Topology:
+    """The fixture host as the unprivileged sidecar reads it: 64 bytes of every config."""
+    tree = MemoryTree.from_tarball(f"{fixture_sysfs(name)}/sysfs.tar.gz")
+    for bdf in tree.listdir("bus/pci/devices") or []:
+        rel = f"{resolve(tree, f'bus/pci/devices/{bdf}')}/config"
+        data = tree.read(rel)
+        tree.add_file(rel, data[:64])
+    return Topology(SysfsReader(tree))
+
+
+def test_unknown_never_stops_a_vm_under_require():
+    host = unprivileged("hgx-h100")
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, {f"{PREFIX}doctor": "require"}), host)
+    assert out.outcome == "rewritten"
+    assert out.summary["doctor"]["unknown"] > 0 and out.summary["doctor_unknown"] == ["acs", "ats"]
+    assert all(f.message.endswith("(needs root)") for f in out.doctor.findings if f.status == "unknown")
+
+
+def test_the_shim_log_line_carries_the_findings(tmp_path):
+    run = subprocess.run(
+        [str(BIN / "onDefineDomain"), "--vmi", vmi_json(DOMAIN).decode(), "--domain", DOMAIN.decode(),
+         "--sysfs", fixture_sysfs("hgx-h100-faults")],
+        capture_output=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stderr.decode().strip().splitlines()[-1])
+    assert record["doctor"]["fail"] >= 11 and any(f.startswith("fail acs 0000:17:01.0") for f in record["doctor_findings"])
