@@ -387,3 +387,47 @@ def test_an_unprivileged_read_of_live_config_space_is_unknown_needs_root(tmp_pat
     report = run_checks(Topology(SysfsReader(tree)), [Bdf.parse(nic)])
     ats = by_check(report, "ats")[0]
     assert (ats.status, ats.message) == ("unknown", "ATS state unknown (needs root)")
+
+
+# -- the DaemonSet ---------------------------------------------------------------------------------
+
+DAEMONSET = ROOT / "deploy" / "doctor-daemonset.yaml"
+
+
+def test_the_daemonset_passes_kubernetes_schema_validation():
+    kv = pytest.importorskip("kubernetes_validate")
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all(DAEMONSET.read_text()) if d]
+    assert [d["kind"] for d in docs] == ["Namespace", "DaemonSet"]
+    for doc in docs:
+        kv.validate(doc, kv.latest_version(), strict=True)  # raises on a typo or a wrong type
+    bad = json.loads(json.dumps(docs[1]))
+    bad["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesytem"] = True
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, kv.latest_version(), strict=True)
+
+
+def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys):
+    import shlex
+
+    import yaml
+
+    ds = list(yaml.safe_load_all(DAEMONSET.read_text()))[1]
+    pod = ds["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    script = c["args"][0]
+    call = script[script.index("pcitopo doctor"):].split("\n  echo")[0].split("\n")[0:3]
+    argv = shlex.split(" ".join(line.rstrip("\\").strip() for line in call))
+    assert argv[:2] == ["pcitopo", "doctor"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    hostpaths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    assert hostpaths[mounts["/host/sys"]] == "/sys" and argv[argv.index("--sysfs") + 1] == "/host/sys"
+    assert hostpaths[mounts["/features.d"]] == "/etc/kubernetes/node-feature-discovery/features.d"
+    assert c["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]  # config space past 64 bytes
+    # the same arguments, pointed at a fixture and a scratch directory, work
+    real = {"/host/sys": str(FIXTURES / "hgx-b200"), "/textfile/pcitopo.prom": str(tmp_path / "pcitopo.prom"),
+            "/features.d/pcitopo": str(tmp_path / "pcitopo")}
+    assert pcitopo_main([real.get(a, a) for a in argv[1:]]) == 0
+    assert (tmp_path / "pcitopo").read_text().count("pcitopo.kubevirt.io/gdr-ready=true") == 1
+    assert "pcitopo_gdr_ready 1" in (tmp_path / "pcitopo.prom").read_text()
