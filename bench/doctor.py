@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine_facts()
     rows = in_process(host_dir, domain, n) + cli(host_dir, max(3, n // 5))
     mem = {d: server_rss(host_dir, domain, calls, d) for d in ("warn", "off")}
-    print(f"machine: {facts['cpu']}, {facts['cpus']} CPUs, {facts['kernel']}, {facts["python"]}; commit {facts['commit']}")
+    print(f"machine: {facts['cpu']}, {facts['cpus']} CPUs, {facts['kernel']}, {facts['python']}; commit {facts['commit']}")
     print(f"input: fixtures/hgx-b200 materialised as directories, fixtures/hgx-b200/domain.xml ({len(domain)} B, 20 hostdevs)\n")
     print("| # | measurement | median | n |\n|---|---|---:|---:|")
     for key, what, value, count in rows:
