@@ -101,10 +101,13 @@ class HostFiles:
         self.topo = topo
         self.source = source
         self._dirs: dict[Bdf, str] = {}
+        # The sysfs reader remembers the links it followed; resolve through it when it is ours.
+        loader = topo.loader
+        self._links = loader if getattr(loader, "source", None) is source and hasattr(loader, "readlink") else source
 
     def dir_of(self, bdf: Bdf) -> str:
         if bdf not in self._dirs:
-            self._dirs[bdf] = resolve(self.source, f"{PCI_DEVICES_DIR}/{bdf}")
+            self._dirs[bdf] = resolve(self._links, f"{PCI_DEVICES_DIR}/{bdf}")
         return self._dirs[bdf]
 
     def raw(self, bdf: Bdf, attr: str) -> bytes | Unreadable | None:
@@ -353,7 +356,8 @@ def select_targets(topo: Topology, bdfs: Sequence[Bdf] | None) -> list[Target]:
     named = bdfs is not None
     chosen = list(dict.fromkeys(topo.function(b).bdf for b in bdfs)) if named else default_devices(topo)
     labeled = label_devices(topo, chosen)
-    gdr = _gdr_nics(topo, (lab.function for lab in label_devices(topo, default_devices(topo))))
+    # Named devices are all strict, so the pair classification is needed only for the default set.
+    gdr = set() if named else _gdr_nics(topo, (lab.function for lab in labeled))
     return [Target(lab.function, lab.label, lab.role,
                    named or lab.role != Role.NIC or lab.function.bdf in gdr) for lab in labeled]
 
