@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "sidecar")]
 
-from harness import BIN, Server, child_env, define_new_connection, interleaved, machine_facts, mib, proc_status, run_wall, sample  # noqa: E402
+from harness import BIN, Server, child_env, define_new_connection, interleaved, loadavg, machine_facts, mib, proc_status, run_wall, sample  # noqa: E402
 from hookkit import vmi_json  # noqa: E402
 from perf import ensure_bytecode, materialise  # noqa: E402
 
@@ -97,9 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     host_dir = materialise("hgx-b200")
     domain = (ROOT / "fixtures" / "hgx-b200" / "domain.xml").read_bytes()
     facts = machine_facts()
+    load_before = loadavg()
     rows = in_process(host_dir, domain, n) + cli(host_dir, max(3, n // 5))
     mem = {d: server_rss(host_dir, domain, calls, d) for d in ("warn", "off")}
     print(f"machine: {facts['cpu']}, {facts['cpus']} CPUs, {facts['kernel']}, {facts['python']}; commit {facts['commit']}")
+    print(f"load average before {load_before}, after {loadavg()} (a shared machine)")
     print(f"input: fixtures/hgx-b200 materialised as directories, fixtures/hgx-b200/domain.xml ({len(domain)} B, 20 hostdevs)\n")
     print("| # | measurement | median | n |\n|---|---|---:|---:|")
     for key, what, value, count in rows:

@@ -431,3 +431,16 @@ def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys
     assert pcitopo_main([real.get(a, a) for a in argv[1:]]) == 0
     assert (tmp_path / "pcitopo").read_text().count("pcitopo.kubevirt.io/gdr-ready=true") == 1
     assert "pcitopo_gdr_ready 1" in (tmp_path / "pcitopo.prom").read_text()
+
+
+def test_the_readme_sample_run_is_what_the_command_prints(capsys):
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("```console\n$ pcitopo doctor"):]
+    block = block[len("```console\n"): block.index("\n```")]
+    runs = [chunk for chunk in block.split("$ ")[1:]]
+    for chunk in runs:
+        cmd, _, shown = chunk.partition("\n")
+        if not cmd.startswith("pcitopo doctor"):
+            continue
+        pcitopo_main(cmd.split()[1:])
+        assert capsys.readouterr().out == shown.rstrip("\n") + "\n", cmd
