@@ -167,7 +167,7 @@ def test_resource_lines_parse_into_bars():
     assert Bar(1, 0, 0, IORESOURCE_MEM | IORESOURCE_PREFETCH | IORESOURCE_MEM_64).size == 0
 
 
-@pytest.mark.parametrize("text", ["0x1 0x2\n", "0x1 0xzz 0x0\n", "0x10 0x1 0x200\n"])
+@pytest.mark.parametrize("text", ["0x1 0x2\n", "0x1 0xzz 0x0\n", "0x10 0x1 0x200\n", "-0x10 0x1 0x200\n"])
 def test_malformed_resource_is_a_sysfs_error(text):
     with pytest.raises(SysfsError):
         parse_resource(text)
@@ -444,3 +444,23 @@ def test_the_readme_sample_run_is_what_the_command_prints(capsys):
             continue
         pcitopo_main(cmd.split()[1:])
         assert capsys.readouterr().out == shown.rstrip("\n") + "\n", cmd
+
+
+def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
+    tree = build_tree(parse_topo(textwrap.dedent(pair()), "t.topo"))
+    gpu = resolve(tree, "bus/pci/devices/0000:18:00.0")
+    nic = resolve(tree, "bus/pci/devices/0000:19:00.0")
+    ds = resolve(tree, "bus/pci/devices/0000:17:00.0")
+    tree.add_file(f"{gpu}/resource", "0x1 not hex at all\n")
+    tree.add_link(f"{ds}/config", "../../../../../../dev/zero")  # a link where a file belongs
+    tree.add_file(f"{nic}/config", b"\xff" * 4096)  # every header 0xffffffff
+    tree.add_file(f"{nic}/driver_override", "x" * 10_000)  # larger than any attribute
+    from topology.model import Bdf
+
+    report = run_checks(Topology(SysfsReader(tree)), None)
+    assert by_check(report, "bar", "0000:18:00.0")[0].status == "unknown"
+    assert by_check(report, "acs", "0000:17:00.0")[0].status == "unknown"
+    ats = by_check(report, "ats", "0000:19:00.0")[0]
+    assert ats.status == "unknown" and "does not respond" in ats.message
+    assert by_check(report, "vfio-driver", "0000:19:00.0")[0].status == "ok"  # bound to vfio-pci
+    assert report.summary()["unknown"] >= 2 and Bdf.parse("19:00.0")

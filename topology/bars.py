@@ -17,7 +17,7 @@ IORESOURCE_PREFETCH = 0x2000
 IORESOURCE_MEM_64 = 0x100000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Bar:
     """One line of ``resource``: its index (line number from 0), start, end and flags."""
 
@@ -62,6 +62,8 @@ def parse_resource(text: str) -> tuple[Bar, ...]:
             start, end, flags = (int(f, 16) for f in fields)
         except ValueError:
             raise SysfsError(f"resource line {index}: {line[:60]!r} holds a value that is not hex") from None
+        if min(start, end, flags) < 0:
+            raise SysfsError(f"resource line {index}: {line[:60]!r} holds a negative value")
         if end and end < start:
             raise SysfsError(f"resource line {index}: end 0x{end:x} is below start 0x{start:x}")
         bars.append(Bar(index, start, end, flags))

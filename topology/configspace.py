@@ -74,6 +74,8 @@ class ConfigSpace:
         n = len(self.data)
         if n <= HEADER_BYTES:
             raise ConfigUnknown(NEEDS_ROOT if n == HEADER_BYTES else f"config space is {n} bytes (truncated)")
+        if self.data[:2] == b"\xff\xff":
+            raise ConfigUnknown("config space reads all ones (vendor ffff): the device does not respond")
         if n == LEGACY_BYTES:
             return False
         if n != PCIE_BYTES:

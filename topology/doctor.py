@@ -31,7 +31,7 @@ from .configspace import (
 )
 from .errors import PcitopoError
 from .model import Bdf, PciFunction, Role, Topology, is_bdf
-from .report import LABEL_PREFIX, default_devices, label_devices
+from .report import default_devices, label_devices
 from .sysfs import (
     IOMMU_CLASS_DIR,
     IOMMU_GROUPS_DIR,
@@ -395,5 +395,5 @@ def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source
     return DoctorReport(topo.name, tuple(out), tuple(targets))
 
 
-__all__ = ["CHECKS", "STATUSES", "DoctorError", "DoctorReport", "Finding", "HostFiles", "LABEL_PREFIX",
+__all__ = ["CHECKS", "STATUSES", "DoctorError", "DoctorReport", "Finding", "HostFiles", "Target",
            "run_checks", "select_targets"]
