@@ -24,7 +24,7 @@ from topology.errors import DomainError, PcitopoError
 from topology.model import Topology
 from topology.rewrite import RewriteResult, rewrite_domain
 
-from .config import DEFAULT_OPTIONS, DefaultOptions, VmiFacts, options_from_vmi
+from .config import DEFAULT_OPTIONS, PREFIX, DefaultOptions, VmiFacts, options_from_vmi
 
 if TYPE_CHECKING:
     from .config import HookOptions
@@ -117,6 +117,9 @@ def _doctor(topo: Topology, result: RewriteResult, options: HookOptions | Defaul
     except PcitopoError as e:
         summary["doctor"] = {"error": f"{e.kind}: {e.reason}"}
         return None
+    except Exception as e:  # a bug in the checks must not stop a VM the rewrite placed
+        summary["doctor"] = {"error": f"internal: {type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        return None
     summary["doctor"] = report.summary()
     summary["doctor_findings"] = [
         f"{f.status} {f.check} {f.bdf or 'host'}: {f.message}" for f in report.findings if f.status in ("fail", "warn")
@@ -127,15 +130,10 @@ def _doctor(topo: Topology, result: RewriteResult, options: HookOptions | Defaul
     if mode == "require" and report.failed:
         first = report.failed[0]
         more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
-        raise DoctorError(f"host not ready (annotation {_PREFIX()}doctor is require): "
+        raise DoctorError(f"host not ready (annotation {PREFIX}doctor is require): "
                           f"{first.check} {first.bdf or 'host'}: {first.message}{more}")
     return report
 
-
-def _PREFIX() -> str:  # noqa: N802 - read lazily like _mode_annotation
-    from .config import PREFIX
-
-    return PREFIX
 
 # -- end pcitopo doctor ---------------------------------------------------------------------------
 

@@ -90,3 +90,34 @@ def test_the_shim_log_line_carries_the_findings(tmp_path):
     assert run.returncode == 0, run.stderr
     record = json.loads(run.stderr.decode().strip().splitlines()[-1])
     assert record["doctor"]["fail"] >= 11 and any(f.startswith("fail acs 0000:17:01.0") for f in record["doctor_findings"])
+
+
+def test_a_doctor_that_cannot_run_is_logged_and_never_stops_the_vm(clean):
+    """The checks need a sysfs source; a host model without one (or any failure inside the
+    checks) is an error entry in the log line, under require too."""
+    from topology.model import Topology as Topo
+
+    class NoSource:  # a loader with no sysfs behind it, like a guest layout
+        def __init__(self, topo):
+            self.name, self._t = "no-sysfs", topo
+
+        def load(self, bdf):
+            return self._t.find(bdf)
+
+        def all_bdfs(self):
+            return self._t.bdfs()
+
+        def numa_nodes(self):
+            return self._t.numa_nodes()
+
+    host = Topo(NoSource(clean))
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, {f"{PREFIX}doctor": "require"}), host)
+    assert out.outcome == "rewritten" and out.doctor is None and "error" in out.summary["doctor"]
+
+
+def test_require_over_the_socket_is_failed_precondition():
+    from sidecar.server import grpc_code
+
+    import grpc
+
+    assert grpc_code(DoctorError("x")) == grpc.StatusCode.FAILED_PRECONDITION
