@@ -124,12 +124,12 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_CHECK_FAILED if report.failed else EXIT_OK
 
 
-def _add_doctor_parser(sub) -> None:
+def _add_doctor_parser(sub, default_sysfs: str) -> None:
     d = sub.add_parser(
         "doctor", help="is this host ready for GPUDirect RDMA in a VM? (IOMMU, vfio-pci, groups, ACS, ATS, links, NUMA, BARs)",
         description="Check GPUs, NICs and the bridges above them. Exit 0: nothing failed; 1: a check failed; 2: bad input. "
                     "Config space past 64 bytes (ACS, ATS) needs root; without it those checks say unknown.")
-    d.add_argument("--sysfs", default=default_sysfs_arg(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
+    d.add_argument("--sysfs", default=default_sysfs, help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     out = d.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help='{"checks": [{"check", "status", "bdf", "message", "fix"}], "summary": {...}}')
     out.add_argument("--prometheus", action="store_true", help="node-exporter textfile metrics on stdout")
@@ -138,12 +138,6 @@ def _add_doctor_parser(sub) -> None:
     d.add_argument("--nfd-out", metavar="FILE", help="also write the NFD features to FILE (atomically)")
     d.add_argument("-v", "--verbose", action="store_true", help="human output: list the checks that passed too")
     d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")
-
-
-def default_sysfs_arg() -> str:
-    from topology.sysfs import default_sysfs
-
-    return default_sysfs()
 
 
 # -- end pcitopo doctor ---------------------------------------------------------------------------
@@ -173,7 +167,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
     c.add_argument("--sysfs", default=default_sysfs())
     c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz")
-    _add_doctor_parser(sub)  # pcitopo doctor (issue 13)
+    _add_doctor_parser(sub, default_sysfs())  # pcitopo doctor (issue 13)
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "doctor": _cmd_doctor}[args.command]

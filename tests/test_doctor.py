@@ -464,3 +464,14 @@ def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
     assert ats.status == "unknown" and "does not respond" in ats.message
     assert by_check(report, "vfio-driver", "0000:19:00.0")[0].status == "ok"  # bound to vfio-pci
     assert report.summary()["unknown"] >= 2 and Bdf.parse("19:00.0")
+
+
+@pytest.mark.parametrize("key, fragment", [
+    ("fault=acs-everything", "unknown fault 'acs-everything'"),
+    ("iommu-type=translated", "iommu-type='translated' is not one of DMA, DMA-FQ, identity"),
+])
+def test_bad_doctor_keys_in_a_description_name_the_line(key, fragment):
+    from topology.synth import TopoError
+
+    with pytest.raises(TopoError, match=re.escape(f"t.topo line 7: {fragment}")):
+        host_of(pair(gpu=key))
