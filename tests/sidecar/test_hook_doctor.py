@@ -121,3 +121,15 @@ def test_require_over_the_socket_is_failed_precondition():
     import grpc
 
     assert grpc_code(DoctorError("x")) == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
+    from sidecar.cli import xmlfix_main
+    from hookkit import REPO
+
+    domain = REPO / "fixtures" / "hgx-h100" / "cases" / "one-pair" / "domain.xml"
+    assert xmlfix_main(["--explain", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("Host readiness of the placed devices (pcitopo doctor):"):]
+    assert "FAIL    acs         downstream-port above NIC0 0000:17:01.0" in section
+    assert section.rstrip().endswith("(1 fail, 0 warn, 0 unknown, 19 ok)")
