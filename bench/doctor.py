@@ -22,15 +22,24 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "bench"), str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "sidecar")]
+from harness import (  # bench/harness.py: the script's own folder is first on sys.path
+    BIN,
+    Server,
+    child_env,
+    define_new_connection,
+    interleaved,
+    loadavg,
+    machine_facts,
+    mib,
+    proc_status,
+    run_wall,
+    sample,
+)
+from perf import MIB_LIMIT as BUDGET_MIB, ensure_bytecode, materialise
 
-from harness import BIN, Server, child_env, define_new_connection, interleaved, loadavg, machine_facts, mib, proc_status, run_wall, sample  # noqa: E402
-from hookkit import vmi_json  # noqa: E402
-from perf import ensure_bytecode, materialise  # noqa: E402
-
-PREFIX = "pcitopo.kubevirt.io/"
-BUDGET_MIB = 56.0
+from sidecar.config import annotation
+from testkit import FIXTURES
+from testkit.hookkit import vmi_json
 
 
 def ms(s: float) -> str:
@@ -46,8 +55,8 @@ def in_process(host_dir: Path, domain: bytes, n: int) -> list[tuple[str, str, st
     topo = open_host(host_dir)
     placed = [d.host for d in handle_define_domain(domain, None, topo).result.report.placed]
     checks = sample(lambda: run_checks(topo, [Bdf.parse(str(b)) for b in placed]), n)
-    vmi_off = vmi_json(domain, {PREFIX + "doctor": "off"})
-    vmi_warn = vmi_json(domain, {PREFIX + "doctor": "warn"})
+    vmi_off = vmi_json(domain, {annotation("doctor"): "off"})
+    vmi_warn = vmi_json(domain, {annotation("doctor"): "warn"})
     pair = interleaved({
         "off": lambda: handle_define_domain(domain, vmi_off, topo),
         "warn": lambda: handle_define_domain(domain, vmi_warn, topo),
@@ -74,7 +83,7 @@ def cli(host_dir: Path, n: int) -> list[tuple[str, str, str, int]]:
 
 
 def server_rss(host_dir: Path, domain: bytes, calls: int, doctor: str) -> dict[str, float]:
-    vmi = vmi_json(domain, {PREFIX + "mode": "mirror", PREFIX + "on-error": "fail", PREFIX + "doctor": doctor})
+    vmi = vmi_json(domain, {annotation("mode"): "mirror", annotation("on_error"): "fail", annotation("doctor"): doctor})
     with Server(str(host_dir)) as srv:
         srv.first_info()
         for _ in range(calls):
@@ -95,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     n, calls = (3, 20) if args.smoke else (args.samples, args.calls)
     ensure_bytecode()
     host_dir = materialise("hgx-b200")
-    domain = (ROOT / "fixtures" / "hgx-b200" / "domain.xml").read_bytes()
+    domain = (FIXTURES / "hgx-b200" / "domain.xml").read_bytes()
     facts = machine_facts()
     load_before = loadavg()
     rows = in_process(host_dir, domain, n) + cli(host_dir, max(3, n // 5))

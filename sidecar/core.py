@@ -17,17 +17,14 @@ What it promises its doors:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Union
+from typing import Any, Callable, Literal, Union
 
-from topology.doctor import DoctorError, DoctorReport
+from topology.doctor import DoctorError, DoctorReport, run_checks
 from topology.errors import DomainError, PcitopoError
 from topology.model import Topology
 from topology.rewrite import RewriteResult, rewrite_domain
 
-from .config import DEFAULT_OPTIONS, PREFIX, DefaultOptions, VmiFacts, options_from_vmi
-
-if TYPE_CHECKING:
-    from .config import HookOptions
+from .config import DEFAULT_OPTIONS, HookOptions, VmiFacts, annotation, options_from_vmi
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 HostArg = Union[Topology, Callable[[], Topology]]
@@ -48,8 +45,7 @@ class HookOutcome:
     # fidelity, warnings); empty unless the rewrite ran.
     summary: dict[str, Any] = field(default_factory=dict)
     vmi: VmiFacts = field(default_factory=VmiFacts)
-    # HookOptions (pydantic) when the VMI carries our annotations, else DEFAULT_OPTIONS.
-    options: HookOptions | DefaultOptions = DEFAULT_OPTIONS
+    options: HookOptions = DEFAULT_OPTIONS
     # The full rewrite result (report, guest view) when the rewrite ran; xmlfix explains it.
     result: RewriteResult | None = None
     # pcitopo doctor's findings for the placed devices (option doctor: warn|require), or None.
@@ -77,7 +73,7 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         raise DomainError("the domain XML is empty")
     vmi, options = options_from_vmi(vmi_json)
     if options.mode == "off":
-        return HookOutcome(domain_xml, "unchanged-off", f"annotation {_mode_annotation()} is off", vmi=vmi, options=options)
+        return HookOutcome(domain_xml, "unchanged-off", f"annotation {annotation('mode')} is off", vmi=vmi, options=options)
     try:
         topo = host() if callable(host) else host
         result = rewrite_domain(domain_xml, topo)
@@ -94,23 +90,17 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         if options.on_error == "passthrough":
             return _passthrough(domain_xml, err, vmi, options)
         raise err from e
-    doctor = _doctor(topo, result, options, summary)  # pcitopo doctor (issue 13)
+    doctor = _doctor(topo, result, options, summary)
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
 
 
-# -- pcitopo doctor (issue 13) ---------------------------------------------------------------------
-
-def _doctor(topo: Topology, result: RewriteResult, options: HookOptions | DefaultOptions,
-            summary: dict[str, Any]) -> DoctorReport | None:
-    """Run the host-readiness checks for the devices just placed; findings go into the log
-    summary. Under ``doctor: require`` a failed check raises DoctorError (the VM does not
-    start). ``unknown`` (the unprivileged sidecar cannot read ACS/ATS) never stops a VM, and a
-    doctor that cannot run at all is logged, not fatal."""
-    mode = getattr(options, "doctor", "warn")
-    if mode == "off":
+def _doctor(topo: Topology, result: RewriteResult, options: HookOptions, summary: dict[str, Any]) -> DoctorReport | None:
+    """Run the host-readiness checks (``pcitopo doctor``) for the devices just placed; findings
+    go into the log summary. Under ``doctor: require`` a failed check raises DoctorError (the
+    VM does not start). ``unknown`` (the unprivileged sidecar cannot read ACS/ATS) never stops a
+    VM, and a doctor that cannot run at all is logged, not fatal."""
+    if options.doctor == "off":
         return None
-    from topology.doctor import run_checks
-
     placed = [d.host for d in result.report.placed]
     try:
         report = run_checks(topo, placed)
@@ -127,22 +117,14 @@ def _doctor(topo: Topology, result: RewriteResult, options: HookOptions | Defaul
     unknown = sorted({f.check for f in report.findings if f.status == "unknown"})
     if unknown:
         summary["doctor_unknown"] = unknown
-    if mode == "require" and report.failed:
+    if options.doctor == "require" and report.failed:
         first = report.failed[0]
         more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
-        raise DoctorError(f"host not ready (annotation {PREFIX}doctor is require): "
+        raise DoctorError(f"host not ready (annotation {annotation('doctor')} is require): "
                           f"{first.check} {first.bdf or 'host'}: {first.message}{more}")
     return report
 
 
-# -- end pcitopo doctor ---------------------------------------------------------------------------
-
-
-def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions | DefaultOptions) -> HookOutcome:
+def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions) -> HookOutcome:
     return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", {"error": err.kind}, vmi, options)
 
-
-def _mode_annotation() -> str:
-    from .config import PREFIX
-
-    return f"{PREFIX}mode"

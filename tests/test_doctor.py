@@ -15,6 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.cli import pcitopo_main
+from testkit import FIXTURES
+from testkit import REPO as ROOT
+from testkit.synth import build_tree, parse_topo
 from topology.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
 from topology.capture import capture
 from topology.configspace import (
@@ -31,10 +34,7 @@ from topology.errors import SysfsError
 from topology.fleet import nfd_text, pix_facts, prometheus_text
 from topology.model import Topology
 from topology.sysfs import DOCTOR_ATTRS, MemoryTree, SysfsReader, open_host, resolve
-from topology.synth import build_tree, parse_topo
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
 
 # What fixtures/hgx-h100-faults plants (its README lists the same): (check, bdf) of every fail.
 PLANTED = {
@@ -471,7 +471,7 @@ def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
     ("iommu-type=translated", "iommu-type='translated' is not one of DMA, DMA-FQ, identity"),
 ])
 def test_bad_doctor_keys_in_a_description_name_the_line(key, fragment):
-    from topology.synth import TopoError
+    from testkit.synth import TopoError
 
     with pytest.raises(TopoError, match=re.escape(f"t.topo line 7: {fragment}")):
         host_of(pair(gpu=key))

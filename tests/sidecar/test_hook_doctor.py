@@ -7,9 +7,10 @@ import subprocess
 
 import pytest
 
-from hookkit import BIN, fixture_domain, fixture_sysfs, vmi_json
-from sidecar.config import PREFIX, DefaultOptions, options_from_annotations
+from sidecar.config import DEFAULT_OPTIONS, PREFIX, options_from_annotations
 from sidecar.core import handle_define_domain
+from testkit import REPO
+from testkit.hookkit import BIN, fixture_domain, fixture_sysfs, vmi_json
 from topology.doctor import DoctorError
 from topology.model import Topology
 from topology.sysfs import MemoryTree, SysfsReader, open_host, resolve
@@ -29,7 +30,7 @@ def clean():
 
 
 def test_the_option_defaults_to_warn_and_takes_three_values():
-    assert DefaultOptions().doctor == "warn"
+    assert DEFAULT_OPTIONS.doctor == "warn"
     assert options_from_annotations({f"{PREFIX}doctor": "require"}).doctor == "require"
     with pytest.raises(Exception, match="allowed values: require | warn | off"):
         options_from_annotations({f"{PREFIX}doctor": "strict"})
@@ -125,7 +126,6 @@ def test_require_over_the_socket_is_failed_precondition():
 
 def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
     from sidecar.cli import xmlfix_main
-    from hookkit import REPO
 
     domain = REPO / "fixtures" / "hgx-h100" / "cases" / "one-pair" / "domain.xml"
     assert xmlfix_main(["--explain", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0

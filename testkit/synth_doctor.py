@@ -1,7 +1,7 @@
 """What ``pcitopo doctor`` reads, for synthetic hosts: config space with ACS/ATS, ``resource``
 files, ``driver_override``, IOMMU groups with their type, IOMMU units; and planted faults.
 
-Kept apart from :mod:`topology.synth` (which calls :class:`DoctorFiles` from its builder) so the
+Kept apart from :mod:`testkit.synth` (which calls :class:`DoctorFiles` from its builder) so the
 host-readiness layer can move with the synthesiser as one piece. The fixture README lists which
 values follow public facts and which are guesses.
 
@@ -13,10 +13,10 @@ NIC has ACS control SV|RR|CR|UF|DT (0x5d), every other one the kernel's default 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable, Protocol, Sequence
 
-from .bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH
-from .configspace import (
+from topology.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH
+from topology.configspace import (
     ACS_CR,
     ACS_DT,
     ACS_RR,
@@ -29,11 +29,36 @@ from .configspace import (
     LEGACY_BYTES,
     build_config,
 )
-from .sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR, MemoryTree
+from topology.model import Bdf
+from topology.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR, MemoryTree
 
-if TYPE_CHECKING:
-    from .model import Bdf
-    from .synth import DeviceSpec, Look
+
+class Look(Protocol):
+    """What this module reads of a :class:`testkit.synth.Look` (declared here so the two
+    modules do not import each other)."""
+
+    vendor: int
+    device: int
+    class_code: int
+    sub_vendor: int
+    sub_device: int
+    omit: frozenset[str]
+    faults: frozenset[str]
+    override: str | None
+    iommu_type: str | None
+
+    @property
+    def is_bridge(self) -> bool: ...
+
+
+class DeviceSpec(Protocol):
+    """What this module reads of a :class:`testkit.synth.DeviceSpec`."""
+
+    @property
+    def look(self) -> Look: ...
+
+    @property
+    def children(self) -> Sequence["DeviceSpec"]: ...
 
 FAULTS = {
     "acs-dt-off": "ACS control 0x1d, the kernel's default: Direct Translated P2P off",
@@ -93,17 +118,17 @@ def _fault_config(config: bytes, faults: frozenset[str]) -> bytes:
     return bytes(data)
 
 
-def _is_gdr_endpoint(look: "Look") -> bool:
+def _is_gdr_endpoint(look: Look) -> bool:
     """A GPU (3D controller) or a network controller: what GPUDirect RDMA pairs."""
     return look.class_code >> 8 == 0x0302 or look.class_code >> 16 == 0x02
 
 
-def leads_to_gdr_device(dev: "DeviceSpec") -> bool:
+def leads_to_gdr_device(dev: DeviceSpec) -> bool:
     """Whether a GPU or NIC sits anywhere below this line."""
     return any(_is_gdr_endpoint(c.look) or leads_to_gdr_device(c) for c in dev.children)
 
 
-def minimal_config(look: "Look", kind: str, gdr_path: bool) -> bytes:
+def minimal_config(look: Look, kind: str, gdr_path: bool) -> bytes:
     """Config space for one function, with extended capabilities at realistic offsets
     (ConnectX-7's ATS at 0x480 as NVIDIA's VM guide shows it; other offsets are guesses)."""
     faults = look.faults
@@ -147,7 +172,7 @@ class _BarAllocator:
         return start
 
 
-def minimal_resource_text(look: "Look", kind: str, alloc: _BarAllocator) -> str:
+def minimal_resource_text(look: Look, kind: str, alloc: _BarAllocator) -> str:
     """A ``resource`` file: one ``start end flags`` line per resource, the kernel's format.
     Bridges show no BARs of their own here (their windows are not what the doctor checks)."""
     is_bridge = kind in ("rp", "us", "ds", "br")
@@ -172,7 +197,7 @@ class DoctorFiles:
         self.types: dict[int, str] = {}
         self.units: set[str] = set()
 
-    def add_function(self, tree: MemoryTree, d: str, bdf: "Bdf", look: "Look", kind: str,
+    def add_function(self, tree: MemoryTree, d: str, bdf: Bdf, look: Look, kind: str,
                      group: int | None, gdr_path: bool) -> None:
         tree.add_file(f"{d}/config", minimal_config(look, kind, gdr_path))
         tree.add_file(f"{d}/resource", minimal_resource_text(look, kind, self.alloc))
