@@ -107,6 +107,51 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- pcitopo doctor (issue 13) ------------------------------------------------------------------
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from topology.doctor import run_checks
+    from topology.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
+    from topology.model import Bdf, Topology
+    from topology.sysfs import SysfsReader, open_source
+
+    source = open_source(args.sysfs)
+    topo = Topology(SysfsReader(source))
+    bdfs = [Bdf.parse(b) for b in args.bdf] if args.bdf else None
+    report = run_checks(topo, bdfs, source)
+    pix = pix_facts(topo, report.targets) if (args.prometheus or args.nfd or args.prometheus_out or args.nfd_out) else None
+    if args.prometheus_out:
+        write_atomic(args.prometheus_out, prometheus_text(report, pix))
+    if args.nfd_out:
+        write_atomic(args.nfd_out, nfd_text(report, pix))
+    if args.json:
+        json.dump(report.as_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif args.prometheus:
+        sys.stdout.write(prometheus_text(report, pix))
+    elif args.nfd:
+        sys.stdout.write(nfd_text(report, pix))
+    else:
+        sys.stdout.write(doctor_text(report, args.verbose))
+    return EXIT_CHECK_FAILED if report.failed else EXIT_OK
+
+
+def _add_doctor_parser(sub, default_sysfs: str) -> None:
+    d = sub.add_parser(
+        "doctor", help="is this host ready for GPUDirect RDMA in a VM? (IOMMU, vfio-pci, groups, ACS, ATS, links, NUMA, BARs)",
+        description="Check GPUs, NICs and the bridges above them. Exit 0: nothing failed; 1: a check failed; 2: bad input. "
+                    "Config space past 64 bytes (ACS, ATS) needs root; without it those checks say unknown.")
+    d.add_argument("--sysfs", default=default_sysfs, help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
+    out = d.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help='{"checks": [{"check", "status", "bdf", "message", "fix"}], "summary": {...}}')
+    out.add_argument("--prometheus", action="store_true", help="node-exporter textfile metrics on stdout")
+    out.add_argument("--nfd", action="store_true", help="Node Feature Discovery local features (key=value) on stdout")
+    d.add_argument("--prometheus-out", metavar="FILE.prom", help="also write the metrics to FILE (atomically)")
+    d.add_argument("--nfd-out", metavar="FILE", help="also write the NFD features to FILE (atomically)")
+    d.add_argument("-v", "--verbose", action="store_true", help="human output: list the checks that passed too")
+    d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")
+
+
 # -- pcitopo verify (issue 14, finding 5): the guest against xmlfix --json ------------------
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -168,9 +213,11 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     v = sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction (exit 1 on any difference)")
     v.add_argument("--expect", required=True, metavar="PREDICTED.json", help="what `xmlfix --json` printed for this VM")
     v.add_argument("--sysfs", default=default_sysfs(), help="the guest's sysfs root, a capture .tar.gz or a sysfs-shaped dir (default $PCITOPO_SYSFS or /sys)")
+    _add_doctor_parser(sub, default_sysfs())
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     args = parser.parse_args(argv)
-    handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "partitions": _cmd_partitions}[args.command]
+    handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
+               "partitions": _cmd_partitions}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

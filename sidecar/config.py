@@ -19,6 +19,11 @@ all links. ``require`` fails the VM start with one line when they are not (whate
 ``on-error`` says: booting without NVLink is what the operator asked us to prevent); ``warn``
 boots and says why in the report and the log line; ``off`` skips the check.
 
+``doctor`` runs the host-readiness checks of ``pcitopo doctor`` for the devices the hook places
+and puts the findings in the log line: ``warn`` only reports, ``require`` stops the VM start
+when a check fails (whatever ``on-error`` says), ``off`` skips the checks. A check the
+unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and never stops a VM.
+
 Values are exact, lower-case strings. An unknown annotation under the prefix is an error too
 (a typo such as ``pcitopo.kubevirt.io/on-eror`` must not silently fall back to a default).
 A bad option is always fatal, whatever ``on-error`` says: it is the operator's mistake, not
@@ -69,6 +74,11 @@ class HookOptions(BaseModel):
         "warn",
         description="when the VM's GPUs are not exactly one active NVLink fabric partition with all links "
         "(needs the sidecar's --fabric FILE): fail the VM start, boot and report it, or do not check",
+    )
+    doctor: Literal["require", "warn", "off"] = Field(
+        "warn",
+        description="host-readiness checks for the placed devices: require (a failed check stops the VM start), "
+        "warn (log only), off",
     )
 
 

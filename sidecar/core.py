@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
+from topology.doctor import DoctorError, DoctorReport, run_checks
 from topology.errors import DomainError, FabricError, NvlinkError, PcitopoError
 from topology.model import Topology
 from topology.rewrite import RewriteResult, rewrite_domain
@@ -53,6 +54,8 @@ class HookOutcome:
     options: HookOptions = DEFAULT_OPTIONS
     # The full rewrite result (report, guest view) when the rewrite ran; xmlfix explains it.
     result: RewriteResult | None = None
+    # pcitopo doctor's findings for the placed devices (option doctor: warn|require), or None.
+    doctor: DoctorReport | None = None
 
 
 def summarize(report: Any) -> dict[str, Any]:
@@ -94,7 +97,39 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
             return _passthrough(domain_xml, err, vmi, options)
         raise err from e
     summary.update(nvlink_check(result, topo, fabric, options.nvlink))
-    return HookOutcome(xml, "rewritten", None, summary, vmi, options, result)
+    doctor = _doctor(topo, result, options, summary)
+    return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
+
+
+def _doctor(topo: Topology, result: RewriteResult, options: HookOptions, summary: dict[str, Any]) -> DoctorReport | None:
+    """Run the host-readiness checks (``pcitopo doctor``) for the devices just placed; findings
+    go into the log summary. Under ``doctor: require`` a failed check raises DoctorError (the
+    VM does not start). ``unknown`` (the unprivileged sidecar cannot read ACS/ATS) never stops a
+    VM, and a doctor that cannot run at all is logged, not fatal."""
+    if options.doctor == "off":
+        return None
+    placed = [d.host for d in result.report.placed]
+    try:
+        report = run_checks(topo, placed)
+    except PcitopoError as e:
+        summary["doctor"] = {"error": f"{e.kind}: {e.reason}"}
+        return None
+    except Exception as e:  # a bug in the checks must not stop a VM the rewrite placed
+        summary["doctor"] = {"error": f"internal: {type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        return None
+    summary["doctor"] = report.summary()
+    summary["doctor_findings"] = [
+        f"{f.status} {f.check} {f.bdf or 'host'}: {f.message}" for f in report.findings if f.status in ("fail", "warn")
+    ]
+    unknown = sorted({f.check for f in report.findings if f.status == "unknown"})
+    if unknown:
+        summary["doctor_unknown"] = unknown
+    if options.doctor == "require" and report.failed:
+        first = report.failed[0]
+        more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
+        raise DoctorError(f"host not ready (annotation {annotation('doctor')} is require): "
+                          f"{first.check} {first.bdf or 'host'}: {first.message}{more}")
+    return report
 
 
 def nvlink_check(result: RewriteResult, topo: Topology, fabric: FabricArg, policy: str) -> dict[str, Any]:

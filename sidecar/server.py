@@ -126,6 +126,7 @@ _GRPC_CODE = {
     "unknown-device": "FAILED_PRECONDITION",
     "sysfs": "FAILED_PRECONDITION",
     "plan": "FAILED_PRECONDITION",
+    "doctor": "FAILED_PRECONDITION",  # pcitopo doctor (issue 13): doctor: require and a check failed
     "internal": "INTERNAL",
     "fabric": "FAILED_PRECONDITION",
     "nvlink": "FAILED_PRECONDITION",

@@ -104,6 +104,10 @@ def xmlfix(argv: Sequence[str]) -> int:
             sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
+            if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
+                from topology.fleet import doctor_text
+
+                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + doctor_text(outcome.doctor))
     if args.diff:  # finding 1: only what changed in meaning (both sides serialised alike)
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:

@@ -36,6 +36,8 @@ from topology.sysfs import (
     SysfsReader,
 )
 
+from . import synth_doctor
+
 
 class TopoError(SysfsError):
     """A host description is malformed; the message names the file and line."""
@@ -92,6 +94,10 @@ class Look:
     driver: str | None = None
     omit: frozenset[str] = frozenset()
     vf_device: int | None = None  # the SR-IOV VF device id, if the function can have VFs
+    # pcitopo doctor (issue 13): planted faults, driver_override, IOMMU group type
+    faults: frozenset[str] = frozenset()
+    override: str | None = None
+    iommu_type: str | None = None
 
     @property
     def is_bridge(self) -> bool:
@@ -221,7 +227,8 @@ _BDF_RE = re.compile(rf"^(?:({_HEX}{{4}}):)?({_HEX}{{2}}):({_HEX}{{2}})\.([0-7])
 _IDS_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{4}})$")
 
 _DEVICE_KEYS = {"preset", "ids", "sub", "class", "numa", "speed", "width", "cur-speed", "cur-width",
-                "driver", "iommu", "omit"}
+                "driver", "iommu", "omit",
+                "fault", "override", "iommu-type"}  # the last three: pcitopo doctor (synth_doctor.py)
 _EP_KEYS = _DEVICE_KEYS | {"functions", "vfs"}
 
 
@@ -456,10 +463,27 @@ class _Parser:
                     raise self.fail(f"omit={n!r}: only optional files can be left out "
                                     f"({', '.join(sorted(_OMITTABLE))}, or link)")
             look = replace(look, omit=look.omit | names)
+        look = self.doctor_keys(kv, look)
         is_bridge_kind = kind in BRIDGE_KINDS
         if look.is_bridge != is_bridge_kind:
             want = "a bridge class (0x0604xx)" if is_bridge_kind else "a non-bridge class"
             raise self.fail(f"{where} needs {want}, has class 0x{look.class_code:06x}")
+        return look
+
+    def doctor_keys(self, kv: dict[str, str], look: Look) -> Look:
+        """pcitopo doctor (issue 13): fault=, override=, iommu-type= (see synth_doctor.py)."""
+        if "fault" in kv:
+            names = kv["fault"].split(",")
+            problem = synth_doctor.check_faults(names)
+            if problem:
+                raise self.fail(problem)
+            look = replace(look, faults=look.faults | frozenset(names))
+        if "override" in kv:
+            look = replace(look, override=kv["override"])
+        if "iommu-type" in kv:
+            if kv["iommu-type"] not in synth_doctor.GROUP_TYPES:
+                raise self.fail(f"iommu-type={kv['iommu-type']!r} is not one of {', '.join(synth_doctor.GROUP_TYPES)}")
+            look = replace(look, iommu_type=kv["iommu-type"])
         return look
 
     def ids(self, text: str) -> tuple[int, int]:
@@ -559,6 +583,7 @@ class _Builder:
         self.cpulists[-1] = format_cpus([c for n in spec.numa for c in n.cpus])
         self._taken = {d.iommu for d in spec.devices() if d.iommu is not None}
         self._next_group = 0
+        self.doctor = synth_doctor.DoctorFiles()  # pcitopo doctor's files (issue 13)
 
     def group(self) -> int:
         while self._next_group in self._taken:
@@ -585,15 +610,17 @@ class _Builder:
             vf_look = replace(dev.look, device=dev.look.vf_device, max_speed="Unknown", max_width=0,
                               cur_speed=None, cur_width=None, driver="vfio-pci")
             for vf, pf in dev.vf_bdfs():
-                self.add_function(parent_dir, vf, vf_look, dev.numa, self.group(), physfn=pf)
+                self.add_function(parent_dir, vf, vf_look, dev.numa, self.group(), physfn=pf, kind="vf")
+        self.doctor.finish(self.tree)
         return self.tree
 
     def add_device(self, dev: DeviceSpec, parent_dir: str, shared_group: int | None,
                    vfs: list[tuple[DeviceSpec, str]]) -> None:
         group = dev.iommu if dev.iommu is not None else shared_group
+        gdr_path = dev.kind in BRIDGE_KINDS and synth_doctor.leads_to_gdr_device(dev)
         for bdf in dev.function_bdfs():
             g = group if group is not None else self.group()
-            self.add_function(parent_dir, bdf, dev.look, dev.numa, g)
+            self.add_function(parent_dir, bdf, dev.look, dev.numa, g, kind=dev.kind, gdr_path=gdr_path)
         if dev.vfs:
             vfs.append((dev, parent_dir))
         # Conventional PCI behind a PCIe-to-PCI bridge cannot be isolated: one group for all.
@@ -603,7 +630,7 @@ class _Builder:
             self.add_device(child, my_dir, child_group, vfs)
 
     def add_function(self, parent_dir: str, bdf: Bdf, look: Look, numa: int, group: int,
-                     physfn: Bdf | None = None) -> None:
+                     physfn: Bdf | None = None, kind: str = "ep", gdr_path: bool = False) -> None:
         d = f"{parent_dir}/{bdf}"
         to_root = "../" * (d.count("/") + 1)
         self.tree.add_link(f"{PCI_DEVICES_DIR}/{bdf}", "../" * (PCI_DEVICES_DIR.count("/") + 1) + d)
@@ -624,6 +651,7 @@ class _Builder:
                 raise SysfsError(f"synth does not know how to write the link {attr!r}")
             if links[attr] is not None:
                 self.tree.add_link(f"{d}/{attr}", links[attr])
+        self.doctor.add_function(self.tree, d, bdf, look, kind, group, gdr_path)
 
 
 def build_tree(spec: HostSpec) -> MemoryTree:

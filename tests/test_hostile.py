@@ -565,12 +565,12 @@ def test_the_server_writes_only_its_socket(tmp_path):
     assert not [e for e in events if e[0] in _RUNS_SOMETHING], "started a process"
 
 
-def test_options_are_only_mode_on_error_and_nvlink():
-    """SECURITY.md: an annotation can choose between enumerated values of these three options and
-    nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
+def test_options_are_only_the_documented_enumerations():
+    """SECURITY.md: an annotation can choose between enumerated values of these options
+    and nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
     from sidecar.config import HookOptions, describe_options
 
-    assert set(HookOptions.model_fields) == {"mode", "on_error", "nvlink"}
+    assert set(HookOptions.model_fields) == {"mode", "on_error", "doctor", "nvlink"}  # doctor: issue 13, nvlink: issue 12
     for name, allowed, _default, _doc in describe_options():
         assert allowed and all(isinstance(v, str) and v.isascii() and v.replace("-", "").isalpha() for v in allowed), name
 

@@ -18,6 +18,7 @@ from topology.domain import parse_cpuset
 from topology.errors import SysfsError
 from topology.model import Topology
 from topology.sysfs import (
+    DOCTOR_ATTRS,
     LINK_ATTRS,
     NODE_ATTRS,
     OPTIONAL_ATTRS,
@@ -112,7 +113,7 @@ ATTR_FORMATS = {
 @pytest.mark.parametrize("name", SMALL_FIXTURES)
 def test_fixtures_hold_only_listed_files_in_kernel_format(name):
     tree = fixture_tree(name)
-    listed = set(REQUIRED_ATTRS) | set(OPTIONAL_ATTRS) | set(LINK_ATTRS)
+    listed = set(REQUIRED_ATTRS) | set(OPTIONAL_ATTRS) | set(LINK_ATTRS) | set(DOCTOR_ATTRS)
     dirs = function_dirs(tree)
     assert dirs, name
     for bdf, d in dirs.items():
@@ -121,7 +122,7 @@ def test_fixtures_hold_only_listed_files_in_kernel_format(name):
         children = {n for n in names if re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", n)}
         assert names - children <= listed, (bdf, names - children - listed)
         assert set(REQUIRED_ATTRS) <= names, bdf
-        for attr in names - children - set(LINK_ATTRS):
+        for attr in names - children - set(LINK_ATTRS) - set(DOCTOR_ATTRS):  # doctor's: test_doctor.py
             data = tree.read(f"{d}/{attr}")
             assert isinstance(data, bytes) and data.endswith(b"\n") and data.count(b"\n") == 1
             assert re.fullmatch(ATTR_FORMATS[attr], data.decode().rstrip("\n")), (bdf, attr, data)
@@ -194,7 +195,7 @@ def test_omit_drops_optional_files_and_driver_none_drops_the_link():
         """)
     d = resolve(t2, "bus/pci/devices/0000:01:00.0")
     assert set(t2.listdir(d) or []) == {"vendor", "device", "class", "subsystem_vendor",
-                                         "subsystem_device", "numa_node", "local_cpulist"}
+                                         "subsystem_device", "numa_node", "local_cpulist", *DOCTOR_ATTRS}
 
 
 def test_overrides_and_current_link():

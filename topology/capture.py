@@ -13,6 +13,10 @@ from typing import BinaryIO
 from .errors import SysfsError
 from .sysfs import (
     CLASS_DIRS,
+    DOCTOR_ATTRS,
+    IOMMU_CLASS_DIR,
+    IOMMU_GROUP_ATTRS,
+    IOMMU_GROUPS_DIR,
     LINK_ATTRS,
     MAX_ATTR_BYTES,
     NODE_ATTRS,
@@ -54,7 +58,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
         tree.add_link(link, target)
         tree.add_dir(real)
         functions += 1
-        for attr in REQUIRED_ATTRS + OPTIONAL_ATTRS:
+        for attr in REQUIRED_ATTRS + OPTIONAL_ATTRS + DOCTOR_ATTRS:
             data = source.read(f"{real}/{attr}")
             if data is None:
                 continue
@@ -67,6 +71,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
             if t is not None:
                 tree.add_link(f"{real}/{attr}", t)
         _capture_mgmt_signals(source, tree, real)
+    _capture_iommu(source, tree, skipped)  # pcitopo doctor (issue 13)
     nodes = 0
     for n in sorted(source.listdir(NODE_DIR) or []):
         if not (n.startswith("node") and n[4:].isdigit()):
@@ -97,6 +102,28 @@ def _capture_mgmt_signals(source: Source, tree: MemoryTree, real: str) -> None:
             tree.add_dir(f"{real}/{d}")
             for n in names:
                 tree.add_dir(f"{real}/{d}/{n}")
+
+
+def _capture_iommu(source: Source, tree: MemoryTree, skipped: list[str]) -> None:
+    """pcitopo doctor (issue 13): the IOMMU groups (their type and member links) and the IOMMU
+    units (class/iommu links), so a captured host can be doctored offline."""
+    for g in sorted(source.listdir(IOMMU_GROUPS_DIR) or []):
+        gdir = f"{IOMMU_GROUPS_DIR}/{g}"
+        tree.add_dir(gdir)
+        for attr in IOMMU_GROUP_ATTRS:
+            data = source.read(f"{gdir}/{attr}")
+            if isinstance(data, bytes):
+                tree.add_file(f"{gdir}/{attr}", data)
+            elif isinstance(data, Unreadable):
+                skipped.append(f"{gdir}/{attr}: {data.why}")
+        for m in sorted(source.listdir(f"{gdir}/devices") or []):
+            t = source.readlink(f"{gdir}/devices/{m}")
+            if t is not None:
+                tree.add_link(f"{gdir}/devices/{m}", t)
+    for unit in sorted(source.listdir(IOMMU_CLASS_DIR) or []):
+        t = source.readlink(f"{IOMMU_CLASS_DIR}/{unit}")
+        if t is not None:
+            tree.add_link(f"{IOMMU_CLASS_DIR}/{unit}", t)
 
 
 def capture(sysfs: str | os.PathLike, out: str | os.PathLike, stdout: BinaryIO | None = None) -> CaptureSummary:

@@ -210,6 +210,11 @@ class Topology:
         return None if read is None else self.memo(("extra", what, bdf), lambda: read(bdf))
 
     @property
+    def loader(self) -> FunctionLoader:
+        """Where this topology reads from (pcitopo doctor reads more files through its source)."""
+        return self._loader
+
+    @property
     def warnings(self) -> list[str]:
         """What the loader skipped or could not read (optional attributes only)."""
         return list(getattr(self._loader, "warnings", ()))

@@ -39,6 +39,15 @@ VPD_ATTR = "vpd"
 CLASS_DIRS = ("infiniband", "net")
 NODE_ATTRS = ("cpulist",)
 
+# -- pcitopo doctor (issue 13): what the host-readiness checks read, besides the above ---------
+# Per function: config space (64 bytes unprivileged, 4096 as root), BARs, the driver override.
+DOCTOR_ATTRS = ("config", "resource", "driver_override")
+# kernel/iommu_groups/<N>/devices/<BDF> (links) and .../type; class/iommu/<unit> (links).
+IOMMU_GROUPS_DIR = "kernel/iommu_groups"
+IOMMU_GROUP_ATTRS = ("type",)
+IOMMU_CLASS_DIR = "class/iommu"
+# -- end pcitopo doctor ------------------------------------------------------------------------
+
 PCI_DEVICES_DIR = "bus/pci/devices"
 NODE_DIR = "devices/system/node"
 
