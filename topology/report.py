@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Sequence
 from .classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
 from .model import Bdf, PciFunction, Role, Topology
 from .names import part_name
+from .vfs import VfGroups, group_vfs, vf_summary, with_vfs
 
 LABEL_PREFIX = {Role.GPU: "GPU", Role.NIC: "NIC", Role.NVME: "NVME", Role.NVSWITCH: "NVSW"}
 
@@ -91,11 +92,14 @@ def render_matrix(
     return "\n".join(lines)
 
 
-def device_legend(topo: Topology, rows: Sequence[Labeled], live_root: str | None = None) -> str:
+def device_legend(
+    topo: Topology, rows: Sequence[Labeled], live_root: str | None = None, groups: VfGroups | None = None
+) -> str:
     lines = ["Device Legend:", ""]
     for r in rows:
         name = part_name(r.function, live_root) or r.function.ids
         vf = f", VF of {r.function.physfn}" if r.function.physfn else ""
+        vf += vf_summary(topo, groups.vfs_of(r.function.bdf)) if groups else ""  # issue 14 #9
         lines.append(f"  {r.label}: {r.function.bdf}  {name}{vf}")
     return "\n".join(lines)
 
@@ -106,7 +110,8 @@ def topo_text(
     nvlink: NvlinkOracle,
     live_root: str | None = None,
 ) -> str:
-    rows = label_devices(topo, bdfs)
+    groups = group_vfs(topo, bdfs)  # issue 14 #9: VFs are legend lines under their PF, not rows
+    rows = label_devices(topo, groups.heads)
     classes = {(a.label, b.label): classify(topo, a.function, b.function) for a in rows for b in rows if a is not b}
     links = {(a.label, b.label): nvlink.count(a.function, b.function) for a in rows for b in rows if a is not b}
     affinity = [
@@ -115,7 +120,7 @@ def topo_text(
     ]
     nvml = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nvml"), affinity)
     nccl = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nccl"))
-    parts = [nvml, "", NVML_LEGEND, "", device_legend(topo, rows, live_root), "", NCCL_LEGEND, "", nccl]
+    parts = [nvml, "", NVML_LEGEND, "", device_legend(topo, rows, live_root, groups), "", NCCL_LEGEND, "", nccl]
     if any(v for v in links.values()):
         parts += ["", "NV# counts are inferred from the SXM board table (NVLink is not in sysfs)."]
     return "\n".join(parts) + "\n"
@@ -153,7 +158,8 @@ def device_json(topo: Topology, lab: Labeled) -> dict:
 
 
 def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict:
-    rows = label_devices(topo, bdfs)
+    groups = group_vfs(topo, bdfs)  # issue 14 #9: VFs listed under their PF, pairs between heads
+    rows = label_devices(topo, groups.heads)
     out_pairs = []
     for a, b in pairs([r.function.bdf for r in rows]):
         fa, fb = topo.function(a), topo.function(b)
@@ -163,7 +169,7 @@ def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict
         )
     return {
         "host": topo.name,
-        "devices": [device_json(topo, r) for r in rows],
+        "devices": [with_vfs(topo, device_json(topo, r), groups.vfs_of(r.function.bdf)) for r in rows],
         "pairs": out_pairs,
         "nvlink_source": "inferred from the SXM board table",
         "warnings": topo.warnings,
