@@ -26,6 +26,18 @@ PACKAGES=(
     libvirt-daemon-driver-qemu
     libvirt-clients          # virsh, virt-xml-validate
     libxml2-utils            # xmllint, used by virt-xml-validate
+    graphviz                 # dot: renders `pcitopo topo --dot` (make demo, the DOT test)
+    # The grpc-go hook client test (tests/sidecar/goclient.py): stubs generated from proto/ by
+    # Debian's protoc plugins, built in GOPATH mode against Debian's Go libraries (no module
+    # proxy). grpc-go 1.33 needs github.com/golang/protobuf's 1.5 line for protoc-gen-go 1.28
+    # messages (the 1.3 line it would otherwise pull in panics on the first reply).
+    golang-go
+    golang-google-grpc-dev
+    golang-google-protobuf-dev
+    golang-github-golang-protobuf-1-5-dev
+    protobuf-compiler
+    protoc-gen-go
+    protoc-gen-go-grpc
 )
 
 log() { printf 'setup-debian: %s\n' "$*" >&2; }
