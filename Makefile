@@ -22,6 +22,10 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/pcitopo topo --sysfs fixtures/hgx-b200
 	$(BIN)/xmlfix --explain --sysfs fixtures/hgx-b200 fixtures/hgx-b200/domain.xml
+	@if command -v dot >/dev/null; then \
+	    mkdir -p build && $(BIN)/pcitopo topo --dot --sysfs fixtures/hgx-b200 | dot -Tsvg -o build/hgx-b200.svg \
+	    && echo "picture: build/hgx-b200.svg (host and predicted guest side by side)"; \
+	else echo "picture: install graphviz for build/hgx-b200.svg"; fi
 
 test: setup
 	$(BIN)/python -m pytest

@@ -60,6 +60,12 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     # Named devices in the order given, each once (a repeated BDF is not a second device).
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
+    if args.dot:  # issue 14 #11: host and predicted guest as one Graphviz picture
+        from topology.dot import topo_dot
+        from topology.vfs import group_vfs
+
+        sys.stdout.write(topo_dot(topo, group_vfs(topo, bdfs).heads, live_root))
+        return EXIT_OK
     if args.json:
         json.dump(topo_json(topo, bdfs, oracle), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -114,6 +120,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--json", action="store_true", help="machine-readable devices and pairs")
     t.add_argument("--tree", action="store_true", help="lspci -tv-like tree with roles, NUMA, switch kinds")
     t.add_argument("--vfs", action="store_true", help="include SR-IOV VFs in the default device list")
+    t.add_argument("--dot", action="store_true", help="Graphviz DOT: host tree and the guest a VM given these devices would see (render with dot -Tsvg)")
     t.add_argument("--nvlink-table", metavar="FILE", help="JSON NVLink board table overriding the built-in one")
     t.add_argument("bdf", nargs="*", help="devices to classify (default: all GPU and NIC physical functions)")
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")

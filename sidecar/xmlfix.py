@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="exit 1 unless the domain is already correctly placed with full fidelity")
     p.add_argument("--explain", action="store_true", help="host vs predicted guest matrices and the guest tree")
     p.add_argument("--diff", action="store_true", help="unified diff of the change")
+    p.add_argument("--dot", action="store_true", help="the explanation as a Graphviz picture: host and predicted guest trees in DOT (implies --explain)")
     return p
 
 
@@ -74,7 +75,12 @@ def xmlfix(argv: Sequence[str]) -> int:
     result = outcome.result
     out = outcome.xml
 
-    if args.explain:
+    args.explain = args.explain or args.dot  # issue 14 #11
+    if args.explain and args.dot:  # issue 14 #11: the explanation as a picture
+        from topology.dot import explain_dot
+
+        sys.stdout.write(explain_dot(result, host, outcome.reason))
+    elif args.explain:
         if result is None:
             sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
         else:
