@@ -169,16 +169,31 @@ def _rc_numa(topo: Topology, rc: str) -> str:
     return ",".join(str(n) for n in nodes if n >= 0) or "unknown"
 
 
-def explain_dot(result, host: Topology, reason: str | None = None, live_root: str | None = None) -> str:
+def _verdict(report) -> str:
+    """One line: how many pairs keep their class in NCCL's and in nvidia-smi's view."""
+    n = len(report.pairs)
+    nccl = sum(p.nccl_same for p in report.pairs)
+    nvml = sum(p.nvml_same for p in report.pairs)
+    lost = len(report.fidelity_lost)
+    out = f"NCCL {nccl}/{n} pairs as on the host, nvidia-smi {nvml}/{n}"
+    if lost:
+        return out + f", {lost} pair(s) lost (xmlfix --explain says why)"
+    if nvml < n:
+        out += " (the rest: Broadcom two-level switch drawn as one, PXB→PIX, as NCCL sees it)"
+    return out
+
+
+def explain_dot(result, host: Topology, reason: str | None = None, live_root: str | None = None,
+                guest_is: str | None = None) -> str:
     """``xmlfix --explain --dot``: the host devices the domain passes through and their guest
     places. ``result`` None (the domain was left unchanged): the host side only, and why."""
     if result is None:
         return render(host, [], None, {}, {}, f"domain left unchanged: {reason}", live_root)
     rows = label_devices(host, [d.host for d in result.report.placed])
     g = result.guest
-    lost = len(result.report.fidelity_lost)
-    verdict = "every pair as on the host" if not lost else f"{lost} pair(s) differ from the host"
-    title = (f"pcitopo: host (left) and predicted guest (right), {len(rows)} devices, {verdict}\n"
+    verdict = _verdict(result.report)
+    guest_is = guest_is or f"predicted guest of this domain ({len(rows)} devices)"
+    title = (f"pcitopo: host (left), {guest_is} (right)\n{verdict}\n"
              "one colour = a GPU and its GPUDirect RDMA NIC (PIX/PXB); boxes = switches; dashed frames = root complexes")
     return render(host, rows, g.topology, g.host_to_guest, g.cells, title, live_root)
 
@@ -190,4 +205,5 @@ def topo_dot(host: Topology, bdfs: list[Bdf], live_root: str | None = None) -> s
 
     nodes = sorted({host.numa_of(host.function(b)) for b in bdfs} - {-1})
     result = rewrite_domain(sketch_domain(bdfs, nodes), host)
-    return explain_dot(result, host, None, live_root)
+    guest_is = f"predicted guest of a VM given all {len(bdfs)} devices, one guest cell per host NUMA node"
+    return explain_dot(result, host, None, live_root, guest_is)
