@@ -52,7 +52,9 @@ def server(tmp_path_factory):
 
 def call(client: Path, socket: Path, *args: str) -> tuple[int, dict]:
     r = subprocess.run([str(client), "-socket", str(socket), *args], capture_output=True, timeout=120)
-    return r.returncode, json.loads(r.stdout.decode().strip().splitlines()[-1])
+    lines = r.stdout.decode().strip().splitlines()
+    assert lines, f"hookclient printed nothing (exit {r.returncode}): {r.stderr.decode(errors='replace')[:2000]}"
+    return r.returncode, json.loads(lines[-1])
 
 
 def test_f13_stubs_are_generated_for_kubevirts_service_names(hookclient):
