@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the Debian packages the project needs (e2e tier: QEMU/TCG + a private
-# libvirtd + a guest kernel) on a fresh Debian 12 machine, as root, without
-# manual steps. Idempotent and fast when everything is already there, so that
+# libvirtd + a guest kernel; graphviz for the --dot test; Go, protoc and Debian's
+# grpc-go for the independent hook client test) on a fresh Debian 12 machine, as
+# root, without manual steps. `make demo` / `make test-fast` run it with
+# SKIP_KERNEL=1; only `make test` (the e2e tier) fetches the guest kernel. Idempotent and fast when everything is already there, so that
 # `make setup` / `make test` cost nothing on a warm machine.
 #
 # Deliberately NOT installed: libvirt-daemon-system (pulls systemd/udev
