@@ -10,40 +10,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
-from topology.errors import PcitopoError
+from topology import __version__
+from topology.errors import ConfigError
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 like every other bad input."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}\n")
-
-
-def run_door(prog: str, body: Callable[[], int]) -> int:
-    try:
-        return body()
-    except PcitopoError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except BrokenPipeError:
-        # `pcitopo topo | head`: the reader left; not an error of ours.
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
-        return EXIT_OK
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # the last line of defence: still one line, still no traceback
-        if os.environ.get("PCITOPO_DEBUG"):
-            raise
-        print(f"{prog}: internal error: {type(e).__name__}: {e} (set PCITOPO_DEBUG=1 for a traceback)", file=sys.stderr)
-        return EXIT_INTERNAL
+from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
 
 
 # -- pcitopo topo ----------------------------------------------------------------------------
@@ -54,6 +26,9 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     from topology.report import default_devices, topo_json, topo_text, tree_text
     from topology.sysfs import open_host
 
+    chosen = [f"--{name}" for name in ("json", "tree", "dot") if getattr(args, name)]
+    if len(chosen) > 1:  # finding 12 (and 11's --dot): one output per run, never a silent choice
+        raise ConfigError(f"{' and '.join(chosen)} are different outputs: give one of them")
     topo = open_host(args.sysfs)
     table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
     oracle = NvlinkOracle(topo, table)
@@ -72,7 +47,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.tree:
         labels = {}
-        from topology.report import label_devices
+        from topology.labels import label_devices
 
         for lab in label_devices(topo, bdfs):
             labels[lab.function.bdf] = lab.label
@@ -90,10 +65,10 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 def _cmd_capture(args: argparse.Namespace) -> int:
     from topology.capture import capture
 
-    summary = capture(args.sysfs, args.output)
+    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # finding 4: -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
-        f"({summary.entries} entries) from {args.sysfs} into {args.output}",
+        f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
         file=sys.stderr,
     )
     for s in summary.skipped:
@@ -101,8 +76,32 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- pcitopo verify (issue 14, finding 5): the guest against xmlfix --json ------------------
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from topology.sysfs import open_host
+    from topology.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
+
+    try:
+        with open(args.expect, "rb") as fh:
+            data = fh.read(MAX_EXPECT_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read {args.expect}: {e.strerror or e}") from None
+    expect = load_expectation(data, args.expect)
+    v = verify_guest(expect, open_host(args.sysfs))
+    for line in v.problems:
+        print(f"pcitopo verify: {line}", file=sys.stderr)
+    verdict = "differs from the prediction" if v.problems else "as predicted"
+    print(f"pcitopo verify: {verdict}: {v.devices_checked}/{len(expect.devices)} devices, "
+          f"{v.pairs_checked}/{len(expect.pairs)} pairs checked, {len(v.problems)} difference(s)", file=sys.stderr)
+    return EXIT_CHECK_FAILED if v.problems else EXIT_OK
+
+
 def _cmd_serve(argv: Sequence[str]) -> int:
-    from sidecar.server import serve_main
+    from .process import tune_server_process
+
+    tune_server_process()  # before grpc and pydantic are imported
+    from .server import serve_main
 
     return serve_main(list(argv))
 
@@ -113,8 +112,9 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
         return run_door("pcitopo serve", lambda: _cmd_serve(argv[1:]))
-    parser = _Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
+    parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")  # finding 6
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     t = sub.add_parser("topo", help="GPU/NIC matrix like `nvidia-smi topo -m`, or the tree")
     t.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     t.add_argument("--json", action="store_true", help="machine-readable devices and pairs")
@@ -124,16 +124,19 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--nvlink-table", metavar="FILE", help="JSON NVLink board table overriding the built-in one")
     t.add_argument("bdf", nargs="*", help="devices to classify (default: all GPU and NIC physical functions)")
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
-    c.add_argument("--sysfs", default=default_sysfs())
-    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz")
+    c.add_argument("--sysfs", default=default_sysfs(), help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
+    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
+    v = sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction (exit 1 on any difference)")
+    v.add_argument("--expect", required=True, metavar="PREDICTED.json", help="what `xmlfix --json` printed for this VM")
+    v.add_argument("--sysfs", default=default_sysfs(), help="the guest's sysfs root, a capture .tar.gz or a sysfs-shaped dir (default $PCITOPO_SYSFS or /sys)")
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     args = parser.parse_args(argv)
-    handler = {"topo": _cmd_topo, "capture": _cmd_capture}[args.command]
+    handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 
 def xmlfix_main(argv: Sequence[str] | None = None) -> int:
-    from sidecar.xmlfix import xmlfix
+    from .xmlfix import xmlfix
 
     return run_door("xmlfix", lambda: xmlfix(list(sys.argv[1:] if argv is None else argv)))
 

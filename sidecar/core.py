@@ -17,16 +17,13 @@ What it promises its doors:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 from topology.errors import DomainError, PcitopoError
 from topology.model import Topology
 from topology.rewrite import RewriteResult, rewrite_domain
 
-from .config import DEFAULT_OPTIONS, DefaultOptions, VmiFacts, options_from_vmi
-
-if TYPE_CHECKING:
-    from .config import HookOptions
+from .config import DEFAULT_OPTIONS, HookOptions, VmiFacts, annotation, options_from_vmi
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 HostArg = Union[Topology, Callable[[], Topology]]
@@ -47,8 +44,7 @@ class HookOutcome:
     # fidelity, warnings); empty unless the rewrite ran.
     summary: dict[str, Any] = field(default_factory=dict)
     vmi: VmiFacts = field(default_factory=VmiFacts)
-    # HookOptions (pydantic) when the VMI carries our annotations, else DEFAULT_OPTIONS.
-    options: HookOptions | DefaultOptions = DEFAULT_OPTIONS
+    options: HookOptions = DEFAULT_OPTIONS
     # The full rewrite result (report, guest view) when the rewrite ran; xmlfix explains it.
     result: RewriteResult | None = None
 
@@ -74,7 +70,7 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         raise DomainError("the domain XML is empty")
     vmi, options = options_from_vmi(vmi_json)
     if options.mode == "off":
-        return HookOutcome(domain_xml, "unchanged-off", f"annotation {_mode_annotation()} is off", vmi=vmi, options=options)
+        return HookOutcome(domain_xml, "unchanged-off", f"annotation {annotation('mode')} is off", vmi=vmi, options=options)
     try:
         topo = host() if callable(host) else host
         result = rewrite_domain(domain_xml, topo)
@@ -94,11 +90,6 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result)
 
 
-def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions | DefaultOptions) -> HookOutcome:
+def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions) -> HookOutcome:
     return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", {"error": err.kind}, vmi, options)
 
-
-def _mode_annotation() -> str:
-    from .config import PREFIX
-
-    return f"{PREFIX}mode"

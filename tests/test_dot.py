@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from testkit import REPO as ROOT
 
 BIN = Path(sys.executable).parent
 NODE = re.compile(r'^\s*"(host|guest):([^"]+)" \[(.*)\];$')

@@ -17,7 +17,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from conftest import ROOT
+from testkit import REPO as ROOT
 
 CONTEXT_LIMIT = 2 * 1024 * 1024
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import textwrap
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import topology.synth as synth
+import testkit.synth as synth
+from testkit import FIXTURES, fixture_script
+from testkit.synth import build_tree, format_cpus, load_topo_file, parse_topo
+from topology.domain import parse_cpuset
 from topology.errors import SysfsError
 from topology.model import Topology
 from topology.sysfs import (
@@ -25,21 +26,8 @@ from topology.sysfs import (
     SysfsReader,
     resolve,
 )
-from topology.synth import build_tree, format_cpus, load_topo_file, parse_cpus, parse_topo
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
-
-
-def _load_generate():
-    spec = importlib.util.spec_from_file_location("fixtures_generate", FIXTURES / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = _load_generate()
+generate = fixture_script("generate")
 FIXTURE_NAMES = generate.fixture_names()
 SMALL_FIXTURES = [n for n in FIXTURE_NAMES if n != "sriov-4k"]
 
@@ -263,8 +251,9 @@ def test_the_reader_sees_the_described_hierarchy():
 
 @given(st.sets(st.integers(min_value=0, max_value=600), min_size=1))
 def test_cpulist_round_trip(cpus):
+    """What synth writes (the kernel's format), the sidecar's own parser reads back."""
     text = format_cpus(sorted(cpus))
-    assert parse_cpus(text) == tuple(sorted(cpus))
+    assert parse_cpuset(text) == cpus
     assert "--" not in text and not text.startswith(",")
 
 
@@ -320,7 +309,9 @@ BAD = [
     ("no numa line", "rc 0000:10 numa=-1\n", 1, "no 'numa' line"),
     ("numa CPUs shared", "numa 0 cpus=0-3\nnuma 1 cpus=3-5\n", 2, "shares CPUs"),
     ("numa declared twice", "numa 0 cpus=0\nnuma 0 cpus=1\n", 2, "already declared"),
-    ("bad cpu list", "numa 0 cpus=0-\n", 1, "not a CPU list"),
+    ("bad cpu list", "numa 0 cpus=0-\n", 1, "cannot read cpu/node list '0-'"),
+    ("backwards cpu range", "numa 0 cpus=3-1\n", 1, "cannot read cpu/node list '3-1'"),
+    ("cpu list naming no CPU", "numa 0 cpus=0-3,^0-3\n", 1, "names no CPU"),
     ("numa without cpus", "numa 0\n", 1, "needs cpus=LIST"),
 ]
 
@@ -382,8 +373,9 @@ def test_fixtures_read_back_through_the_project_reader():
         assert host.warnings == [], name
 
 
-def test_hgx_h100_matches_the_corpus_dump():
-    """Facts from corpus/supermicro-hgx-h200-host-and-guests.txt (the NCCL dump of that host)."""
+def test_hgx_h100_matches_the_nccl_dump_of_the_real_host():
+    """Facts from the bare-metal NCCL dump of a Supermicro HGX H200 posted in NVIDIA nccl-tests
+    issue #256 (docs/SOURCES.md, "the fixture hosts")."""
     topo = Topology(SysfsReader(fixture_tree("hgx-h100")))
     switches = {"16:00.0": {"18:00.0", "19:00.0"}, "27:00.0": {"29:00.0", "2a:00.0"},
                 "38:00.0": {"3a:00.0", "3b:00.0"}, "5a:00.0": {"5c:00.0", "5d:00.0"}}
@@ -401,7 +393,7 @@ def test_hgx_h100_matches_the_corpus_dump():
         assert (f.ids, f.subsystem_ids, f.class_code) == ("15b3:1021", "15b3:0023", 0x020000)
     for nvs in ("05:00.0", "06:00.0", "07:00.0", "08:00.0"):
         assert topo.function(nvs).ids == "10de:22a3"
-    # The brief: GPUs 18 2a 3a 5d on NUMA 0, the rest on NUMA 1.
+    # Two sockets: GPUs 18 2a 3a 5d on NUMA 0, the rest on NUMA 1 (fixtures/hgx-h100/README.md).
     assert {g[:2]: topo.numa_of(topo.function(g)) for g in ("18:00.0", "5d:00.0", "9a:00.0", "db:00.0")} == {
         "18": 0, "5d": 0, "9a": 1, "db": 1}
 

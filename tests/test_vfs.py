@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from testkit import REPO as ROOT
 from topology.classify import classify
 from topology.report import default_devices
 from topology.sysfs import open_host

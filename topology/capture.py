@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from .errors import SysfsError
 from .sysfs import (
@@ -75,10 +76,18 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
     return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped))
 
 
-def capture(sysfs: str | os.PathLike, out: str | os.PathLike) -> CaptureSummary:
+def capture(sysfs: str | os.PathLike, out: str | os.PathLike, stdout: BinaryIO | None = None) -> CaptureSummary:
+    """Capture ``sysfs`` into the file ``out``; ``out == "-"`` writes to ``stdout`` (a binary
+    stream, e.g. ``sys.stdout.buffer``), refusing a terminal."""
     tree, summary = capture_tree(open_source(sysfs))
     try:
-        tree.write_tarball(out)
+        if os.fspath(out) == "-":
+            if stdout is None or stdout.isatty():
+                raise SysfsError("refusing to write a gzip tarball to a terminal: redirect stdout (-o - > node.tar.gz)")
+            stdout.write(tree.tarball_bytes())
+            stdout.flush()
+        else:
+            tree.write_tarball(out)
     except OSError as e:
         raise SysfsError(f"cannot write {os.fspath(out)}: {e.strerror or e}") from None
     return summary

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from lxml import etree
 
+from .buses import MAX_CONTROLLER_INDEX, address_in_range
 from .errors import DomainError, quoted
 from .model import Bdf
 
@@ -93,7 +94,7 @@ def read_guest_address(el: etree._Element) -> GuestAddress | None:
         function=parse_int(addr.get("function", "0"), f"{where} function"),
         domain=parse_int(addr.get("domain", "0"), f"{where} domain"),
     )
-    if not (0 <= a.bus <= 0xFF and 0 <= a.slot <= 0x1F and 0 <= a.function <= 7 and 0 <= a.domain <= 0xFFFF):
+    if not address_in_range(a.domain, a.bus, a.slot, a.function):
         raise DomainError(f"{where} {a.domain:x}:{a.bus:x}:{a.slot:x}.{a.function:x} is out of range")
     return a
 
@@ -219,8 +220,8 @@ class PciController:
     @property
     def index(self) -> int:
         index = parse_int(self.el.get("index"), "pci controller index")
-        if not 0 <= index <= 255:
-            raise DomainError(f"pci controller index {index} is out of range (0-255)")
+        if not 0 <= index <= MAX_CONTROLLER_INDEX:
+            raise DomainError(f"pci controller index {index} is out of range (0-{MAX_CONTROLLER_INDEX})")
         return index
 
     @property
@@ -276,7 +277,7 @@ class PciHostdev:
         bus = parse_int(a.get("bus"), f"{where} bus")
         slot = parse_int(a.get("slot"), f"{where} slot")
         fn = parse_int(a.get("function", "0"), f"{where} function")
-        if not (0 <= dom <= 0xFFFF and 0 <= bus <= 0xFF and 0 <= slot <= 0x1F and 0 <= fn <= 7):
+        if not address_in_range(dom, bus, slot, fn):
             raise DomainError(f"{where} {dom:x}:{bus:x}:{slot:x}.{fn:x} is out of range")
         return Bdf(dom, bus, slot, fn)
 
@@ -346,14 +347,15 @@ class DomainView:
 
     def has_64bit_mmio_window(self) -> bool:
         """A sized 64-bit PCI hole on pcie-root or a passthrough physical address width: what
-        GPUs with 64-128 GiB BARs below expander buses need (brief 02)."""
+        GPUs with 64-128 GiB BARs below expander buses need (libvirt formatdomain: the
+        ``pcihole64`` element of pcie-root, ``<cpu><maxphysaddr>``; see docs/SOURCES.md)."""
         hole = self.root.find("devices/controller[@model='pcie-root']/pcihole64")
         return (hole is not None and (hole.text or "").strip() not in ("", "0")) or self.root.find("cpu/maxphysaddr") is not None
 
     def unplaced_pci_devices(self) -> tuple[int, int]:
         """(PCIe, conventional PCI) devices without a guest address: libvirt will place each
         PCIe one on a new root port of pcie-root, and the conventional ones behind a
-        pcie-to-pci-bridge."""
+        pcie-to-pci-bridge (what that costs in buses: :func:`topology.buses.pcie_root_buses_for`)."""
         pcie = conventional = 0
         for el in self.devices:
             if isinstance(el.tag, str) and el.find("address") is None and _needs_pci_slot(el):

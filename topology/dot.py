@@ -17,7 +17,7 @@ from .classify import Nccl, classify
 from .domain import sketch_domain
 from .model import Bdf, PciFunction, Role, Topology
 from .names import part_name
-from .report import Labeled, label_devices
+from .labels import Labeled, label_devices
 
 # Distinct fills that stay readable with black text (ColorBrewer Set3 / Pastel1 tones).
 PALETTE = (

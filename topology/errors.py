@@ -46,6 +46,12 @@ class UnknownDeviceError(PcitopoError):
     kind = "unknown-device"
 
 
+class MalformedBdfError(PcitopoError, ValueError):
+    """Text that is not a PCI address at all (a ValueError too: it is bad input, not a lookup miss)."""
+
+    kind = "malformed-bdf"
+
+
 class DomainError(PcitopoError):
     """The domain XML is malformed, hostile, or not something we can rewrite."""
 

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from .classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
 from .model import Bdf, PciFunction, Role, Topology
+from .labels import Labeled, label_devices
 from .names import part_name
 from .vfs import VfGroups, group_vfs, vf_summary, with_vfs
-
-LABEL_PREFIX = {Role.GPU: "GPU", Role.NIC: "NIC", Role.NVME: "NVME", Role.NVSWITCH: "NVSW"}
 
 NVML_LEGEND = """Legend:
 
@@ -26,35 +24,12 @@ NCCL_LEGEND = """NCCL's view (decides GPUDirect RDMA: used only at PXB or closer
   PIX = same switch   PXB = several switches, no CPU   PHB = through a CPU   SYS = across CPUs"""
 
 
-@dataclass(frozen=True, slots=True)
-class Labeled:
-    label: str
-    function: PciFunction
-    role: Role
-
-
 def default_devices(topo: Topology, include_vfs: bool = False) -> list[Bdf]:
     """GPUs and NICs of the host (physical functions only unless asked)."""
     out = []
     for f in topo.functions():
         if topo.role(f) in (Role.GPU, Role.NIC) and (include_vfs or not f.is_vf):
             out.append(f.bdf)
-    return out
-
-
-def label_devices(topo: Topology, bdfs: Iterable[Bdf]) -> list[Labeled]:
-    """GPU0.., NIC0.. in BDF order, as nvidia-smi numbers them; other roles DEV0.."""
-    fs = sorted((topo.function(b) for b in bdfs), key=lambda f: f.bdf)
-    counters: dict[str, int] = {}
-    out = []
-    for group in ("GPU", "NIC", "NVME", "NVSW", "DEV"):
-        for f in fs:
-            role = topo.role(f)
-            if LABEL_PREFIX.get(role, "DEV") != group:
-                continue
-            n = counters.get(group, 0)
-            counters[group] = n + 1
-            out.append(Labeled(f"{group}{n}", f, role))
     return out
 
 
@@ -109,9 +84,12 @@ def topo_text(
     bdfs: Sequence[Bdf],
     nvlink: NvlinkOracle,
     live_root: str | None = None,
+    _gpus_checked: bool = False,
 ) -> str:
     groups = group_vfs(topo, bdfs)  # issue 14 #9: VFs are legend lines under their PF, not rows
     rows = label_devices(topo, groups.heads)
+    if rows and not _gpus_checked and not any(r.role == Role.GPU for r in rows):
+        return _no_gpu_text(topo, bdfs, rows, nvlink, live_root, groups)
     classes = {(a.label, b.label): classify(topo, a.function, b.function) for a in rows for b in rows if a is not b}
     links = {(a.label, b.label): nvlink.count(a.function, b.function) for a in rows for b in rows if a is not b}
     affinity = [
@@ -124,6 +102,23 @@ def topo_text(
     if any(v for v in links.values()):
         parts += ["", "NV# counts are inferred from the SXM board table (NVLink is not in sysfs)."]
     return "\n".join(parts) + "\n"
+
+
+def _no_gpu_text(
+    topo: Topology, bdfs: Sequence[Bdf], rows: Sequence[Labeled], nvlink: NvlinkOracle, live_root: str | None,
+    groups: VfGroups,
+) -> str:
+    """No GPU among the devices (issue 14, finding 8): say so, then still show the NICs: their
+    NUMA and CPU affinity, and their matrix when there is more than one."""
+    head = [f"no GPUs found: {len(rows)} other device(s) shown ({', '.join(sorted({r.role.value for r in rows}))})", ""]
+    if len(rows) > 1:
+        body = topo_text(topo, bdfs, nvlink, live_root, _gpus_checked=True)
+        return "\n".join(head) + "\n" + body
+    r = rows[0]
+    numa = topo.numa_of(r.function)
+    lines = [device_legend(topo, rows, live_root, groups), "",
+             f"  {r.label}: CPU Affinity {cpus_of(topo, r.function)}, NUMA Affinity {numa if numa >= 0 else 'N/A'}"]
+    return "\n".join(head + lines) + "\n"
 
 
 def device_json(topo: Topology, lab: Labeled) -> dict:
@@ -218,8 +213,6 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
     return "\n".join(out) + "\n"
 
 
-
-
 # -- xmlfix --explain --------------------------------------------------------------------------
 
 def explain_text(result, host: Topology, live_root: str | None = None) -> str:
@@ -260,7 +253,11 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
         return f"{d.host_node if d.host_node >= 0 else '-'}>{cellv}"
 
     extra = [("Guest BDF", guest_col), ("NUMA>cell", numa_col)]
+    from .predict import verdict
+
     out = [
+        f"Verdict: {verdict(result, host)}",
+        "",
         "Host vs predicted guest, nvidia-smi view (cells read HOST>GUEST* where they differ):",
         "",
         render_matrix(rows, cell("nvml"), extra),
@@ -272,22 +269,15 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
         device_legend(host, rows, live_root),
         "",
     ]
-    diffs = [p for p in report.pairs if p.why]
-    if diffs:
-        out.append("Differences:")
-        label_of = {r.function.bdf: r.label for r in rows}
-        for p in diffs:
-            g = f"{p.guest.nccl.value}/{p.guest.nvml.value}" if p.guest else "?"
-            out.append(
-                f"  {label_of[p.a]}-{label_of[p.b]}: host {p.host.nccl.value}/{p.host.nvml.value} "
-                f"(NCCL/NVML), guest {g}: {p.why}"
-            )
-    else:
-        out.append("Every pair's guest class equals the host's (NCCL and NVML).")
+    out += explain_differences(result, host)
     numa = ", ".join(f"host {h} -> cell {c}" for h, c in sorted(report.numa_map.items())) or "none"
     out += ["", f"NUMA map ({report.numa_source}): {numa}"]
     for n in report.notes:
         out.append(f"note: {n}")
+    if not report.numa_map and report.placed:
+        from .predict import KUBEVIRT_NUMA_ADVICE
+
+        out.append(f"KubeVirt: {KUBEVIRT_NUMA_ADVICE}")
     out += ["", "Guest PCI tree (predicted, as lspci -tv would show it):", ""]
     guest_labels = {}
     for r in rows:
@@ -296,3 +286,69 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
             guest_labels[g] = f"{r.label} = host {r.function.bdf}"
     out.append(tree_text(guest.topology, None, guest_labels).rstrip("\n"))
     return "\n".join(out) + "\n"
+
+
+MAX_LISTED = 12  # pairs listed per reason in --explain; the rest are counted
+
+
+def explain_differences(result, host: Topology, width: int = 100) -> list[str]:
+    """The pairs a reader would see differ, grouped by reason (each reason once), naming for
+    each pair only the view that differs; NVLink-joined GPU pairs are left out (both views use
+    NVLink), and devices the guest shows without a NUMA cell are listed."""
+    from .predict import cell_less_devices, pair_views
+
+    views = pair_views(result, host)
+    groups: dict[str, list[str]] = {}
+    for v in views:
+        shown = [f"{t} {v.transition(k)}" for k, t in (("nccl", "NCCL"), ("nvml", "nvidia-smi")) if v.differs(k)]
+        if shown:
+            groups.setdefault(str(v.p.why), []).append(f"{v.name} {', '.join(shown)}")
+    out = []
+    for why, items in groups.items():
+        out.append(f"Differences ({len(items)} pair(s)): {why}")
+        line = " "
+        shown_items = items if len(items) <= MAX_LISTED else items[:MAX_LISTED] + [f"... and {len(items) - MAX_LISTED} more (all pairs: xmlfix --json)"]
+        for item in shown_items:
+            if len(line) + len(item) + 2 > width and line.strip():
+                out.append(line.rstrip(";"))
+                line = " "
+            line += f" {item};"
+        out.append(line.rstrip(";"))
+    hidden = sum(1 for v in views if v.nvlink and v.p.guest != v.p.host)
+    if hidden:
+        out.append(f"({hidden} GPU pair(s) joined by NVLink differ only in their PCIe class: not listed, both views use NVLink)")
+    cell_less = cell_less_devices(result)
+    for node, bdfs in sorted(cell_less.items()):
+        out.append(f"NUMA: {len(bdfs)} device(s) of host node {node} have no guest cell (numa_node -1 in the guest): "
+                   + ", ".join(str(b) for b in bdfs))
+    if not groups and not cell_less:
+        out.append("Every pair reads the same in the guest as on the host (NCCL and nvidia-smi).")
+    return out
+
+
+# -- xmlfix --diff -----------------------------------------------------------------------------
+
+def diff_text(before: bytes, after: bytes, name: str) -> str:
+    """A unified diff of what the rewrite changed in meaning. Both sides go through the same
+    parser and serialiser (the output already has), so a re-serialisation (``<x></x>`` read
+    back as ``<x/>``, quote style, attribute escapes) never shows as a change: only the
+    elements and attributes the rewrite added, removed or edited do."""
+    import difflib
+
+    from .domain import parse_domain, serialize
+
+    def norm(xml: bytes) -> list[str]:
+        return serialize(parse_domain(xml), xml).decode("utf-8", "replace").splitlines(keepends=True)
+
+    a, b = norm(before), norm(after)
+    # difflib.unified_diff's matcher treats lines frequent in a domain (``</hostdev>``) as junk
+    # and then pairs them up badly: match with autojunk off and write the hunks ourselves.
+    out = [f"--- {name}\n", f"+++ {name} (xmlfix)\n"]
+    for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(3):
+        (_, i1, _, j1, _), (_, i2, _, j2, _) = group[0], group[-1]
+        out.append(f"@@ -{i1 + 1},{group[-1][2] - i1} +{j1 + 1},{group[-1][4] - j1} @@\n")
+        for tag, a1, a2, b1, b2 in group:
+            out += [(" " if tag == "equal" else "-") + line for line in a[a1:a2]]
+            if tag != "equal":
+                out += ["+" + line for line in b[b1:b2]]
+    return "".join(out) if len(out) > 2 else ""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from .errors import SysfsError, UnknownDeviceError
+from .errors import MalformedBdfError, SysfsError
 from .model import Bdf, Link, NumaNode, PciFunction, Topology, is_bdf
 
 # The attribute files the reader uses: one list, shared by the reader and `pcitopo capture`.
@@ -243,6 +243,14 @@ class MemoryTree:
 
     def write_tarball(self, out: str | os.PathLike) -> None:
         """Write a deterministic ``.tar.gz``: sorted members, mtime 0, root-owned."""
+        data = self.tarball_bytes()
+        tmp = f"{os.fspath(out)}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, out)
+
+    def tarball_bytes(self) -> bytes:
+        """The deterministic ``.tar.gz`` (see :meth:`write_tarball`) as bytes."""
         import gzip
         import io
         import tarfile
@@ -268,11 +276,10 @@ class MemoryTree:
                     info.type = tarfile.DIRTYPE
                     info.mode = 0o755
                     tar.addfile(info)
-        tmp = f"{os.fspath(out)}.tmp"
-        with open(tmp, "wb") as fh:
-            with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=9) as gz:
-                gz.write(raw.getvalue())
-        os.replace(tmp, out)
+        packed = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0, compresslevel=9) as gz:
+            gz.write(raw.getvalue())
+        return packed.getvalue()
 
     def write_dir(self, out: str | os.PathLike) -> None:
         """Materialise the tree as a real directory (symlinks kept as symlinks)."""
@@ -326,8 +333,32 @@ class MemoryTree:
         except SysfsError:
             raise
         except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile) as e:
-            raise SysfsError(f"{name}: not a readable capture tarball ({e})") from None
+            raise SysfsError(_not_a_capture(name, e)) from None
         return tree
+
+
+SYSFS_KINDS = "/sys, a directory laid out like sysfs, a capture .tar.gz from `pcitopo capture`, or a fixture directory"
+
+
+def _not_a_capture(name: str, e: BaseException) -> str:
+    """One line for a --sysfs file that is not a capture (finding 8: tarfile's own message
+    chains four decompressors' errors). Says what the file looks like when that is obvious."""
+    import tarfile
+
+    try:
+        with open(name, "rb") as fh:
+            head = fh.read(512).lstrip()
+    except OSError as oe:
+        return f"{name}: cannot read it ({oe.strerror or oe})"
+    if head.startswith(b"<"):
+        what = "it is XML, a domain?"
+    elif head[:1] in (b"{", b"["):
+        what = "it is JSON"
+    elif head.startswith(b"\x1f\x8b") or isinstance(e, (EOFError, tarfile.ReadError)) and "end of" in str(e):
+        what = "truncated or damaged"
+    else:
+        what = "not a gzip'd tar"
+    return f"{name}: not a readable capture tarball ({what}); --sysfs takes {SYSFS_KINDS}"
 
 
 def default_sysfs() -> str:
@@ -438,7 +469,7 @@ class SysfsReader:
         if physfn_name is not None:
             try:
                 physfn = Bdf.parse(physfn_name)
-            except UnknownDeviceError:
+            except MalformedBdfError:
                 self._warn(f"{base}/physfn: {physfn_name!r} is not a PCI address, ignored")
         group = self._link_name(f"{base}/iommu_group")
         return PciFunction(

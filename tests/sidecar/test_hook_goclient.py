@@ -2,7 +2,7 @@
 
 ``hookclient`` (tests/sidecar/goclient/main.go) is a grpc-go program whose stubs are generated
 from the hook .proto files by Debian's protoc-gen-go/protoc-gen-go-grpc and compiled against
-Debian's grpc-go (tests/sidecar/goclient.py). It dials the bare socket path with a unix dialer,
+Debian's grpc-go (testkit/goclient.py). It dials the bare socket path with a unix dialer,
 insecure, authority "localhost", a fresh connection per call, Info with a 1 s deadline, exactly
 like KubeVirt's hook manager. Our own Python client shares the generated Python code with the
 server, so it cannot catch a wire mistake both sides make; this one can.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from goclient import PACKAGES, build_hookclient, missing_tools
-from hookkit import ServerProcess, fixture_domain, fixture_sysfs, serve_argv, vmi_json, wait_for_socket, xmlfix
+from testkit.goclient import PACKAGES, build_hookclient, missing_tools
+from testkit.hookkit import ServerProcess, fixture_domain, fixture_sysfs, serve_argv, vmi_json, wait_for_socket, xmlfix
 
 VERSIONS = ("v1alpha1", "v1alpha2", "v1alpha3")
 
@@ -42,8 +42,7 @@ def server(tmp_path_factory):
     d = Path(tempfile.mkdtemp(prefix="pcitopo-go-"))
     (d / "hook-sidecar-0").mkdir()
     sock = d / "hook-sidecar-0" / "pcitopo.sock"
-    srv = ServerProcess(serve_argv(sock, fixture_sysfs("hgx-b200")), tmp_path_factory.mktemp("go") / "server.log")
-    srv.socket = sock
+    srv = ServerProcess(serve_argv(sock, fixture_sysfs("hgx-b200")), tmp_path_factory.mktemp("go") / "server.log", socket=sock)
     wait_for_socket(sock, proc=srv.proc)
     yield srv
     srv.stop()

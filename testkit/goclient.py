@@ -15,9 +15,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from testkit import REPO
+
 PROTO_DIR = REPO / "proto" / "sidecar" / "hookproto"
-MAIN_GO = Path(__file__).resolve().parent / "goclient" / "main.go"
+MAIN_GO = REPO / "tests" / "sidecar" / "goclient" / "main.go"
 DEBIAN_GOPATH = Path("/usr/share/gocode")
 TOOLS = ("go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc")
 # The Debian packages the build uses (scripts/setup-debian.sh installs them); their versions are

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
-from .errors import SysfsError
-from .model import Bdf
-from .sysfs import (
+from topology.domain import parse_cpuset
+from topology.errors import PcitopoError, SysfsError
+from topology.model import Bdf, Topology
+from topology.sysfs import (
     LINK_ATTRS,
     NODE_ATTRS,
     NODE_DIR,
@@ -31,6 +33,7 @@ from .sysfs import (
     PCI_DEVICES_DIR,
     REQUIRED_ATTRS,
     MemoryTree,
+    SysfsReader,
 )
 
 
@@ -104,8 +107,8 @@ def _look(ids: str, sub: str, cls: int, speed: str, width: int, driver: str | No
 
 _MLX_VF = 0x101E  # ConnectX-5 and later, BlueField: "ConnectX Family mlx5Gen Virtual Function"
 
-# Ids from the brief's PCI-id table where it has them; the rest is marked "guess" and listed in
-# fixtures/README.md. GPUs default to vfio-pci (a GPU passthrough node binds all of them);
+# Ids from the PCI ID Repository (pci.ids) where it has them; the rest is marked "guess" and
+# listed in fixtures/README.md (sources: docs/SOURCES.md, "the fixture hosts"). GPUs default to vfio-pci (a GPU passthrough node binds all of them);
 # NICs to mlx5_core (the host's own driver) and fixtures say driver=vfio-pci where a NIC is
 # handed to VMs whole.
 PRESETS: dict[str, Look] = {
@@ -216,25 +219,10 @@ _HEX = r"[0-9a-fA-F]"
 _RC_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{2}})$")
 _BDF_RE = re.compile(rf"^(?:({_HEX}{{4}}):)?({_HEX}{{2}}):({_HEX}{{2}})\.([0-7])$")
 _IDS_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{4}})$")
-_CPUS_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 _DEVICE_KEYS = {"preset", "ids", "sub", "class", "numa", "speed", "width", "cur-speed", "cur-width",
                 "driver", "iommu", "omit"}
 _EP_KEYS = _DEVICE_KEYS | {"functions", "vfs"}
-
-
-def parse_cpus(text: str) -> tuple[int, ...]:
-    """'0-3,8' → (0, 1, 2, 3, 8). Raises ValueError."""
-    if not _CPUS_RE.match(text):
-        raise ValueError(f"not a CPU list: {text!r}")
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        a, b = int(lo), int(hi or lo)
-        if b < a:
-            raise ValueError(f"backwards CPU range {part!r}")
-        cpus.update(range(a, b + 1))
-    return tuple(sorted(cpus))
 
 
 def format_cpus(cpus: tuple[int, ...] | list[int]) -> str:
@@ -336,9 +324,11 @@ class _Parser:
         if "cpus" not in kv:
             raise self.fail(f"numa {node} needs cpus=LIST")
         try:
-            cpus = parse_cpus(kv["cpus"])
-        except ValueError as e:
-            raise self.fail(str(e)) from None
+            cpus = tuple(sorted(parse_cpuset(kv["cpus"])))  # the kernel's and libvirt's list syntax
+        except PcitopoError as e:
+            raise self.fail(e.reason) from None
+        if not cpus:
+            raise self.fail(f"numa {node}: cpus={kv['cpus']} names no CPU")
         for other in self.numa:
             if other.node == node:
                 raise self.fail(f"numa {node} is already declared on line {other.line}")
@@ -641,6 +631,11 @@ def build_tree(spec: HostSpec) -> MemoryTree:
     return _Builder(spec).build()
 
 
+def host_from_topo(text: str, name: str = "test-host") -> Topology:
+    """A host model straight from ``.topo`` text (dedented), read by the sidecar's own reader."""
+    return Topology(SysfsReader(build_tree(parse_topo(textwrap.dedent(text), name))))
+
+
 def load_topo_file(path: str | os.PathLike) -> MemoryTree:
     """Parse and build a ``.topo`` file."""
     name = os.fspath(path)
@@ -652,17 +647,7 @@ def load_topo_file(path: str | os.PathLike) -> MemoryTree:
     return build_tree(parse_topo(text, name))
 
 
-def count_functions(spec: HostSpec) -> dict[str, int]:
-    """How many functions of each kind a description makes (for READMEs and reports)."""
-    counts: dict[str, int] = {}
-    for d in spec.devices():
-        counts[d.kind] = counts.get(d.kind, 0) + d.functions
-        if d.vfs:
-            counts["vf"] = counts.get("vf", 0) + d.vfs * d.functions
-    return counts
-
-
 __all__ = [
     "DeviceSpec", "HostSpec", "Look", "NumaSpec", "PRESETS", "RootSpec", "TopoError",
-    "build_tree", "count_functions", "format_cpus", "load_topo_file", "parse_cpus", "parse_topo",
+    "build_tree", "format_cpus", "host_from_topo", "load_topo_file", "parse_topo",
 ]
