@@ -91,3 +91,23 @@ def test_f11_xmlfix_explain_dot_shows_the_domains_guest(dot_bin):
     labels = [v["label"].split("\\n")[0] for k, v in nodes(one_pair).items() if k[0] == "host" and v.get("shape") == "ellipse" and "fillcolor" in v]
     assert sorted(labels) == ["GPU0", "NIC0"]
     render_svg(dot_bin, one_pair)
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (("xmlfix", "--dot", "--json"), b"--json"),
+        (("xmlfix", "--explain", "--dot", "--json"), b"--json"),
+        (("xmlfix", "--dot", "--diff"), b"--dot"),
+        (("pcitopo", "topo", "--dot", "--json"), b"--json and --dot"),
+        (("pcitopo", "topo", "--dot", "--tree"), b"--tree and --dot"),
+    ],
+)
+def test_f11_dot_is_one_document_and_never_mixed_with_another_output(argv, named):
+    """Finding 11 with findings 5 and 12: --dot prints one Graphviz document, so with --json,
+    --diff or --tree it is a one-line error (exit 2) naming the clash, and stdout stays empty."""
+    cmd, *rest = argv
+    domain = ["fixtures/hgx-b200/domain.xml"] if cmd == "xmlfix" else []
+    r = subprocess.run([str(BIN / cmd), *rest, "--sysfs", "fixtures/hgx-b200", *domain], cwd=ROOT, capture_output=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == b""
+    assert named in r.stderr and len(r.stderr.strip().splitlines()) == 1
