@@ -26,8 +26,9 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     from topology.report import default_devices, topo_json, topo_text, tree_text
     from topology.sysfs import open_host
 
-    if args.json and args.tree:  # finding 12: one output per run, never a silent choice
-        raise ConfigError("--json and --tree are two different outputs: give one of them")
+    chosen = [f"--{name}" for name in ("json", "tree", "dot") if getattr(args, name)]
+    if len(chosen) > 1:  # finding 12 (and 11's --dot): one output per run, never a silent choice
+        raise ConfigError(f"{' and '.join(chosen)} are different outputs: give one of them")
     topo = open_host(args.sysfs)
     if args.fabric:
         if args.nvlink_table:
@@ -44,13 +45,19 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     # Named devices in the order given, each once (a repeated BDF is not a second device).
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
+    if args.dot:  # issue 14 #11: host and predicted guest as one Graphviz picture
+        from topology.dot import topo_dot
+        from topology.vfs import group_vfs
+
+        sys.stdout.write(topo_dot(topo, group_vfs(topo, bdfs).heads, live_root))
+        return EXIT_OK
     if args.json:
         json.dump(topo_json(topo, bdfs, oracle), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return EXIT_OK
     if args.tree:
         labels = {}
-        from topology.report import label_devices
+        from topology.labels import label_devices
 
         for lab in label_devices(topo, bdfs):
             labels[lab.function.bdf] = lab.label
@@ -196,6 +203,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--json", action="store_true", help="machine-readable devices and pairs")
     t.add_argument("--tree", action="store_true", help="lspci -tv-like tree with roles, NUMA, switch kinds")
     t.add_argument("--vfs", action="store_true", help="include SR-IOV VFs in the default device list")
+    t.add_argument("--dot", action="store_true", help="Graphviz DOT: host tree and the guest a VM given these devices would see (render with dot -Tsvg)")
     t.add_argument("--nvlink-table", metavar="FILE", help="JSON NVLink board table overriding the built-in one")
     _fabric_args(t, "NV# from the fabric's active partitions instead of the board table")
     t.add_argument("bdf", nargs="*", help="devices to classify (default: all GPU and NIC physical functions)")

@@ -1,6 +1,6 @@
 """`xmlfix`: the rewrite on a captured domain XML and a captured (or live) sysfs.
 
-    xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--diff] DOMAIN.xml|-
+    xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
 
 Exit 0 on success; 1 when --check finds that the guest will not see what the host has; 2 with
 one line on stderr for bad input. A passthrough or off outcome is always named on stderr.
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE", help="write the rewritten domain here instead of stdout")
     p.add_argument("--check", action="store_true", help="exit 1 unless the guest will see what the host has (every pair's class, every device's NUMA cell); reasons on stderr")
     p.add_argument("--explain", action="store_true", help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
+    p.add_argument("--dot", action="store_true", help="the explanation as a Graphviz picture: host and predicted guest trees in DOT (implies --explain; not with --json or --diff)")
     p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
     return p
@@ -75,8 +76,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     from topology.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))
-    if args.json and (args.explain or args.diff):  # finding 5: one document on stdout
-        raise ConfigError("--json prints one JSON document: use it without --explain and --diff")
+    _one_document(args)
     domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
     if vmi is not None:  # finding 8: `kubectl get vmi -o yaml` is what people paste
@@ -99,7 +99,11 @@ def xmlfix(argv: Sequence[str]) -> int:
 
     if args.json:
         _print_prediction(outcome, host, fabric)
-    if args.explain:
+    if args.dot:  # issue 14 #11: the explanation as a picture
+        from topology.dot import explain_dot
+
+        sys.stdout.write(explain_dot(result, host, outcome.reason))
+    elif args.explain:
         if result is None:
             sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
         else:
@@ -112,7 +116,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:
         _write_atomic(args.output, out)
-    elif not (args.explain or args.diff or args.check or args.json):
+    elif not (args.explain or args.dot or args.diff or args.check or args.json):
         sys.stdout.buffer.write(out)
         sys.stdout.flush()
 
@@ -122,6 +126,16 @@ def xmlfix(argv: Sequence[str]) -> int:
     if args.check:
         return _check(outcome, host, fabric)
     return EXIT_OK
+
+
+def _one_document(args: argparse.Namespace) -> None:
+    """What goes to stdout must read as one document: --json (finding 5) and --dot (finding 11)
+    each print one, so neither mixes with another kind (--explain text, --diff, each other).
+    --dot is --explain drawn, so the two together are just the picture."""
+    if args.json and (args.explain or args.diff or args.dot):
+        raise ConfigError("--json prints one JSON document: use it without --explain, --dot and --diff")
+    if args.dot and args.diff:
+        raise ConfigError("--dot prints one Graphviz document: use it without --diff")
 
 
 def _check(outcome, host, fabric=None) -> int:

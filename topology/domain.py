@@ -437,3 +437,33 @@ def parse_cpuset(text: str) -> set[int]:
         except ValueError:
             raise DomainError(f"cannot read cpu/node list {text[:60]!r}: want ids 0-{MAX_CPUSET_MEMBERS - 1}") from None
     return out - excluded
+
+
+# -- a sketch domain: every named device passed through (pcitopo topo --dot, issue 14 #11) -------
+
+def sketch_domain(devices: list[Bdf], host_nodes: list[int]) -> bytes:
+    """A minimal q35 domain that passes ``devices`` through, with ACPI and one guest cell per
+    host NUMA node in ``host_nodes`` (cell i backed by node host_nodes[i] through
+    ``<numatune><memnode>``, as KubeVirt's guestMappingPassthrough writes it). It is never
+    started: it lets ``pcitopo topo --dot`` predict the guest of a VM given all those devices."""
+    root = etree.Element("domain", type="kvm")
+    etree.SubElement(root, "name").text = "pcitopo-sketch"
+    etree.SubElement(root, "memory", unit="GiB").text = str(max(1, len(host_nodes)))
+    etree.SubElement(root, "vcpu").text = str(max(1, len(host_nodes)))
+    os_el = etree.SubElement(root, "os")
+    etree.SubElement(os_el, "type", arch="x86_64", machine="q35").text = "hvm"
+    etree.SubElement(etree.SubElement(root, "features"), "acpi")
+    if host_nodes:
+        numa = etree.SubElement(etree.SubElement(root, "cpu"), "numa")
+        tune = etree.SubElement(root, "numatune")
+        for cell, node in enumerate(host_nodes):
+            etree.SubElement(numa, "cell", id=str(cell), cpus=str(cell), memory="1", unit="GiB")
+            etree.SubElement(tune, "memnode", cellid=str(cell), mode="strict", nodeset=str(node))
+    devs = etree.SubElement(root, "devices")
+    for b in devices:
+        hd = etree.SubElement(devs, "hostdev", mode="subsystem", type="pci", managed="no")
+        etree.SubElement(
+            etree.SubElement(hd, "source"), "address",
+            domain=f"0x{b.domain:04x}", bus=f"0x{b.bus:02x}", slot=f"0x{b.slot:02x}", function=f"0x{b.function:x}",
+        )
+    return etree.tostring(root, pretty_print=True)

@@ -8,6 +8,7 @@ from .classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
 from .model import Bdf, PciFunction, Role, Topology
 from .labels import Labeled, label_devices
 from .names import part_name
+from .vfs import VfGroups, group_vfs, vf_summary, with_vfs
 
 NVML_LEGEND = """Legend:
 
@@ -72,11 +73,14 @@ def render_matrix(
     return "\n".join(lines)
 
 
-def device_legend(topo: Topology, rows: Sequence[Labeled], live_root: str | None = None) -> str:
+def device_legend(
+    topo: Topology, rows: Sequence[Labeled], live_root: str | None = None, groups: VfGroups | None = None
+) -> str:
     lines = ["Device Legend:", ""]
     for r in rows:
         name = part_name(r.function, live_root) or r.function.ids
         vf = f", VF of {r.function.physfn}" if r.function.physfn else ""
+        vf += vf_summary(topo, groups.vfs_of(r.function.bdf)) if groups else ""  # issue 14 #9
         lines.append(f"  {r.label}: {r.function.bdf}  {name}{vf}")
     return "\n".join(lines)
 
@@ -88,9 +92,10 @@ def topo_text(
     live_root: str | None = None,
     _gpus_checked: bool = False,
 ) -> str:
-    rows = label_devices(topo, bdfs)
+    groups = group_vfs(topo, bdfs)  # issue 14 #9: VFs are legend lines under their PF, not rows
+    rows = label_devices(topo, groups.heads)
     if rows and not _gpus_checked and not any(r.role == Role.GPU for r in rows):
-        return _no_gpu_text(topo, rows, nvlink, live_root)
+        return _no_gpu_text(topo, bdfs, rows, nvlink, live_root, groups)
     classes = {(a.label, b.label): classify(topo, a.function, b.function) for a in rows for b in rows if a is not b}
     links = {(a.label, b.label): nvlink.count(a.function, b.function) for a in rows for b in rows if a is not b}
     affinity = [
@@ -99,7 +104,7 @@ def topo_text(
     ]
     nvml = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nvml"), affinity)
     nccl = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nccl"))
-    parts = [nvml, "", NVML_LEGEND, "", device_legend(topo, rows, live_root), "", NCCL_LEGEND, "", nccl]
+    parts = [nvml, "", NVML_LEGEND, "", device_legend(topo, rows, live_root, groups), "", NCCL_LEGEND, "", nccl]
     source = getattr(nvlink, "source", "inferred from the SXM board table")
     if any(v for v in links.values()):
         parts += ["", f"NV# counts: {source} (NVLink is not in sysfs)."]
@@ -108,16 +113,19 @@ def topo_text(
     return "\n".join(parts) + "\n"
 
 
-def _no_gpu_text(topo: Topology, rows: Sequence[Labeled], nvlink: NvlinkOracle, live_root: str | None) -> str:
+def _no_gpu_text(
+    topo: Topology, bdfs: Sequence[Bdf], rows: Sequence[Labeled], nvlink: NvlinkOracle, live_root: str | None,
+    groups: VfGroups,
+) -> str:
     """No GPU among the devices (issue 14, finding 8): say so, then still show the NICs: their
     NUMA and CPU affinity, and their matrix when there is more than one."""
     head = [f"no GPUs found: {len(rows)} other device(s) shown ({', '.join(sorted({r.role.value for r in rows}))})", ""]
     if len(rows) > 1:
-        body = topo_text(topo, [r.function.bdf for r in rows], nvlink, live_root, _gpus_checked=True)
+        body = topo_text(topo, bdfs, nvlink, live_root, _gpus_checked=True)
         return "\n".join(head) + "\n" + body
     r = rows[0]
     numa = topo.numa_of(r.function)
-    lines = [device_legend(topo, rows, live_root), "",
+    lines = [device_legend(topo, rows, live_root, groups), "",
              f"  {r.label}: CPU Affinity {cpus_of(topo, r.function)}, NUMA Affinity {numa if numa >= 0 else 'N/A'}"]
     return "\n".join(head + lines) + "\n"
 
@@ -154,7 +162,8 @@ def device_json(topo: Topology, lab: Labeled) -> dict:
 
 
 def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict:
-    rows = label_devices(topo, bdfs)
+    groups = group_vfs(topo, bdfs)  # issue 14 #9: VFs listed under their PF, pairs between heads
+    rows = label_devices(topo, groups.heads)
     out_pairs = []
     for a, b in pairs([r.function.bdf for r in rows]):
         fa, fb = topo.function(a), topo.function(b)
@@ -164,7 +173,7 @@ def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict
         )
     return {
         "host": topo.name,
-        "devices": [device_json(topo, r) for r in rows],
+        "devices": [with_vfs(topo, device_json(topo, r), groups.vfs_of(r.function.bdf)) for r in rows],
         "pairs": out_pairs,
         "nvlink_source": getattr(nvlink, "source", "inferred from the SXM board table"),
         "warnings": topo.warnings,
