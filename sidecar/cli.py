@@ -1,4 +1,4 @@
-"""Command-line doors: ``pcitopo`` (topo, partitions, capture, serve) and ``xmlfix``.
+"""Command-line doors: ``pcitopo`` (topo, partitions, capture, verify, doctor, serve) and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.

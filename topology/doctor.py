@@ -30,8 +30,9 @@ from .configspace import (
     acs_flags,
 )
 from .errors import PcitopoError
+from .labels import label_devices
 from .model import Bdf, PciFunction, Role, Topology, is_bdf
-from .report import default_devices, label_devices
+from .report import default_devices
 from .sysfs import (
     IOMMU_CLASS_DIR,
     IOMMU_GROUPS_DIR,
