@@ -17,6 +17,7 @@ from .sysfs import (
     OPTIONAL_ATTRS,
     PCI_DEVICES_DIR,
     REQUIRED_ATTRS,
+    RESOURCE_ATTRS,
     MemoryTree,
     Source,
     Unreadable,
@@ -50,7 +51,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
         tree.add_link(link, target)
         tree.add_dir(real)
         functions += 1
-        for attr in REQUIRED_ATTRS + OPTIONAL_ATTRS:
+        for attr in REQUIRED_ATTRS + OPTIONAL_ATTRS + RESOURCE_ATTRS:
             data = source.read(f"{real}/{attr}")
             if data is None:
                 continue

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from .bars import Bar, parse_resource
 from .errors import SysfsError, UnknownDeviceError
 from .model import Bdf, Link, NumaNode, PciFunction, Topology, is_bdf
 
@@ -33,6 +34,9 @@ OPTIONAL_ATTRS = (
     "local_cpulist",
 )
 LINK_ATTRS = ("driver", "iommu_group", "physfn")
+# Multi-line attribute files the reader uses (and `pcitopo capture` keeps): the BARs
+# (topology/bars.py). Kept apart from OPTIONAL_ATTRS, whose files are one line each.
+RESOURCE_ATTRS = ("resource",)
 NODE_ATTRS = ("cpulist",)
 
 PCI_DEVICES_DIR = "bus/pci/devices"
@@ -408,6 +412,17 @@ class SysfsReader:
             self._warn(f"{rel}: {text[:40]!r} is not a number, ignored")
             return None
 
+    def _bars(self, rel: str) -> tuple[Bar, ...] | None:
+        """A function's ``resource`` file; absent or malformed → None (with a warning)."""
+        text = self._text(rel, False)
+        if text is None:
+            return None
+        try:
+            return parse_resource(text)
+        except SysfsError as e:
+            self._warn(f"{rel}: {e.reason}, ignored")
+            return None
+
     def _link_name(self, rel: str) -> str | None:
         target = self.source.readlink(rel)
         return target.rstrip("/").rsplit("/", 1)[-1] if target else None
@@ -460,6 +475,7 @@ class SysfsReader:
             iommu_group=int(group) if group and group.isdigit() else None,
             physfn=physfn,
             local_cpulist=self._text(f"{base}/local_cpulist", False),
+            bars=self._bars(f"{base}/resource"),
         )
 
     def all_bdfs(self) -> list["Bdf"]:
