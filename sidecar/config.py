@@ -5,6 +5,12 @@ VM: on ``spec.template.metadata.annotations``)::
 
     pcitopo.kubevirt.io/mode: "mirror"        # mirror | off            (default mirror)
     pcitopo.kubevirt.io/on-error: "fail"      # fail | passthrough      (default fail)
+    pcitopo.kubevirt.io/mmio: "auto"          # auto | off              (default auto)
+    pcitopo.kubevirt.io/p2p-clique: "auto"    # auto | off              (default auto)
+
+``mmio: auto`` sizes the guest's 64-bit MMIO space for the assigned devices' BARs (address
+width, 1 GiB pages for OVMF, SeaBIOS root-port reserves); ``p2p-clique: auto`` gives PCIe GPUs
+below one host switch a GPUDirect P2P clique id (topology/mmio.py, topology/cliques.py).
 
 ``mode: off`` hands the domain back unchanged (the sidecar can stay attached to a VM template
 while a user opts one VM out). ``on-error: passthrough`` boots the VM with KubeVirt's own
@@ -52,7 +58,7 @@ class VmiError(ConfigError):
 # ``HookOptions()``. The two below are checked against the model when it is built.
 
 # Annotation suffix -> option (field) name.
-_ANNOTATIONS = {"mode": "mode", "on-error": "on_error"}
+_ANNOTATIONS = {"mode": "mode", "on-error": "on_error", "mmio": "mmio", "p2p-clique": "p2p_clique"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,6 +67,8 @@ class DefaultOptions:
 
     mode: str = "mirror"
     on_error: str = "fail"
+    mmio: str = "auto"  # issue 11
+    p2p_clique: str = "auto"  # issue 11
 
     def __eq__(self, other: object) -> bool:
         if not all(hasattr(other, n) for n in _ANNOTATIONS.values()):
@@ -87,6 +95,15 @@ def _build_hook_options() -> type:
             "fail",
             alias="on-error",
             description="when the topology cannot be mirrored: fail the VM start, or return the domain unchanged",
+        )
+        # issue 11
+        mmio: Literal["auto", "off"] = Field(
+            "auto", description="size the guest's 64-bit MMIO space for the devices' BARs (address width, firmware settings)"
+        )
+        p2p_clique: Literal["auto", "off"] = Field(
+            "auto",
+            alias="p2p-clique",
+            description="give PCIe GPUs below one host switch a GPUDirect P2P clique (x-nv-gpudirect-clique)",
         )
 
     HookOptions.__module__ = __name__

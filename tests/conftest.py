@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -10,6 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# issue 11: the host CPU's address width comes from /proc/cpuinfo; tests (and the doors they run
+# as subprocesses) read a fixed one, a 46-bit Sapphire Rapids, so results do not depend on this machine.
+os.environ.setdefault("PCITOPO_CPUINFO", str(Path(__file__).resolve().parent / "data" / "cpuinfo-46bits"))
 
 from topology.model import Topology  # noqa: E402
 from topology.sysfs import SysfsReader  # noqa: E402
