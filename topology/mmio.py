@@ -396,11 +396,10 @@ def _require_feature(cpu: etree._Element, name: str, b: MmioBudget) -> None:
 
 
 def fmt_size(n: int) -> str:
+    """Bytes in the largest binary unit that fits: exact as an integer, else two decimals."""
     for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    if n >= GiB:
-        return f"{n / GiB:.1f} GiB"
+        if n >= size:
+            return f"{n // size} {unit}" if n % size == 0 else f"{n / size:.2f} {unit}"
     return f"{n} B"
 
 
@@ -432,3 +431,34 @@ def apply_mmio_settings(root: etree._Element, host: Topology, hostdevs: list, co
         cliques = plan_cliques(host, [(hd.source, hd.alias) for hd in hostdevs])
         apply_cliques(root, cliques)
     return b, cliques
+
+
+def budget_lines(b: MmioBudget | None, cliques=None) -> list[str]:
+    """The MMIO budget and P2P cliques as text (``xmlfix --explain``)."""
+    if b is None:
+        out = ["64-bit MMIO: not managed (mmio: off)"]
+    else:
+        host = f"{b.host_bits} bits" if b.host_bits else "unknown"
+        out = [f"64-bit MMIO budget ({b.firmware}, CPU {b.cpu_mode}, guest RAM {fmt_size(b.ram)}, host width {host}):"]
+        for p in b.ports:
+            out.append(f"  {p.alias}: window {fmt_size(p.window)} (largest BAR {fmt_size(p.largest_bar)}, "
+                       f"{len(p.devices)} function(s))")
+        if b.other:
+            out.append(f"  elsewhere (not below pcitopo's root ports): {fmt_size(b.other)}")
+        for fw, bits in (("seabios", b.seabios_bits), ("ovmf", b.ovmf_bits)):
+            if fw == "ovmf":
+                window = f"window {fmt_size(b.ovmf_window(bits))}"
+            else:
+                window = f"windows above RAM below {fmt_size(1 << (bits or QEMU_DEFAULT_BITS))}"
+            need = f"{bits} bits" if bits else f"QEMU's default ({QEMU_DEFAULT_BITS} bits) is enough"
+            mark = "  <- this domain" if fw == b.firmware else ""
+            out.append(f"  {fw}: total {fmt_size(b.total)}, needs {need}, {window}{mark}")
+        out.append("  applied: " + ("; ".join(b.applied) if b.applied else "nothing needed"))
+        out += [f"  warning: {w.kind}: {w.reason}" for w in b.warnings]
+    if cliques is not None:
+        if cliques.members:
+            for n, members in sorted(cliques.members.items()):
+                out.append(f"P2P clique {n}: {', '.join(str(m) for m in members)}")
+        else:
+            out.append("P2P cliques: none (no two PCIe GPUs below one host switch)")
+    return out

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from .classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
+from .mmio import budget_lines  # issue 11
 from .model import Bdf, PciFunction, Role, Topology
 from .names import part_name
 
@@ -282,6 +283,7 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
     out += ["", f"NUMA map ({report.numa_source}): {numa}"]
     for n in report.notes:
         out.append(f"note: {n}")
+    out += [""] + budget_lines(report.mmio, report.cliques)  # issue 11 (topology/mmio.py)
     out += ["", "Guest PCI tree (predicted, as lspci -tv would show it):", ""]
     guest_labels = {}
     for r in rows:
