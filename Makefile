@@ -29,6 +29,10 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -m 'not e2e'
 
+# Opt-in: the slow e2e boots (OVMF under TCG, several minutes; see tests/e2e/README.md).
+test-slow: setup
+	$(BIN)/python -m pytest tests/e2e -m e2e_slow -v
+
 fixtures: setup
 	$(BIN)/python fixtures/generate.py
 

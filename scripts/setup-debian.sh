@@ -26,6 +26,8 @@ PACKAGES=(
     libvirt-daemon-driver-qemu
     libvirt-clients          # virsh, virt-xml-validate
     libxml2-utils            # xmllint, used by virt-xml-validate
+    ovmf                     # UEFI firmware (/usr/share/ovmf/OVMF.fd) for the e2e MMIO tier
+    seabios                  # SeaBIOS (qemu-system-x86 depends on it already; named for clarity)
 )
 
 log() { printf 'setup-debian: %s\n' "$*" >&2; }

@@ -1,0 +1,131 @@
+"""Issue 11: every large BAR assigned in the guest after the rewrite, under SeaBIOS and OVMF, and
+the same domain without the MMIO settings shown to lose BARs (so the check can fail).
+
+GPU hostdevs are replaced by ivshmem stand-ins with the GPU's 64-bit prefetchable BARs
+(``mmio_boot.large_bar_standins``): 128 GiB + 32 MiB per H100, 256 GiB + 32 MiB per B200, at the
+guest address the rewrite gave the GPU. The domain's CPU is ``custom`` (so the rewrite writes
+``<maxphysaddr mode='emulate' bits='N'/>`` and, for OVMF, ``pdpe1gb``), which ``make_bootable``
+keeps. SeaBIOS is Debian's (1.16.2); KubeVirt's 1.16.3 is not in Debian 12.
+
+OVMF under TCG is slow at wide address widths (Debian 12's 2022.11 spends ~40 s plus ~20 s per
+expander bus before the kernel starts), so its cases carry the extra marker ``e2e_slow`` and run
+only when asked: ``make test-slow`` (``pytest tests/e2e -m e2e_slow``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from lxml import etree
+
+from conftest import ROOT
+from kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
+from topology.model import Role
+from topology.rewrite import rewrite_domain
+from topology.sysfs import open_host
+
+from .guestboot import boot
+from .mmio_boot import GiB, KEEP_CPU, MiB, OVMF, count_bars, large_bar_standins, serial_text, strip_mmio_settings
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+HOST_BITS = 46  # the fixture hosts' CPUs (Sapphire/Emerald Rapids)
+BARS = {"hgx-h100": (128 * GiB, 32 * MiB), "hgx-b200": (256 * GiB, 32 * MiB)}
+RESULTS: list[str] = []
+
+
+def _domain(name: str, efi: bool, node: int | None = None) -> tuple[bytes, object]:
+    """KubeVirt-shaped domain of the host's GPUs (of one NUMA node if given), CPU custom qemu64,
+    rewritten by pcitopo; and the stand-in BAR sizes per GPU alias."""
+    host = open_host(ROOT / "fixtures" / name)
+    gpus = [b for b in gpus_and_nics(host) if host.role(b) == Role.GPU
+            and (node is None or host.numa_of(host.function(b)) == node)]
+    root = etree.fromstring(kubevirt_domain(host, DomainSpec(f"mmio-{name}", tuple(gpus))))
+    cpu = root.find("cpu")
+    cpu.set("mode", "custom")
+    model = etree.Element("model", fallback="allow")
+    model.text = "qemu64"
+    cpu.insert(0, model)
+    xml = etree.tostring(root)
+    if efi:
+        xml = with_efi(xml)
+    return xml, host
+
+
+def _rewrite(xml: bytes, host, mmio: bool = True) -> tuple[bytes, dict[str, tuple[int, ...]], object]:
+    r = rewrite_domain(xml, host, mmio=mmio, host_phys_bits=HOST_BITS)
+    sizes = {}
+    for hd in etree.fromstring(r.xml).iter("hostdev"):
+        src = hd.find("source/address")
+        bdf = f"{int(src.get('domain'), 16):04x}:{int(src.get('bus'), 16):02x}:{int(src.get('slot'), 16):02x}.{int(src.get('function'), 16)}"
+        f = host.function(bdf)
+        sizes[hd.find("alias").get("name")] = tuple(sorted((b.size for b in f.bars if b.is_mem64_pref and b.index < 6), reverse=True))
+    return r.xml, sizes, r.report
+
+
+def _boot(libvirtd, xml: bytes, sizes, label: str, efi: bool, timeout: float):
+    standin, _ = large_bar_standins(xml, sizes)
+    r = boot(standin, libvirtd=libvirtd, timeout=timeout, keep_cpu=KEEP_CPU, loader=OVMF if efi else None)
+    want = [s for v in sizes.values() for s in v]
+    c = count_bars(serial_text(r.serial_log), want)
+    line = (f"[e2e mmio] {label}: {c}; define {r.timings['define']:.1f}s, start->end marker "
+            f"{r.timings['run']:.1f}s, total {r.timings['total']:.1f}s")
+    RESULTS.append(line)
+    print("\n" + line)
+    return c, r
+
+
+def _settings(xml: bytes) -> str:
+    root = etree.fromstring(xml)
+    m = root.find("cpu/maxphysaddr")
+    feats = [f.get("name") for f in root.findall("cpu/feature")]
+    reserves = sum(1 for p in root.iter("{http://libvirt.org/schemas/domain/qemu/1.0}property") if p.get("name") == "pref64-reserve")
+    return f"maxphysaddr={dict(m.attrib) if m is not None else None} features={feats} pref64-reserve x{reserves}"
+
+
+@pytest.mark.parametrize("name", ["hgx-h100", "hgx-b200"])
+def test_seabios_maps_every_bar_only_with_the_settings(libvirtd, name):
+    xml, host = _domain(name, efi=False)
+    out, sizes, report = _rewrite(xml, host)
+    assert len(sizes) == 8 and all(v == BARS[name] for v in sizes.values())
+    assert report.mmio.firmware == "seabios" and report.mmio.seabios_bits is not None
+    with_settings, r = _boot(libvirtd, out, sizes, f"{name} SeaBIOS 1.16.2, {_settings(out)}", False, 300)
+    assert with_settings.assigned == with_settings.expected == 16, (with_settings, with_settings.dmesg[:20])
+    bare = strip_mmio_settings(out)
+    assert etree.fromstring(bare).find("cpu/maxphysaddr") is None
+    without, _ = _boot(libvirtd, bare, sizes, f"{name} SeaBIOS 1.16.2, no MMIO settings", False, 300)
+    assert without.assigned < without.expected, without
+
+
+@pytest.mark.e2e_slow
+@pytest.mark.parametrize("name", ["hgx-b200"])
+def test_ovmf_one_switch_maps_every_bar_only_with_the_settings(libvirtd, name):
+    """Two GPUs (256 GiB + 32 MiB each) below one switch, one expander bus: the OVMF case that
+    SeaBIOS 1.16.3 cannot do. Without pdpe1gb and the width, OVMF keeps its 32 GiB window."""
+    xml, host = _domain(name, efi=True, node=0)
+    out, sizes, report = _rewrite(xml, host)
+    assert report.mmio.firmware == "ovmf" and len(sizes) == 2
+    with_settings, _ = _boot(libvirtd, out, sizes, f"{name} node 0, OVMF 2022.11, {_settings(out)}", True, 600)
+    assert with_settings.assigned == with_settings.expected == 4, (with_settings, with_settings.dmesg[:20])
+    without, _ = _boot(libvirtd, strip_mmio_settings(out), sizes, f"{name} node 0, OVMF 2022.11, no MMIO settings", True, 600)
+    assert without.assigned < without.expected, without
+
+
+@pytest.mark.e2e_slow
+def test_ovmf_eight_h100_maps_every_bar(libvirtd):
+    xml, host = _domain("hgx-h100", efi=True)
+    out, sizes, report = _rewrite(xml, host)
+    assert len(sizes) == 8
+    c, _ = _boot(libvirtd, out, sizes, f"hgx-h100 OVMF 2022.11, {_settings(out)}", True, 900)
+    assert c.assigned == c.expected == 16, (c, c.dmesg[:20])
+
+
+def test_zz_mmio_results(request):
+    """Print every MMIO boot of this session (also without -s)."""
+    if RESULTS:
+        tr = request.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.write_line("")
+            for line in RESULTS:
+                tr.write_line(line)
