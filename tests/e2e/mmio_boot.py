@@ -49,13 +49,15 @@ def large_bar_standins(domain_xml: bytes, bar_sizes: dict[str, tuple[int, ...]])
         a = hd.find("address")
         bus = alias_of[parse_int(a.get("bus"), "bus")]
         slot = parse_int(a.get("slot"), "slot")
-        for fn, size in enumerate(bar_sizes[alias]):
+        base = parse_int(a.get("function", "0"), "function")  # NIC ports share a slot
+        for k, size in enumerate(bar_sizes[alias]):
+            fn = base + k
             mem = f"{alias}-m{fn}"
             args += ["-object", json.dumps({"qom-type": "memory-backend-ram", "id": mem, "size": size,
                                             "share": True, "reserve": False}, separators=(",", ":"))]
             dev = {"driver": "ivshmem-plain", "id": f"{alias}-f{fn}", "memdev": mem, "bus": bus,
                    "addr": f"0x{slot:x}.0x{fn:x}"}
-            if fn == 0 and len(bar_sizes[alias]) > 1:
+            if fn == 0 and (len(bar_sizes[alias]) > 1 or a.get("multifunction") == "on"):
                 dev["multifunction"] = True
             args += ["-device", json.dumps(dev, separators=(",", ":"))]
         devices.remove(hd)
