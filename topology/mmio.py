@@ -38,7 +38,7 @@ from lxml import etree
 from .bars import device_bars
 from .domain import OUR_ALIAS_PREFIX, ROOT_PORT, UPSTREAM, PciController, append_child, parse_int
 from .errors import PcitopoError
-from .model import Bdf, Role, Topology
+from .model import Bdf, Topology
 from .overrides import Property, set_properties
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
