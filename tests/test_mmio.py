@@ -293,3 +293,17 @@ def test_sxm_gpus_get_no_clique(h100, b200):
         r = rewrite_domain(_domain(host, gpus_and_nics(host)), host, host_phys_bits=46)
         assert r.report.cliques.members == {}
         assert not any(CLIQUE_PROPERTY in p for p in properties(_root(r.xml)).values())
+
+
+def test_explain_shows_the_budget_per_root_port_and_firmware(h100):
+    from topology.report import explain_text
+
+    r = rewrite_domain(_domain(h100, gpus_and_nics(h100), "host-model", efi=True), h100, host_phys_bits=46)
+    text = explain_text(r, h100)
+    assert "pcihole64" not in text
+    assert "64-bit MMIO budget (ovmf, CPU host-model" in text
+    assert text.count("window 384 GiB (largest BAR 128 GiB") == 8
+    assert "ovmf: total 3.00 TiB, needs 45 bits, window 4 TiB  <- this domain" in text
+    assert "applied: <maxphysaddr mode='emulate' bits='45'/>; <feature policy='require' name='pdpe1gb'/>" in text
+    off = explain_text(rewrite_domain(_domain(h100, gpus_and_nics(h100)), h100, mmio=False), h100)
+    assert "64-bit MMIO: not managed (mmio: off)" in off

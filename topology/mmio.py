@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from lxml import etree
 
@@ -211,28 +212,44 @@ def window_of(sizes: list[int], aligns: list[int]) -> tuple[int, int]:
     return -(-sum(sizes) // align) * align, align
 
 
-def _chain(ctrls: dict[int, PciController], bus: int) -> list[PciController]:
-    """Controllers from the one at index ``bus`` up to pcie-root (excluded), nearest first."""
-    out: list[PciController] = []
-    seen: set[int] = set()
-    while bus in ctrls and bus not in seen and bus != 0:
-        seen.add(bus)
-        c = ctrls[bus]
-        out.append(c)
+class Ctl(NamedTuple):
+    """What the budget needs of a PCI controller, read once per call."""
+
+    index: int
+    model: str
+    alias: str | None
+    parent: int | None  # the controller index its address names
+    ours: bool
+
+
+def snapshot(controllers: list[PciController]) -> dict[int, Ctl]:
+    out = {}
+    for c in controllers:
         a = c.address
-        if a is None:
-            break
-        bus = a.bus
+        out[c.index] = Ctl(c.index, c.model, c.alias, a.bus if a is not None else None, c.ours)
     return out
 
 
-def port_budgets(host: Topology, ctrls: dict[int, PciController], hostdevs: list[tuple[Bdf, int | None]]
+def _chain(ctrls: dict[int, Ctl], bus: int | None) -> list[Ctl]:
+    """Controllers from the one at index ``bus`` up to pcie-root (excluded), nearest first."""
+    out: list[Ctl] = []
+    seen: set[int] = set()
+    while bus is not None and bus in ctrls and bus not in seen and bus != 0:
+        seen.add(bus)
+        c = ctrls[bus]
+        out.append(c)
+        bus = c.parent
+    return out
+
+
+def port_budgets(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf, int | None]]
                  ) -> tuple[list[PortBudget], int, list[str]]:
     """Per root port of ours: the power-of-two window of its subtree (nested bridges each
     rounding their own sum up). ``hostdevs`` = (host BDF, guest bus index or None)."""
     notes: list[str] = []
     members: dict[int, list[int]] = {}  # controller index → BAR sizes, then child windows
     aligns_of: dict[int, list[int]] = {}  # ... and their alignments
+    large_below: dict[tuple[int, int], int] = {}  # (root port, upstream port) → devices with a BAR > 32 GiB
     depth: dict[int, int] = {}
     parent_of: dict[int, int] = {}
     devices: dict[int, list[Bdf]] = {}
@@ -244,7 +261,7 @@ def port_budgets(host: Topology, ctrls: dict[int, PciController], hostdevs: list
             notes.append(f"{bdf}: no BARs in sysfs (resource file absent); not counted in the MMIO budget")
             continue
         sizes = [b.size for b in device_bars(bars) if b.is_mem64_pref]
-        chain = _chain(ctrls, bus) if bus is not None else []
+        chain = _chain(ctrls, bus)
         rp = next((i for i, c in enumerate(chain) if c.model == ROOT_PORT), None)
         if rp is None or not chain[rp].ours:
             other += sum(sizes)
@@ -259,6 +276,11 @@ def port_budgets(host: Topology, ctrls: dict[int, PciController], hostdevs: list
         top = chain[-1].index
         devices.setdefault(top, []).append(bdf)
         largest[top] = max([largest.get(top, 0)] + sizes)
+        if any(s > SEABIOS_1163_ALIGN for s in sizes):
+            for c in chain:
+                if c.model == UPSTREAM:
+                    key = (top, c.index)
+                    large_below[key] = large_below.get(key, 0) + 1
     windows: dict[int, int] = {}
     aligns: dict[int, int] = {}
     for i in sorted(depth, key=lambda i: -depth[i]):
@@ -269,32 +291,15 @@ def port_budgets(host: Topology, ctrls: dict[int, PciController], hostdevs: list
             aligns_of.setdefault(parent_of[i], []).append(aligns[i])
     ports = [
         PortBudget(ctrls[i].alias or "", i, windows[i], largest.get(i, 0), tuple(devices.get(i, ())),
-                   _large_below_switch(host, ctrls, hostdevs, i))
+                   max([n for (rp, _), n in large_below.items() if rp == i], default=0))
         for i in sorted(windows) if depth[i] == 0 and windows[i]
     ]
     return ports, other, notes
 
 
-def _large_below_switch(host: Topology, ctrls: dict[int, PciController],
-                        hostdevs: list[tuple[Bdf, int | None]], port: int) -> int:
-    """The most devices with a BAR above 32 GiB below one switch (upstream port) of ``port``."""
-    per_switch: dict[int, int] = {}
-    for bdf, bus in hostdevs:
-        chain = _chain(ctrls, bus) if bus is not None else []
-        if port not in [c.index for c in chain]:
-            continue
-        bars = host.function(bdf).bars or ()
-        if not any(b.is_mem64_pref and b.size > SEABIOS_1163_ALIGN for b in device_bars(bars)):
-            continue
-        for c in chain:
-            if c.model == UPSTREAM:
-                per_switch[c.index] = per_switch.get(c.index, 0) + 1
-    return max(per_switch.values(), default=0)
-
-
 def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int | None]],
            controllers: list[PciController], host_bits: int | None) -> MmioBudget:
-    ctrls = {c.index: c for c in controllers}
+    ctrls = snapshot(controllers)
     b = MmioBudget(firmware_of(root), cpu_mode_of(root), guest_ram(root), host_bits=host_bits)
     b.ports, b.other, b.notes = port_budgets(host, ctrls, hostdevs)
     windows = [p.window for p in b.ports] + ([pow2ceil(b.other)] if b.other else [])
