@@ -90,8 +90,14 @@ def test_host_width_from_cpuinfo(tmp_path):
     p = tmp_path / "cpuinfo"
     p.write_text("processor\t: 0\nflags\t\t: fpu\naddress sizes\t: 52 bits physical, 57 bits virtual\n")
     assert host_phys_bits(str(p)) == 52
-    p.write_text("processor\t: 0\n")
-    assert host_phys_bits(str(p)) is None
+    p.write_text("address sizes\t: 39 bits physical\n")
+    assert host_phys_bits(str(p)) == 52  # read once per path: the CPU does not change
+    q = tmp_path / "no-line"
+    q.write_text("processor\t: 0\n")
+    assert host_phys_bits(str(q)) is None
+    link = tmp_path / "link"
+    link.symlink_to(p)
+    assert host_phys_bits(str(link)) is None  # never through a symlink
     assert host_phys_bits(str(tmp_path / "absent")) is None
     assert host_phys_bits() == 46  # tests pin PCITOPO_CPUINFO (conftest.py)
     if os.path.exists("/proc/cpuinfo"):

@@ -30,6 +30,7 @@ through, and for SeaBIOS ``pref64-reserve`` on exactly our root ports (by alias,
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -76,21 +77,33 @@ def bits_for(end: int) -> int:
     return max(1, (end - 1).bit_length())
 
 
+CPUINFO_MAX_BYTES = 64 * KiB  # the first processor's block, where "address sizes" is, is < 4 KiB
+
+
 def host_phys_bits(path: str | None = None) -> int | None:
     """The host CPU's physical-address width: the ``address sizes : NN bits physical`` line of
-    ``/proc/cpuinfo`` (or ``$PCITOPO_CPUINFO``, or ``path``). None when it cannot be read."""
-    path = path or os.environ.get(CPUINFO_ENV) or "/proc/cpuinfo"
+    ``/proc/cpuinfo`` (or ``$PCITOPO_CPUINFO``, or ``path``). None when it cannot be read.
+    Read once per path (the CPU does not change), at most 64 KiB, never following a symlink."""
+    return _phys_bits(path or os.environ.get(CPUINFO_ENV) or "/proc/cpuinfo")
+
+
+@functools.lru_cache(maxsize=4)
+def _phys_bits(path: str) -> int | None:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for n, line in enumerate(fh):
-                if n > 100_000:
-                    break
-                if line.startswith("address sizes"):
-                    words = line.split(":", 1)[1].split()
-                    if len(words) >= 3 and words[1] == "bits" and words[0].isdigit():
-                        return int(words[0])
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        data = os.read(fd, CPUINFO_MAX_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    for line in data.decode("utf-8", "replace").splitlines():
+        if line.startswith("address sizes"):
+            words = line.split(":", 1)[-1].split()
+            if len(words) >= 3 and words[1] == "bits" and words[0].isdigit():
+                return int(words[0])
     return None
 
 
