@@ -133,6 +133,49 @@ def test_ovmf_eight_b200_at_46_bits_maps_every_bar(libvirtd):
     assert c.assigned == c.expected == 28, (c, c.dmesg[:20])
 
 
+def test_libvirt_hands_the_settings_to_qemu(libvirtd, tmp_path):
+    """No boot: ``virsh domxml-to-native`` of a rewritten domain with real vfio hostdevs (a PCIe
+    host with two switches of two L40S each) shows each setting in QEMU's arguments: phys-bits on
+    -cpu, pref64-reserve on our root ports, x-nv-gpudirect-clique on the GPUs (the stand-in boots
+    cannot carry the clique: ivshmem has no such property)."""
+    import re
+
+    import test_mmio
+    from conftest import host_from_topo
+
+    host = host_from_topo(test_mmio.PCIE_HOST)
+    root = etree.fromstring(kubevirt_domain(host, DomainSpec("settings", tuple(gpus_and_nics(host)))))
+    root.set("type", "qemu")
+    root.find("os/type").set("machine", "q35")
+    for el in [*root.findall("cputune"), *root.findall("numatune"), *root.findall("memoryBacking"),
+               *root.findall("os/smbios")]:
+        el.getparent().remove(el)
+    for tag in ("graphics", "interface", "channel"):
+        for el in root.find("devices").findall(tag):
+            root.find("devices").remove(el)
+    cpu = root.find("cpu")
+    cpu.set("mode", "custom")
+    model = etree.Element("model")
+    model.text = "qemu64"
+    cpu.insert(0, model)
+    for hd in root.iter("hostdev"):
+        hd.insert(0, etree.Element("driver", name="vfio"))  # libvirt fills this in at start
+    r = rewrite_domain(etree.tostring(root), host, host_phys_bits=HOST_BITS)
+    f = tmp_path / "settings.xml"
+    f.write_bytes(r.xml)
+    name = root.findtext("name")
+    libvirtd.virsh("define", str(f))
+    try:
+        argv = libvirtd.virsh("domxml-to-native", "qemu-argv", "--domain", name).stdout
+    finally:
+        libvirtd.virsh("undefine", name, check=False)
+    assert f"phys-bits={r.report.mmio.bits}" in argv
+    reserves = dict(re.findall(r'"id":"(ua-pcitopo-rp-[^"]+)"[^}]*"pref64-reserve":(\d+)', argv))
+    assert reserves == {p.alias: str(p.window) for p in r.report.mmio.ports}
+    cliques = dict(re.findall(r'"id":"(ua-gpu-[^"]+)"[^}]*"x-nv-gpudirect-clique":(\d+)', argv))
+    assert cliques == {a: str(n) for a, n in r.report.cliques.by_alias.items()} and len(cliques) == 4
+
+
 def test_zz_mmio_results(request):
     """Print every MMIO boot of this session (also without -s: past output capture)."""
     if not RESULTS:
