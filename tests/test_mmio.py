@@ -313,3 +313,13 @@ def test_explain_shows_the_budget_per_root_port_and_firmware(h100):
     assert "applied: <maxphysaddr mode='emulate' bits='45'/>; <feature policy='require' name='pdpe1gb'/>" in text
     off = explain_text(rewrite_domain(_domain(h100, gpus_and_nics(h100)), h100, mmio=False), h100)
     assert "64-bit MMIO: not managed (mmio: off)" in off
+
+
+def test_seabios_reserves_large_bars_even_when_the_width_suffices(h100):
+    """One H100 and its NIC fit QEMU's 40 bits, but SeaBIOS 1.16.3 still needs the reserve."""
+    r = rewrite_domain((ROOT / "fixtures/hgx-h100/cases/one-pair/domain.xml").read_bytes(), h100, host_phys_bits=46)
+    root = _root(r.xml)
+    assert r.report.mmio.bits is None and root.find("cpu/maxphysaddr") is None
+    assert {p["pref64-reserve"].value for p in properties(root).values()} == {str(384 * GiB)}
+    nics = [b for b in gpus_and_nics(h100) if h100.role(b).value == "nic"][:2]
+    assert properties(_root(rewrite_domain(_domain(h100, nics), h100).xml)) == {}  # 32 MiB BARs: nothing

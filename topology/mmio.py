@@ -354,8 +354,11 @@ def seabios_1163_warning(b: MmioBudget) -> None:
 def apply(root: etree._Element, b: MmioBudget) -> None:
     """Write what the budget needs; replace what an earlier call wrote. Idempotent."""
     bits = b.bits
+    # SeaBIOS: reserve each root port's window whenever the width must grow or a BAR is above
+    # 32 GiB (SeaBIOS 1.16.3 misaligns those whatever the width, unless the port reserves them)
+    large = any(p.largest_bar > SEABIOS_1163_ALIGN for p in b.ports)
     reserve = {p.alias: [Property(PREF64_RESERVE, "unsigned", str(p.window))]
-               for p in b.ports if b.firmware == "seabios" and p.alias and bits is not None}
+               for p in b.ports if b.firmware == "seabios" and p.alias and (bits is not None or large)}
     set_properties(root, lambda alias, name: name == PREF64_RESERVE and alias.startswith(OUR_ALIAS_PREFIX), reserve)
     if reserve:
         b.applied.append(f"pref64-reserve on {len(reserve)} root port(s)")
