@@ -4,12 +4,21 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast golden fixtures proto fuzz bench clean
+.PHONY: setup setup-base demo test test-fast test-slow golden fixtures proto fuzz bench lock clean
 
-setup: $(STAMP) .cache/e2e/.debian
+# Everything, the guest-boot (e2e) tier's guest kernel included: what `make test` needs.
+setup: setup-base .cache/e2e/.kernel
 
-# Debian packages (libvirt, QEMU, pciutils, ...) and the guest kernel for the e2e tier.
-.cache/e2e/.debian: scripts/setup-debian.sh
+# The virtualenv and the Debian packages, without the guest kernel: `make demo`, `make test-fast`.
+setup-base: $(STAMP) .cache/.debian
+
+# Debian packages (libvirt, QEMU, pciutils, graphviz, Go, ...), no download of the guest kernel.
+.cache/.debian: scripts/setup-debian.sh
+	SKIP_KERNEL=1 bash scripts/setup-debian.sh
+	mkdir -p .cache && touch $@
+
+# The guest kernel the e2e tier boots (the script finds its packages already installed).
+.cache/e2e/.kernel: scripts/setup-debian.sh .cache/.debian
 	bash scripts/setup-debian.sh
 	mkdir -p .cache/e2e && touch $@
 
@@ -19,37 +28,51 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-demo: setup
+demo: setup-base
 	$(BIN)/pcitopo topo --sysfs fixtures/hgx-b200
 	$(BIN)/xmlfix --explain --sysfs fixtures/hgx-b200 fixtures/hgx-b200/domain.xml
+	@if command -v dot >/dev/null; then \
+	    mkdir -p build && $(BIN)/pcitopo topo --dot --sysfs fixtures/hgx-b200 | dot -Tsvg -o build/hgx-b200.svg \
+	    && echo "picture: build/hgx-b200.svg (host and predicted guest side by side)"; \
+	else echo "picture: install graphviz for build/hgx-b200.svg"; fi
 
 test: setup
 	$(BIN)/python -m pytest
 
-test-fast: setup
+test-fast: setup-base
 	$(BIN)/python -m pytest -m 'not e2e'
 
 # Opt-in: the slow e2e boots (OVMF under TCG, several minutes; see tests/e2e/README.md).
 test-slow: setup
 	$(BIN)/python -m pytest tests/e2e -m e2e_slow -v
 
-fixtures: setup
+fixtures: setup-base
 	$(BIN)/python fixtures/generate.py
 
 # Regenerate golden domains (inputs and expected outputs) and topo.json; review the diff.
-golden: setup
+golden: setup-base
 	$(BIN)/python fixtures/golden.py
 
 # At least 10,000 generated examples through every property (prints the count; CI runs fewer).
-fuzz: setup
+fuzz: setup-base
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_properties.py -p no:cacheprovider
 
 # Issue 7's performance table (about a minute on 2 cores); rewrites bench/RESULTS.md.
-bench: setup
+bench: setup-base
 	$(BIN)/python bench/perf.py --results bench/RESULTS.md
 
+# Pin the image's dependencies with hashes (pip-tools): requirements.lock (runtime, what the
+# Containerfile installs) and requirements-build.lock (setuptools/wheel for building our wheel).
+# Run after changing [project.dependencies]; tests/test_supply_chain.py checks they agree.
+lock: setup-base
+	$(BIN)/pip install --quiet 'pip-tools>=7.4'
+	$(BIN)/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links \
+	    --output-file requirements.lock pyproject.toml
+	$(BIN)/pip-compile --quiet --generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links \
+	    --allow-unsafe --only-build-deps --all-build-deps --output-file requirements-build.lock pyproject.toml
+
 # Regenerate the gRPC code from proto/ (committed; a test proves it matches).
-proto: setup
+proto: setup-base
 	$(BIN)/python proto/generate.py
 
 clean:

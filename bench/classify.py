@@ -13,14 +13,11 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from topology.classify import classify, pairs  # noqa: E402
-from topology.model import Role, Topology  # noqa: E402
-from topology.sysfs import MemoryTree, SysfsReader, open_source  # noqa: E402
+from testkit import FIXTURES
+from topology.classify import classify, pairs
+from topology.model import Role, Topology
+from topology.sysfs import MemoryTree, SysfsReader, open_source
 
 
 def pick16(source) -> list:
@@ -52,7 +49,7 @@ def main() -> int:
     results = {}
     for name in ("hgx-h100", "sriov-4k"):
         t0 = time.perf_counter()
-        src = open_source(ROOT / "fixtures" / name)
+        src = open_source(FIXTURES / name)
         load = time.perf_counter() - t0
         bdfs = pick16(src)
 
@@ -78,7 +75,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as d:
         for name in ("hgx-h100", "sriov-4k"):
-            MemoryTree.from_tarball(ROOT / "fixtures" / name / "sysfs.tar.gz").write_dir(f"{d}/{name}")
+            MemoryTree.from_tarball(FIXTURES / name / "sysfs.tar.gz").write_dir(f"{d}/{name}")
         dir_results = {}
         for name in ("hgx-h100", "sriov-4k"):
             src = open_source(f"{d}/{name}")

@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import socket
 import statistics
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+from testkit import REPO
+from testkit.server_proc import BIN, PrivateServer  # noqa: F401  (BIN: bench/perf.py's console scripts)
+
 # Where the code under test (topology/, sidecar/) comes from: this checkout, or another tree
 # (``bench/perf.py --tree DIR``, e.g. an older commit for a before/after comparison). Child
 # processes get it first on PYTHONPATH, ahead of the editable install.
@@ -264,30 +261,12 @@ class Start:
     refused: int  # dials refused between the file appearing and gRPC listening
 
 
-@dataclass
-class Server:
-    """A ``pcitopo serve`` child on a private socket, stopped by its own PID."""
+class Server(PrivateServer):
+    """A ``pcitopo serve`` child on a private socket, in the image's environment (default),
+    stopped by its own PID."""
 
-    sysfs: str
-    env: dict[str, str] = field(default_factory=child_env)
-    argv: list[str] | None = None
-
-    def __post_init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="pcitopo-bench-"))
-        self.sock = self.dir / "pcitopo.sock"
-        self.target = f"unix:{self.sock}"
-        self.log = open(self.dir / "server.log", "wb")
-        argv = self.argv or [str(BIN / "pcitopo"), "serve"]
-        self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(argv + ["--socket", str(self.sock), "--sysfs", self.sysfs],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_text(self) -> str:
-        return (self.dir / "server.log").read_text(errors="replace")
+    def __init__(self, sysfs: str, env: dict[str, str] | None = None):
+        super().__init__(sysfs, env=child_env() if env is None else env, prefix="pcitopo-bench-")
 
     def first_info(self, timeout: float = 60.0) -> Start:
         """Like virt-launcher: poll for the socket file (here every 1 ms; it polls every 300 ms),
@@ -298,19 +277,19 @@ class Server:
         from sidecar.hookproto import info_pb2, info_pb2_grpc
 
         deadline = time.monotonic() + timeout
-        while not self.sock.exists():
+        while not self.socket.exists():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited {self.proc.returncode}: {self.log_text()[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no socket after {timeout} s: {self.log_text()[-2000:]}")
             time.sleep(0.001)
-        t_sock = time.perf_counter() - self.t0
+        t_sock = time.perf_counter() - self.t_exec
         refused = 0
         dial_deadline = time.monotonic() + 2.0
         while True:
             probe = socket.socket(socket.AF_UNIX)
             try:
-                probe.connect(str(self.sock))
+                probe.connect(str(self.socket))
                 break
             except OSError:
                 refused += 1
@@ -321,24 +300,7 @@ class Server:
                 probe.close()
         with grpc.insecure_channel(self.target) as ch:
             info_pb2_grpc.InfoStub(ch).Info(info_pb2.InfoParams(), timeout=1.0)
-        return Start(t_sock, time.perf_counter() - self.t0, refused)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> "Server":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return Start(t_sock, time.perf_counter() - self.t_exec, refused)
 
 
 def define_new_connection(target: str, domain: bytes, vmi: bytes, timeout: float = 60.0) -> bytes:

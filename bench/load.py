@@ -21,31 +21,19 @@ A benchmark, not a test: it asserts nothing about time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import grpc
 
-import grpc  # noqa: E402
+from testkit import FIXTURES
+from testkit.server_proc import PrivateServer
+from testkit.strategies import fixture_world
+from testkit.workload import expected_answer, mixed_calls
 
-from kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, pick  # noqa: E402
-from sidecar.config import PREFIX  # noqa: E402
-from sidecar.core import handle_define_domain  # noqa: E402
-from sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc  # noqa: E402
-from sidecar.server import error_details, grpc_code  # noqa: E402
-from strategies import build_domain, fixture_world  # noqa: E402
-from topology.errors import PcitopoError  # noqa: E402
-
-BIN = Path(sys.executable).parent
 MEMORY_LIMIT_KIB = 64 * 1000 * 1000 // 1024  # KubeVirt's default sidecar limit: 64M
 
 
@@ -83,94 +71,41 @@ def slope(points: list[tuple[int, float]]) -> float:
     return 1000 * sum((x - mx) * (y - my) for x, y in points) / var
 
 
-def workload(host_name: str) -> list[tuple[str, bytes, bytes]]:
-    world = fixture_world(host_name)
-    host = world.host
-    devs = gpus_and_nics(host)
-    nodes = sorted({host.numa_of(host.function(b)) for b in devs})
-
-    def vmi(**a: str) -> bytes:
-        return json.dumps({"metadata": {"name": "bench", "namespace": "b",
-                                        "annotations": {PREFIX + k: v for k, v in a.items()}}}).encode()
-
-    unknown = kubevirt_domain(host, DomainSpec("bad", (devs[0],))).replace(
-        f'bus="0x{devs[0].bus:02x}"'.encode(), b'bus="0xfe"', 1)
-    return [
-        ("all", kubevirt_domain(host, DomainSpec("all", tuple(devs))), b""),
-        ("first-node", kubevirt_domain(host, DomainSpec("n", tuple(pick(host, devs, nodes[:1])))), b""),
-        ("pair", kubevirt_domain(host, DomainSpec("pair", tuple(devs[:2]))), b""),
-        ("no-numa", kubevirt_domain(host, DomainSpec("nonuma", tuple(devs), guest_numa=False)), b""),
-        ("preplaced", build_domain(world, devs[:6], layout="preplaced-defined"), b""),
-        ("unknown-bdf", unknown, b""),
-        ("passthrough", unknown, vmi(**{"on-error": "passthrough"})),
-        ("off", unknown, vmi(mode="off")),
-        ("bad-annotation", unknown, vmi(mode="Mirror")),
-    ]
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.dir = Path(tempfile.mkdtemp(prefix="pcitopo-bench-"))
-        self.sock = self.dir / "pcitopo.sock"
-        self.calls = workload(args.host)
+        self.calls = mixed_calls(args.host)
         host = fixture_world(args.host).host
-        self.want = {}
-        for name, d, v in self.calls:
-            try:
-                self.want[name] = ("ok", handle_define_domain(d, v, host).xml)
-            except PcitopoError as e:
-                self.want[name] = (grpc_code(e).name, error_details(e))
+        self.want = {name: expected_answer(host, d, v) for name, d, v in self.calls}
         self.wrong = 0
         self.done = 0
         self.lock = threading.Lock()
         self.samples: list[tuple[str, int, int, int, int, float]] = []  # phase, calls, RSS KiB, anon KiB, fds, cpu s
 
-    def start(self) -> None:
-        self.log = open(self.dir / "server.log", "wb")
-        self.proc = subprocess.Popen(
-            [str(BIN / "pcitopo"), "serve", "--socket", str(self.sock), "--sysfs", str(ROOT / "fixtures" / self.args.host)],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        deadline = time.monotonic() + 60
-        while not self.sock.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"server did not start: {(self.dir / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
     def call(self, i: int) -> None:
         name, domain, vmi = self.calls[i % len(self.calls)]
-        with grpc.insecure_channel(f"unix:{self.sock}") as ch:
-            try:
-                res = v1alpha3_pb2_grpc.CallbacksStub(ch).OnDefineDomain(
-                    v1alpha3_pb2.OnDefineDomainParams(domainXML=domain, vmi=vmi), timeout=120)
-                got = ("ok", res.domainXML)
-            except grpc.RpcError as e:
-                got = (e.code().name, e.details())
+        try:
+            got = ("ok", self.server.define(domain, vmi, timeout=120))
+        except grpc.RpcError as e:
+            got = (e.code().name, e.details())
         with self.lock:
             self.done += 1
             if got != self.want[name]:
                 self.wrong += 1
 
     def sample(self, phase: str) -> None:
-        pid = self.proc.pid
+        pid = self.server.pid
         rss, anon = rss_kib(pid)
         self.samples.append((phase, self.done, rss, anon, fds(pid), cpu_s(pid)))
 
     def run(self) -> int:
         a = self.args
-        self.start()
+        self.server = PrivateServer(FIXTURES / a.host, prefix="pcitopo-bench-")
         try:
+            try:
+                self.server.wait_for_socket(60)
+            except AssertionError as e:
+                raise SystemExit(f"server did not start: {e}") from None
             for i in range(a.warmup):
                 self.call(i)
             self.sample("warm")
@@ -193,7 +128,7 @@ class Bench:
             time.sleep(1.0)  # let connections close before the last sample
             self.sample("end")
         finally:
-            self.stop()
+            self.server.stop()
         self.report(t_seq, t_conc)
         return 1 if self.wrong else 0
 

@@ -4,7 +4,7 @@
 The .proto files live at ``proto/sidecar/hookproto/*.proto`` so that protoc, run with ``-I proto``,
 writes modules whose imports already name their package (``from sidecar.hookproto import
 info_pb2``): the generated code is committed exactly as grpcio-tools prints it, with no
-post-processing, and ``tests/sidecar/test_proto.py`` regenerates it into a temporary folder and
+post-processing, and ``tests/sidecar/test_hook_proto.py`` regenerates it into a temporary folder and
 compares byte for byte.
 
 Usage: python proto/generate.py [OUT_ROOT]    (default: the repository root)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the Debian packages the project needs (e2e tier: QEMU/TCG + a private
-# libvirtd + a guest kernel) on a fresh Debian 12 machine, as root, without
-# manual steps. Idempotent and fast when everything is already there, so that
+# libvirtd + a guest kernel; graphviz for the --dot test; Go, protoc and Debian's
+# grpc-go for the independent hook client test) on a fresh Debian 12 machine, as
+# root, without manual steps. `make demo` / `make test-fast` run it with
+# SKIP_KERNEL=1; only `make test` (the e2e tier) fetches the guest kernel. Idempotent and fast when everything is already there, so that
 # `make setup` / `make test` cost nothing on a warm machine.
 #
 # Deliberately NOT installed: libvirt-daemon-system (pulls systemd/udev
@@ -28,6 +30,18 @@ PACKAGES=(
     libxml2-utils            # xmllint, used by virt-xml-validate
     ovmf                     # UEFI firmware (/usr/share/ovmf/OVMF.fd) for the e2e MMIO tier
     seabios                  # SeaBIOS (qemu-system-x86 depends on it already; named for clarity)
+    graphviz                 # dot: renders `pcitopo topo --dot` (make demo, the DOT test)
+    # The grpc-go hook client test (tests/sidecar/goclient.py): stubs generated from proto/ by
+    # Debian's protoc plugins, built in GOPATH mode against Debian's Go libraries (no module
+    # proxy). grpc-go 1.33 needs github.com/golang/protobuf's 1.5 line for protoc-gen-go 1.28
+    # messages (the 1.3 line it would otherwise pull in panics on the first reply).
+    golang-go
+    golang-google-grpc-dev
+    golang-google-protobuf-dev
+    golang-github-golang-protobuf-1-5-dev
+    protobuf-compiler
+    protoc-gen-go
+    protoc-gen-go-grpc
 )
 
 log() { printf 'setup-debian: %s\n' "$*" >&2; }

@@ -1,4 +1,4 @@
-"""Command-line doors: ``pcitopo`` (topo, capture, serve) and ``xmlfix``.
+"""Command-line doors: ``pcitopo`` (topo, partitions, capture, serve) and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.
@@ -10,40 +10,12 @@ import argparse
 import json
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
-from topology.errors import PcitopoError
+from topology import __version__
+from topology.errors import ConfigError
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line and exit 2 like every other bad input."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message}\n")
-
-
-def run_door(prog: str, body: Callable[[], int]) -> int:
-    try:
-        return body()
-    except PcitopoError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except BrokenPipeError:
-        # `pcitopo topo | head`: the reader left; not an error of ours.
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
-        return EXIT_OK
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # the last line of defence: still one line, still no traceback
-        if os.environ.get("PCITOPO_DEBUG"):
-            raise
-        print(f"{prog}: internal error: {type(e).__name__}: {e} (set PCITOPO_DEBUG=1 for a traceback)", file=sys.stderr)
-        return EXIT_INTERNAL
+from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
 
 
 # -- pcitopo topo ----------------------------------------------------------------------------
@@ -54,19 +26,38 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     from topology.report import default_devices, topo_json, topo_text, tree_text
     from topology.sysfs import open_host
 
+    chosen = [f"--{name}" for name in ("json", "tree", "dot") if getattr(args, name)]
+    if len(chosen) > 1:  # finding 12 (and 11's --dot): one output per run, never a silent choice
+        raise ConfigError(f"{' and '.join(chosen)} are different outputs: give one of them")
     topo = open_host(args.sysfs)
-    table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
-    oracle = NvlinkOracle(topo, table)
+    if args.fabric:
+        if args.nvlink_table:
+            raise ConfigError("--fabric and --nvlink-table exclude each other (the fabric says what the table would guess)")
+        from topology.fabric import load_fabric
+        from topology.partitions import FabricNvlink
+
+        oracle = FabricNvlink(load_fabric(args.fabric, args.module_map, topo))
+    else:
+        if args.module_map:
+            raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
+        table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
+        oracle = NvlinkOracle(topo, table)
     # Named devices in the order given, each once (a repeated BDF is not a second device).
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
+    if args.dot:  # issue 14 #11: host and predicted guest as one Graphviz picture
+        from topology.dot import topo_dot
+        from topology.vfs import group_vfs
+
+        sys.stdout.write(topo_dot(topo, group_vfs(topo, bdfs).heads, live_root))
+        return EXIT_OK
     if args.json:
         json.dump(topo_json(topo, bdfs, oracle), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return EXIT_OK
     if args.tree:
         labels = {}
-        from topology.report import label_devices
+        from topology.labels import label_devices
 
         for lab in label_devices(topo, bdfs):
             labels[lab.function.bdf] = lab.label
@@ -81,13 +72,41 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_partitions(args: argparse.Namespace) -> int:
+    from topology.fabric import load_fabric
+    from topology.partitions import partition_rows, partitions_json, partitions_text
+    from topology.report import default_devices, label_devices
+    from topology.sysfs import open_host
+
+    if not args.fabric:
+        raise ConfigError("no fabric file: give --fabric FILE (the output of `fmpm -l`) or set PCITOPO_FABRIC")
+    topo = open_host(args.sysfs)
+    fabric = load_fabric(args.fabric, args.module_map, topo)
+    labels = {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}
+    rows = partition_rows(topo, fabric, labels)
+    if args.json:
+        json.dump(partitions_json(fabric, rows), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(partitions_text(fabric, rows))
+    return EXIT_OK
+
+
+def _fabric_args(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
+                   help=f"NVLink fabric partitions, the output of `fmpm -l` (default $PCITOPO_FABRIC): {what}")
+    p.add_argument("--module-map", metavar="FILE", default=os.environ.get("PCITOPO_MODULE_MAP") or None,
+                   help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for a fabric file whose BDFs are placeholders '
+                   "(default $PCITOPO_MODULE_MAP)")
+
+
 def _cmd_capture(args: argparse.Namespace) -> int:
     from topology.capture import capture
 
-    summary = capture(args.sysfs, args.output)
+    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # finding 4: -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
-        f"({summary.entries} entries) from {args.sysfs} into {args.output}",
+        f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
         file=sys.stderr,
     )
     for s in summary.skipped:
@@ -95,8 +114,77 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- pcitopo doctor (issue 13) ------------------------------------------------------------------
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from topology.doctor import run_checks
+    from topology.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
+    from topology.model import Bdf, Topology
+    from topology.sysfs import SysfsReader, open_source
+
+    source = open_source(args.sysfs)
+    topo = Topology(SysfsReader(source))
+    bdfs = [Bdf.parse(b) for b in args.bdf] if args.bdf else None
+    report = run_checks(topo, bdfs, source)
+    pix = pix_facts(topo, report.targets) if (args.prometheus or args.nfd or args.prometheus_out or args.nfd_out) else None
+    if args.prometheus_out:
+        write_atomic(args.prometheus_out, prometheus_text(report, pix))
+    if args.nfd_out:
+        write_atomic(args.nfd_out, nfd_text(report, pix))
+    if args.json:
+        json.dump(report.as_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif args.prometheus:
+        sys.stdout.write(prometheus_text(report, pix))
+    elif args.nfd:
+        sys.stdout.write(nfd_text(report, pix))
+    else:
+        sys.stdout.write(doctor_text(report, args.verbose))
+    return EXIT_CHECK_FAILED if report.failed else EXIT_OK
+
+
+def _add_doctor_parser(sub, default_sysfs: str) -> None:
+    d = sub.add_parser(
+        "doctor", help="is this host ready for GPUDirect RDMA in a VM? (IOMMU, vfio-pci, groups, ACS, ATS, links, NUMA, BARs)",
+        description="Check GPUs, NICs and the bridges above them. Exit 0: nothing failed; 1: a check failed; 2: bad input. "
+                    "Config space past 64 bytes (ACS, ATS) needs root; without it those checks say unknown.")
+    d.add_argument("--sysfs", default=default_sysfs, help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
+    out = d.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help='{"checks": [{"check", "status", "bdf", "message", "fix"}], "summary": {...}}')
+    out.add_argument("--prometheus", action="store_true", help="node-exporter textfile metrics on stdout")
+    out.add_argument("--nfd", action="store_true", help="Node Feature Discovery local features (key=value) on stdout")
+    d.add_argument("--prometheus-out", metavar="FILE.prom", help="also write the metrics to FILE (atomically)")
+    d.add_argument("--nfd-out", metavar="FILE", help="also write the NFD features to FILE (atomically)")
+    d.add_argument("-v", "--verbose", action="store_true", help="human output: list the checks that passed too")
+    d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")
+
+
+# -- pcitopo verify (issue 14, finding 5): the guest against xmlfix --json ------------------
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from topology.sysfs import open_host
+    from topology.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
+
+    try:
+        with open(args.expect, "rb") as fh:
+            data = fh.read(MAX_EXPECT_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read {args.expect}: {e.strerror or e}") from None
+    expect = load_expectation(data, args.expect)
+    v = verify_guest(expect, open_host(args.sysfs))
+    for line in v.problems:
+        print(f"pcitopo verify: {line}", file=sys.stderr)
+    verdict = "differs from the prediction" if v.problems else "as predicted"
+    print(f"pcitopo verify: {verdict}: {v.devices_checked}/{len(expect.devices)} devices, "
+          f"{v.pairs_checked}/{len(expect.pairs)} pairs checked, {len(v.problems)} difference(s)", file=sys.stderr)
+    return EXIT_CHECK_FAILED if v.problems else EXIT_OK
+
+
 def _cmd_serve(argv: Sequence[str]) -> int:
-    from sidecar.server import serve_main
+    from .process import tune_server_process
+
+    tune_server_process()  # before grpc and pydantic are imported
+    from .server import serve_main
 
     return serve_main(list(argv))
 
@@ -107,26 +195,42 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
         return run_door("pcitopo serve", lambda: _cmd_serve(argv[1:]))
-    parser = _Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
+    parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")  # finding 6
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     t = sub.add_parser("topo", help="GPU/NIC matrix like `nvidia-smi topo -m`, or the tree")
     t.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     t.add_argument("--json", action="store_true", help="machine-readable devices and pairs")
     t.add_argument("--tree", action="store_true", help="lspci -tv-like tree with roles, NUMA, switch kinds")
     t.add_argument("--vfs", action="store_true", help="include SR-IOV VFs in the default device list")
+    t.add_argument("--dot", action="store_true", help="Graphviz DOT: host tree and the guest a VM given these devices would see (render with dot -Tsvg)")
     t.add_argument("--nvlink-table", metavar="FILE", help="JSON NVLink board table overriding the built-in one")
+    _fabric_args(t, "NV# from the fabric's active partitions instead of the board table")
     t.add_argument("bdf", nargs="*", help="devices to classify (default: all GPU and NIC physical functions)")
+    pp = sub.add_parser(
+        "partitions", help="NVLink fabric partitions with each GPU's best NIC (GPU pools that keep NVLink and GDR)",
+        description="For each Fabric Manager partition (from `fmpm -l`): active or not, its GPUs (BDF, label, module ID), "
+        "each GPU's best compute NIC with NCCL's class, and whether every GPU is PIX to a NIC of its own.",
+    )
+    pp.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
+    _fabric_args(pp, "required")
+    pp.add_argument("--json", action="store_true", help='{"partitions": [{"id", "active", "gpus": [{"bdf", "module", "nic", "nic_class"}], "all_pix"}]}')
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
-    c.add_argument("--sysfs", default=default_sysfs())
-    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz")
+    c.add_argument("--sysfs", default=default_sysfs(), help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
+    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
+    v = sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction (exit 1 on any difference)")
+    v.add_argument("--expect", required=True, metavar="PREDICTED.json", help="what `xmlfix --json` printed for this VM")
+    v.add_argument("--sysfs", default=default_sysfs(), help="the guest's sysfs root, a capture .tar.gz or a sysfs-shaped dir (default $PCITOPO_SYSFS or /sys)")
+    _add_doctor_parser(sub, default_sysfs())
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     args = parser.parse_args(argv)
-    handler = {"topo": _cmd_topo, "capture": _cmd_capture}[args.command]
+    handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
+               "partitions": _cmd_partitions}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 
 def xmlfix_main(argv: Sequence[str] | None = None) -> int:
-    from sidecar.xmlfix import xmlfix
+    from .xmlfix import xmlfix
 
     return run_door("xmlfix", lambda: xmlfix(list(sys.argv[1:] if argv is None else argv)))
 

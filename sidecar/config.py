@@ -1,22 +1,32 @@
 """Hook options, read from the VMI's own annotations (KubeVirt's convention for sidecars).
 
 Every option is an annotation under one prefix, ``pcitopo.kubevirt.io/``, set on the VMI (for a
-VM: on ``spec.template.metadata.annotations``)::
+VM: on ``spec.template.metadata.annotations``), for example::
 
-    pcitopo.kubevirt.io/mode: "mirror"        # mirror | off            (default mirror)
-    pcitopo.kubevirt.io/on-error: "fail"      # fail | passthrough      (default fail)
-    pcitopo.kubevirt.io/mmio: "auto"          # auto | off              (default auto)
-    pcitopo.kubevirt.io/p2p-clique: "auto"    # auto | off              (default auto)
+    pcitopo.kubevirt.io/on-error: "passthrough"
+
+The options are the fields of :class:`HookOptions`, declared there and nowhere else
+(docs/DEPLOY.md lists them; a test keeps the list in step). ``mode: off`` hands the domain
+back unchanged (the sidecar can stay attached to a VM template while a user opts one VM out).
+``on-error: passthrough`` boots the VM with KubeVirt's own placement when the topology cannot
+be mirrored, and logs why; the default ``fail`` stops the VM start with our one-line reason,
+because an operator who attached this sidecar wants the topology or a loud failure, not a
+silently slow VM.
+
+``nvlink`` is the NVLink fabric check (topology/partitions.py): with the sidecar started with
+``--fabric FILE``, the VM's NVIDIA GPUs must be exactly one active Fabric Manager partition with
+all links. ``require`` fails the VM start with one line when they are not (whatever
+``on-error`` says: booting without NVLink is what the operator asked us to prevent); ``warn``
+boots and says why in the report and the log line; ``off`` skips the check.
+
+``doctor`` runs the host-readiness checks of ``pcitopo doctor`` for the devices the hook places
+and puts the findings in the log line: ``warn`` only reports, ``require`` stops the VM start
+when a check fails (whatever ``on-error`` says), ``off`` skips the checks. A check the
+unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and never stops a VM.
 
 ``mmio: auto`` sizes the guest's 64-bit MMIO space for the assigned devices' BARs (address
 width, 1 GiB pages for OVMF, SeaBIOS root-port reserves); ``p2p-clique: auto`` gives PCIe GPUs
 below one host switch a GPUDirect P2P clique id (topology/mmio.py, topology/cliques.py).
-
-``mode: off`` hands the domain back unchanged (the sidecar can stay attached to a VM template
-while a user opts one VM out). ``on-error: passthrough`` boots the VM with KubeVirt's own
-placement when the topology cannot be mirrored, and logs why; the default ``fail`` stops the
-VM start with our one-line reason, because an operator who attached this sidecar wants the
-topology or a loud failure, not a silently slow VM.
 
 Values are exact, lower-case strings. An unknown annotation under the prefix is an error too
 (a typo such as ``pcitopo.kubevirt.io/on-eror`` must not silently fall back to a default).
@@ -27,16 +37,12 @@ a topology the host cannot offer.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import Any, Literal, Mapping, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from topology.errors import ConfigError
-
-if TYPE_CHECKING:
-    from pydantic import BaseModel
-
-    HookOptions = BaseModel  # built on first use: see _build_hook_options
 
 PREFIX = "pcitopo.kubevirt.io/"
 
@@ -47,138 +53,92 @@ class VmiError(ConfigError):
     kind = "vmi"
 
 
-# -- the options -----------------------------------------------------------------------------
-#
-# Annotations under our prefix are validated by a pydantic model, ``HookOptions``. Importing
-# pydantic and building the model costs ~10 MiB of the sidecar's resident memory and ~0.1 s of
-# CPU at start (bench/perf.py; KubeVirt's sidecar limit is 64M), while a VMI without any
-# annotation under our prefix has nothing to validate. So the model is built on first use
-# (``HookOptions`` is a lazy module attribute, PEP 562), and a VMI without our annotations gets
-# ``DEFAULT_OPTIONS``: the model's defaults as a plain object that compares equal to
-# ``HookOptions()``. The two below are checked against the model when it is built.
-
-# Annotation suffix -> option (field) name.
-_ANNOTATIONS = {"mode": "mode", "on-error": "on_error", "mmio": "mmio", "p2p-clique": "p2p_clique"}
+def _annotation_suffix(field_name: str) -> str:
+    """A field's alias, which is its annotation name after the prefix: ``on_error`` ->
+    ``on-error``."""
+    return field_name.replace("_", "-")
 
 
-@dataclass(frozen=True, eq=False)
-class DefaultOptions:
-    """``HookOptions()`` without importing pydantic: every option at its default."""
+class HookOptions(BaseModel):
+    """The hook's options, one field each; nothing else declares them.
 
-    mode: str = "mirror"
-    on_error: str = "fail"
-    mmio: str = "auto"  # issue 11
-    p2p_clique: str = "auto"  # issue 11
+    A field's alias is its annotation name after :data:`PREFIX` (derived from the field name,
+    ``_`` -> ``-``); its type is a ``Literal`` of the allowed values; its default and
+    description are what docs/DEPLOY.md shows. Adding an option is adding a field here; tests
+    then ask for its row in docs/DEPLOY.md and for docs/SECURITY.md's review of it
+    (``tests/sidecar/test_hook_docs.py``, ``tests/test_hostile.py``)."""
 
-    def __eq__(self, other: object) -> bool:
-        if not all(hasattr(other, n) for n in _ANNOTATIONS.values()):
-            return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in _ANNOTATIONS.values())
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=_annotation_suffix)
 
-    def __hash__(self) -> int:
-        return hash(tuple(getattr(self, n) for n in _ANNOTATIONS.values()))
-
-
-DEFAULT_OPTIONS = DefaultOptions()
-
-
-def _build_hook_options() -> type:
-    from pydantic import BaseModel, ConfigDict, Field
-
-    class HookOptions(BaseModel):
-        """The hook's options; field aliases are the annotation names without the prefix."""
-
-        model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-        mode: Literal["mirror", "off"] = Field("mirror", description="mirror the host PCIe topology, or leave the domain unchanged")
-        on_error: Literal["fail", "passthrough"] = Field(
-            "fail",
-            alias="on-error",
-            description="when the topology cannot be mirrored: fail the VM start, or return the domain unchanged",
-        )
-        # issue 11
-        mmio: Literal["auto", "off"] = Field(
-            "auto", description="size the guest's 64-bit MMIO space for the devices' BARs (address width, firmware settings)"
-        )
-        p2p_clique: Literal["auto", "off"] = Field(
-            "auto",
-            alias="p2p-clique",
-            description="give PCIe GPUs below one host switch a GPUDirect P2P clique (x-nv-gpudirect-clique)",
-        )
-
-    HookOptions.__module__ = __name__
-    HookOptions.__qualname__ = "HookOptions"
-    names = {(f.alias or name): name for name, f in HookOptions.model_fields.items()}
-    if names != _ANNOTATIONS or HookOptions() != DEFAULT_OPTIONS:
-        raise AssertionError("sidecar.config: _ANNOTATIONS / DefaultOptions disagree with HookOptions")
-    return HookOptions
+    mode: Literal["mirror", "off"] = Field("mirror", description="mirror the host PCIe topology, or leave the domain unchanged")
+    on_error: Literal["fail", "passthrough"] = Field(
+        "fail", description="when the topology cannot be mirrored: fail the VM start, or return the domain unchanged"
+    )
+    nvlink: Literal["require", "warn", "off"] = Field(
+        "warn",
+        description="when the VM's GPUs are not exactly one active NVLink fabric partition with all links "
+        "(needs the sidecar's --fabric FILE): fail the VM start, boot and report it, or do not check",
+    )
+    doctor: Literal["require", "warn", "off"] = Field(
+        "warn",
+        description="host-readiness checks for the placed devices: require (a failed check stops the VM start), "
+        "warn (log only), off",
+    )
+    # issue 11: the MMIO budget and P2P cliques
+    mmio: Literal["auto", "off"] = Field(
+        "auto", description="size the guest's 64-bit MMIO space for the devices' BARs (address width, firmware settings)"
+    )
+    p2p_clique: Literal["auto", "off"] = Field(
+        "auto", description="give PCIe GPUs below one host switch a GPUDirect P2P clique (x-nv-gpudirect-clique)"
+    )
 
 
-_build_lock = threading.Lock()
+# Every option at its default: what a VMI without our annotations gets (nothing to validate).
+DEFAULT_OPTIONS = HookOptions()
+# Annotation suffix -> field name, for every option.
+_SUFFIXES = {f.alias or name: name for name, f in HookOptions.model_fields.items()}
 
 
-def __getattr__(name: str) -> Any:
-    if name == "HookOptions":
-        with _build_lock:  # two first calls at once build it once
-            model = globals().get("HookOptions")
-            if model is None:
-                model = globals()["HookOptions"] = _build_hook_options()
-        return model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def annotation(field_name: str) -> str:
+    """The full annotation name of an option: ``mode`` -> ``pcitopo.kubevirt.io/mode``."""
+    return PREFIX + (HookOptions.model_fields[field_name].alias or field_name)
 
 
-def _model() -> type:
-    """The pydantic model (built, and pydantic imported, on the first call)."""
-    return globals().get("HookOptions") or __getattr__("HookOptions")
-
-
-def _annotation_names() -> dict[str, str]:
-    """Annotation suffix -> field name, for every option."""
-    return dict(_ANNOTATIONS)
-
-
-def _allowed(field: str) -> tuple[str, ...]:
-    ann = _model().model_fields[field].annotation
-    return tuple(getattr(ann, "__args__", ()))
+def _allowed(field_name: str) -> tuple[str, ...]:
+    return get_args(HookOptions.model_fields[field_name].annotation)
 
 
 def describe_options() -> list[tuple[str, tuple[str, ...], str, str]]:
     """(annotation, allowed values, default, description) for each option, for the docs and
     for error messages."""
-    out = []
-    model = _model()
-    for suffix, name in _annotation_names().items():
-        f = model.model_fields[name]
-        out.append((PREFIX + suffix, _allowed(name), str(f.default), f.description or ""))
-    return out
+    return [
+        (annotation(name), _allowed(name), str(f.default), f.description or "")
+        for name, f in HookOptions.model_fields.items()
+    ]
 
 
-def options_from_annotations(annotations: Mapping[str, Any]) -> HookOptions | DefaultOptions:
+def options_from_annotations(annotations: Mapping[str, Any]) -> HookOptions:
     """Validate the annotations under our prefix; anything else is ignored.
 
     Raises ConfigError naming the annotation and its allowed values."""
-    names = _annotation_names()
     raw: dict[str, Any] = {}
     for key, value in annotations.items():
         if not isinstance(key, str) or not key.startswith(PREFIX):
             continue
         suffix = key[len(PREFIX):]
-        if suffix not in names:
-            known = ", ".join(PREFIX + s for s in names)
+        if suffix not in _SUFFIXES:
+            known = ", ".join(PREFIX + s for s in _SUFFIXES)
             raise ConfigError(f"unknown annotation {key} (known: {known})")
         raw[suffix] = value
     if not raw:
-        return DEFAULT_OPTIONS  # nothing to validate (and pydantic stays unimported)
-    model = _model()
-    from pydantic import ValidationError
-
+        return DEFAULT_OPTIONS
     try:
-        return model.model_validate(raw)
+        return HookOptions.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
         suffix = str(err["loc"][0]) if err.get("loc") else "?"
-        field = names.get(suffix, suffix)
-        allowed = " | ".join(_allowed(field)) if field in model.model_fields else "?"
+        name = _SUFFIXES.get(suffix)
+        allowed = " | ".join(_allowed(name)) if name else "?"
         value = raw.get(suffix)
         shown = json.dumps(value) if not isinstance(value, str) else repr(value[:60])
         raise ConfigError(f"annotation {PREFIX}{suffix} is {shown}; allowed values: {allowed}") from None
@@ -191,7 +151,6 @@ class VmiFacts:
 
     namespace: str | None = None
     name: str | None = None
-    uid: str | None = None
     annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -237,9 +196,9 @@ def parse_vmi(vmi_json: bytes | str | None) -> VmiFacts:
             raise VmiError(f"VMI JSON metadata.{key} is not a string")
         return v
 
-    return VmiFacts(namespace=text("namespace"), name=text("name"), uid=text("uid"), annotations=annotations)
+    return VmiFacts(namespace=text("namespace"), name=text("name"), annotations=annotations)
 
 
-def options_from_vmi(vmi_json: bytes | str | None) -> tuple[VmiFacts, HookOptions | DefaultOptions]:
+def options_from_vmi(vmi_json: bytes | str | None) -> tuple[VmiFacts, HookOptions]:
     facts = parse_vmi(vmi_json)
     return facts, options_from_annotations(facts.annotations)

@@ -1,19 +1,22 @@
 """``pcitopo serve``: KubeVirt's hook API over a Unix socket (gRPC), a thin door around
 :func:`sidecar.core.handle_define_domain`.
 
-What virt-launcher does and what we do about it (``shared/brief/01-kubevirt-hooks.md``):
-- It lists the socket folder every few hundred ms, dials each entry (2 s, retrying), calls
-  ``Info`` with a 1 s deadline and panics on an error. So everything slow (imports, opening the
-  host model, building the server) happens before the socket exists; then it is bound with its
-  final mode (0660; owned by uid/gid 107 when we run as root) and the server started at once.
-  A connection made after gRPC listens but before start() waits in the backlog and is answered
-  (tested). The one residual window is inside gRPC's bind: the file exists a moment (measured:
-  usually microseconds, up to ~9 ms on a loaded machine) before it listens; a dial landing
-  there is refused and virt-launcher's dial retries (~1 s later, within its 2 s), so it costs a
-  second, never an Info error. Binding under a temporary name and renaming would close that
-  window but needs a temporary entry in the folder, which virt-launcher dials too (a failed
-  dial of a directory costs it 2-3 s; a served socket under a temporary name would be recorded
-  under that name and fail the VM later). Nothing but the socket is ever created there.
+This module is the transport only: the messages' bytes are ``sidecar.wire``, the process
+tweaks ``sidecar.process``, the shared door parts ``sidecar.doors``. What virt-launcher does
+and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "KubeVirt hook API"):
+- It lists the socket folder in a loop, dials each entry (a short timeout; a failed dial is
+  retried on the next pass), calls ``Info`` with a 1 s deadline and fails the VM start on an
+  error. So everything slow (imports, opening the host model, building the server) happens
+  before the socket exists; then it is bound with its final mode (0660; owned by uid/gid 107
+  when we run as root) and the server started at once. A connection made after gRPC listens
+  but before start() waits in the backlog and is answered (tested). The one residual window is
+  inside gRPC's bind: the file exists a moment (measured: usually microseconds, up to ~9 ms on
+  a loaded machine) before it listens; a dial landing there is refused and virt-launcher dials
+  again on its next pass, so it costs a second, never an Info error. Binding under a temporary
+  name and renaming would close that window but needs a temporary entry in the folder, which
+  virt-launcher dials too (a failed dial of a directory costs it 2-3 s; a served socket under a
+  temporary name would be recorded under that name and fail the VM later). Nothing but the
+  socket is ever created there.
 - A stale socket file from an earlier run (container restart) is replaced; a live one (some
   process answers on it) is left alone and we refuse to start.
 - ``Info`` answers versions v1alpha3, v1alpha2, v1alpha1 and hook points ``OnDefineDomain`` and
@@ -31,7 +34,6 @@ sysfs file twice).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -42,36 +44,33 @@ import threading
 import time
 from concurrent import futures
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
-from topology.errors import ConfigError, PcitopoError, SysfsError
+from topology import __version__
+from topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
 from topology.model import Topology
 from topology.sysfs import default_sysfs, open_host
 
-from . import core
+from . import core, wire
 from .config import parse_vmi
+from .doors import EXIT_OK, Parser, one_line
 from .hookproto import INFO_NAME, ON_DEFINE_DOMAIN, SHUTDOWN, VERSIONS
 
 if TYPE_CHECKING:
     import grpc
 
-# grpc is imported when the server is built (HookServer.start), not when this module is: `pcitopo serve` first keeps OpenSSL out of the process (see
-# keep_openssl_out), and importing this module for its helpers stays cheap.
+# grpc is imported when the server is built (HookServer.start), not when this module is:
+# importing this module for its helpers stays cheap.
 
 DEFAULT_SOCKET = "/var/run/kubevirt-hooks/pcitopo.sock"
 # virt-launcher in a non-root VMI runs as uid/gid 107 (qemu); it needs write permission on the
 # socket file to connect. Nobody else needs access.
 COMPUTE_UID = COMPUTE_GID = 107
 SOCKET_MODE = 0o660
-# A KubeVirt domain is tens of KB and a VMI JSON a few KB; gRPC's own default (4 MiB) would do,
-# but say it here so it is a decision: larger requests are refused by gRPC before they reach us.
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 # The sidecar gets 200m CPU; a small pool keeps memory flat. Extra calls queue (never refused).
 WORKERS = 2
 # How long in-flight calls may run on when we are asked to stop.
 STOP_GRACE_S = 5.0
-
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 
 # -- logging ---------------------------------------------------------------------------------
@@ -123,17 +122,29 @@ _GRPC_CODE = {
     "config": "INVALID_ARGUMENT",
     "vmi": "INVALID_ARGUMENT",
     "domain": "INVALID_ARGUMENT",
+    "malformed-bdf": "INVALID_ARGUMENT",
     "unknown-device": "FAILED_PRECONDITION",
     "sysfs": "FAILED_PRECONDITION",
     "plan": "FAILED_PRECONDITION",
+    "doctor": "FAILED_PRECONDITION",  # pcitopo doctor (issue 13): doctor: require and a check failed
     "internal": "INTERNAL",
+    "fabric": "FAILED_PRECONDITION",
+    "nvlink": "FAILED_PRECONDITION",
+    # issue 11: the host's address width cannot hold the BARs; a firmware limit under on-error: fail
+    "mmio": "FAILED_PRECONDITION",
+    "mmio-firmware": "FAILED_PRECONDITION",
 }
+
+
+def status_name(err: PcitopoError) -> str:
+    """The gRPC status code (its name) a failure of this kind ends the call with."""
+    return _GRPC_CODE.get(err.kind, "UNKNOWN")
 
 
 def grpc_code(err: PcitopoError) -> grpc.StatusCode:
     import grpc
 
-    return grpc.StatusCode[_GRPC_CODE.get(err.kind, "UNKNOWN")]
+    return grpc.StatusCode[status_name(err)]
 
 
 def error_details(err: PcitopoError) -> str:
@@ -141,38 +152,57 @@ def error_details(err: PcitopoError) -> str:
     return f"pcitopo: {err.kind}: {err.reason}"
 
 
-class Hooks:
-    """What every version's servicer calls; owns the call counter, the log and the stop event."""
+class CallFailed(Exception):
+    """A call that ends with a gRPC error: the status code's name and the one-line details."""
 
-    def __init__(self, host: Callable[[], Topology], log: JsonLog, stop: threading.Event):
+    def __init__(self, code: str, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class Hooks:
+    """What every version's servicer calls; owns the call counter, the log and the stop event.
+    Knows nothing of gRPC: a failure is a :class:`CallFailed`, which the transport turns into
+    the call's status."""
+
+    def __init__(self, host: Callable[[], Topology], log: JsonLog, stop: threading.Event, fabric: Callable | None = None):
         self.host = host
+        self.fabric = fabric  # topology.fabric.FabricFile, or None without --fabric
         self.log = log
         self.stop = stop
         self._calls = 0
         self._lock = threading.Lock()
 
     def info(self) -> bytes:
-        self.log("Info", versions=list(VERSIONS))
-        return INFO_RESULT
+        self.log("Info", name=INFO_NAME, pcitopo_version=__version__, versions=list(VERSIONS))
+        return wire.INFO_RESULT
 
-    def on_define_domain(self, version: str, domain_xml: bytes, vmi_json: bytes, context: grpc.ServicerContext) -> bytes:
+    def on_define_domain(self, version: str, domain_xml: bytes, vmi_json: bytes) -> bytes:
         with self._lock:
             self._calls += 1
             call = self._calls
         t0 = time.perf_counter()
         try:
-            out = core.handle_define_domain(domain_xml, vmi_json, self.host)
+            out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric)
         except PcitopoError as e:
             self.log(
                 ON_DEFINE_DOMAIN, level="error", version=version, vmi=_vmi_ref(vmi_json), call=call,
                 outcome="failed", error=e.kind, reason=e.reason, duration_ms=_ms(t0),
             )
-            context.abort(grpc_code(e), error_details(e))
+            raise CallFailed(status_name(e), error_details(e)) from None
         except Exception as e:  # core wraps bugs already; this is the door's last line of defence
-            import grpc
-
-            self.log(ON_DEFINE_DOMAIN, level="error", version=version, call=call, outcome="failed", error="internal", reason=f"{type(e).__name__}: {e}", duration_ms=_ms(t0))
-            context.abort(grpc.StatusCode.INTERNAL, f"pcitopo: internal: {type(e).__name__}: {' '.join(str(e).split())}")
+            reason = f"{type(e).__name__}: {e}"
+            self.log(ON_DEFINE_DOMAIN, level="error", version=version, call=call, outcome="failed", error="internal", reason=reason, duration_ms=_ms(t0))
+            raise CallFailed("INTERNAL", f"pcitopo: internal: {one_line(reason)}") from None
+        if len(out.xml) + wire.REPLY_FRAMING_BYTES > wire.MAX_REPLY_BYTES:  # issue 14 finding 12: a reply the client can read
+            e = DomainError(
+                f"the {out.outcome} domain is {len(out.xml)} bytes: virt-launcher's gRPC client (grpc-go defaults) "
+                f"refuses replies over {wire.MAX_REPLY_BYTES} bytes, so the VM could not start with it"
+            )
+            self.log(ON_DEFINE_DOMAIN, level="error", version=version, vmi=out.vmi.ref, call=call, outcome="failed",
+                     error=e.kind, reason=e.reason, in_bytes=len(domain_xml), out_bytes=len(out.xml), duration_ms=_ms(t0))
+            raise CallFailed("RESOURCE_EXHAUSTED", error_details(e))
         self.log(
             ON_DEFINE_DOMAIN, level="warning" if out.outcome == "passthrough" else "info", version=version,
             vmi=out.vmi.ref, call=call, outcome=out.outcome, reason=out.reason, duration_ms=_ms(t0),
@@ -199,168 +229,63 @@ def _vmi_ref(vmi_json: bytes) -> str:
         return "-/-"
 
 
-# -- the wire format ---------------------------------------------------------------------------
-#
-# Every hook message is flat: bytes/string fields, plus InfoResult's repeated HookPoint. The
-# server reads and writes them itself, in the proto3 wire format protobuf would produce
-# (tag varint, length varint, bytes; empty fields omitted), instead of through protobuf's
-# runtime, which would cost the sidecar ~3 MiB of resident memory and ~30 ms of start-up
-# (bench/perf.py). The generated code in sidecar/hookproto stays the reference: clients and
-# tests (tests/sidecar) speak to this server only through it.
+# -- the transport: raw bytes in and out -----------------------------------------------------
 
-# Service -> its methods, as virt-launcher dials them (/<service>/<method>; brief 01).
-SERVICES = {
-    "kubevirt.hooks.info.Info": ("Info",),
-    "kubevirt.hooks.v1alpha1.Callbacks": ("OnDefineDomain",),
-    "kubevirt.hooks.v1alpha2.Callbacks": ("OnDefineDomain", "PreCloudInitIso"),
-    "kubevirt.hooks.v1alpha3.Callbacks": ("OnDefineDomain", "PreCloudInitIso", "Shutdown"),
-}
-# Field numbers (KubeVirt's .proto files, proto/sidecar/hookproto/*.proto).
-DOMAIN_XML, VMI = 1, 2  # OnDefineDomainParams; OnDefineDomainResult.domainXML = 1
-CLOUD_INIT_NOCLOUD_SOURCE, CLOUD_INIT_DATA = 1, 3  # PreCloudInitIsoParams/Result
-_LEN = 2  # wire type of bytes, strings and messages
+def _abort(context: grpc.ServicerContext, code: str, details: str) -> NoReturn:
+    """End the call with a gRPC error. grpcio's ``abort`` raises; should a context's ``abort``
+    ever return, we raise here anyway, so no caller goes on as if the call had succeeded."""
+    import grpc
+
+    context.abort(grpc.StatusCode[code], details)
+    raise CallFailed(code, details)
 
 
-class WireError(ValueError):
-    """A request that is not a well-formed protobuf message."""
+def _served(context: grpc.ServicerContext, call: Callable[[], bytes]) -> bytes:
+    """Run one call: a request that is not protobuf, or a CallFailed, ends it with that error."""
+    try:
+        return call()
+    except wire.WireError as e:
+        _abort(context, "INVALID_ARGUMENT", f"pcitopo: request: not a protobuf message ({e})")
+    except CallFailed as e:
+        _abort(context, e.code, e.details)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+def _methods(hooks: Hooks, version: str) -> dict[str, Callable[[bytes], bytes]]:
+    """Method name -> request bytes to response bytes, for one hook API version."""
 
+    def on_define_domain(request: bytes) -> bytes:
+        domain_xml, vmi_json = wire.on_define_domain_params(request)
+        return wire.on_define_domain_result(hooks.on_define_domain(version, domain_xml, vmi_json))
 
-def _read_varint(buf: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if i >= len(buf):
-            raise WireError("truncated varint")
-        byte = buf[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i
-        shift += 7
-        if shift >= 70:
-            raise WireError("varint longer than 10 bytes")
+    def pre_cloud_init_iso(request: bytes) -> bytes:
+        out = wire.pre_cloud_init_iso_echo(request)
+        hooks.pre_cloud_init_iso(version)
+        return out
 
+    def shutdown(request: bytes) -> bytes:
+        wire.decode_fields(request)  # refuse a malformed request like any other
+        hooks.shutdown()
+        return b""  # ShutdownResult{}
 
-def encode_fields(fields: list[tuple[int, bytes]]) -> bytes:
-    """A message of length-delimited fields, in the order given; empty values are omitted
-    (proto3 does not write fields at their default)."""
-    out = bytearray()
-    for number, value in fields:
-        if value:
-            out += _varint(number << 3 | _LEN)
-            out += _varint(len(value))
-            out += value
-    return bytes(out)
-
-
-def decode_fields(buf: bytes) -> dict[int, bytes]:
-    """Field number -> value of every top-level length-delimited field (the last one when a
-    number comes twice, as proto3 parses singular fields); other fields (varints, fixed, and
-    groups) are skipped, as protobuf skips unknown fields. Raises WireError where protobuf's
-    parser would fail."""
-    out: dict[int, bytes] = {}
-    _scan(buf, 0, out, None, 0)
-    return out
-
-
-def _scan(buf: bytes, i: int, out: dict[int, bytes] | None, group: int | None, depth: int) -> int:
-    """Read fields from ``i`` to the end (or to the end of ``group``); returns the new offset."""
-    n = len(buf)
-    while i < n:
-        key, i = _read_varint(buf, i)
-        number, wire_type = key >> 3, key & 7
-        if not 0 < number <= 0x1FFFFFFF or key > 0xFFFFFFFF:
-            raise WireError(f"field number {number} out of range")
-        if wire_type == 0:
-            _, i = _read_varint(buf, i)
-        elif wire_type == 1:
-            i += 8
-        elif wire_type == 5:
-            i += 4
-        elif wire_type == _LEN:
-            size, i = _read_varint(buf, i)
-            if size > n - i:
-                raise WireError("truncated field")
-            if out is not None:
-                out[number] = buf[i:i + size]
-            i += size
-        elif wire_type == 3:  # a (deprecated) group: skip to its end
-            if depth >= 100:
-                raise WireError("groups nested too deeply")
-            i = _scan(buf, i, None, number, depth + 1)
-        elif wire_type == 4 and number == group:
-            return i
-        else:
-            raise WireError(f"unexpected wire type {wire_type}")
-        if i > n:
-            raise WireError("truncated field")
-    if group is not None:
-        raise WireError("unterminated group")
-    return i
-
-
-# InfoResult{name = 1; repeated HookPoint hookPoints = 3; repeated string versions = 4}, with
-# HookPoint{name = 1; priority = 2} (priority 0 is not written): the same bytes every time.
-INFO_RESULT = encode_fields(
-    [(1, INFO_NAME.encode())]
-    + [(3, encode_fields([(1, name.encode())])) for name in (ON_DEFINE_DOMAIN, SHUTDOWN)]
-    + [(4, v.encode()) for v in VERSIONS]
-)
+    return {
+        "Info": lambda request: hooks.info(),
+        "OnDefineDomain": on_define_domain,
+        "PreCloudInitIso": pre_cloud_init_iso,
+        "Shutdown": shutdown,
+    }
 
 
 def _handlers(hooks: Hooks) -> list:
     """One generic handler per service, raw bytes in and out, all delegating to ``hooks``."""
     import grpc
 
-    def fields(request: bytes, context: grpc.ServicerContext) -> dict[int, bytes]:
-        try:
-            return decode_fields(request)
-        except WireError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pcitopo: request: not a protobuf message ({e})")
-
-    def info(request: bytes, context: grpc.ServicerContext) -> bytes:
-        return hooks.info()
-
-    def on_define_domain(version: str) -> Callable:
-        def call(request: bytes, context: grpc.ServicerContext) -> bytes:
-            f = fields(request, context)
-            out = hooks.on_define_domain(version, f.get(DOMAIN_XML, b""), f.get(VMI, b""), context)
-            return encode_fields([(DOMAIN_XML, out)])
-        return call
-
-    def pre_cloud_init_iso(version: str) -> Callable:
-        def call(request: bytes, context: grpc.ServicerContext) -> bytes:
-            f = fields(request, context)
-            hooks.pre_cloud_init_iso(version)
-            return encode_fields([(n, f.get(n, b"")) for n in (CLOUD_INIT_NOCLOUD_SOURCE, CLOUD_INIT_DATA)])
-        return call
-
-    def shutdown(request: bytes, context: grpc.ServicerContext) -> bytes:
-        fields(request, context)
-        hooks.shutdown()
-        return b""  # ShutdownResult{}
+    def handler(method: Callable[[bytes], bytes]):
+        return grpc.unary_unary_rpc_method_handler(lambda request, context: _served(context, lambda: method(request)))
 
     out = []
-    for service, methods in SERVICES.items():
-        version = service.split(".")[2]
-        impl = {
-            "Info": info,
-            "OnDefineDomain": on_define_domain(version),
-            "PreCloudInitIso": pre_cloud_init_iso(version),
-            "Shutdown": shutdown,
-        }
-        out.append((service, {m: grpc.unary_unary_rpc_method_handler(impl[m]) for m in methods}))
+    for service, names in wire.SERVICES.items():
+        methods = _methods(hooks, service.split(".")[2])
+        out.append((service, {name: handler(methods[name]) for name in names}))
     return out
 
 
@@ -407,14 +332,20 @@ def _same_file(path: str, ident: tuple[int, int] | None) -> bool:
 class HookServer:
     """The server's lifecycle: build, bind, open the door, wait, stop, clean up."""
 
-    def __init__(self, socket_path: str, sysfs: str, log: JsonLog | None = None, workers: int = WORKERS):
+    def __init__(self, socket_path: str, sysfs: str, log: JsonLog | None = None, workers: int = WORKERS,
+                 fabric: str | None = None, module_map: str | None = None):
         self.socket_path = os.path.abspath(socket_path)
         self.sysfs = sysfs
         self.log = log or JsonLog()
         self.workers = workers
         self.stop_event = threading.Event()
         self.host = HostCache(sysfs)
-        self.hooks = Hooks(self.host, self.log, self.stop_event)
+        self.fabric = None
+        if fabric:
+            from topology.fabric import FabricFile
+
+            self.fabric = FabricFile(fabric, module_map, self.host)
+        self.hooks = Hooks(self.host, self.log, self.stop_event, self.fabric)
         self._server: grpc.Server | None = None
         self._ident: tuple[int, int] | None = None
 
@@ -428,6 +359,14 @@ class HookServer:
             self.log("host", level="error", sysfs=self.sysfs, error=e.kind, reason=e.reason)
             return
         self.log("host", sysfs=self.sysfs, name=topo.name)
+        if self.fabric is not None:  # same policy: log now, and every call says it again
+            try:
+                fab = self.fabric()
+            except PcitopoError as e:
+                self.log("fabric", level="error", path=self.fabric.path, error=e.kind, reason=e.reason)
+                return
+            self.log("fabric", path=fab.path, partitions=len(fab.partitions), active=[p.id for p in fab.partitions if p.active],
+                     bdf_source=fab.source)
 
     def start(self) -> None:
         import grpc
@@ -442,8 +381,8 @@ class HookServer:
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="pcitopo-hook"),
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
             ],
         )
         for service, methods in _handlers(self.hooks):
@@ -471,7 +410,7 @@ class HookServer:
         st = os.lstat(self.socket_path)
         self._ident = (st.st_dev, st.st_ino)
         self.log(
-            "serving", socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
+            "serving", pcitopo_version=__version__, socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
             replaced_stale_socket=replaced or None, ready_ms=_ms(t0),
         )
 
@@ -513,65 +452,47 @@ class HookServer:
         return EXIT_OK
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise ConfigError(f"{self.prog}: {message}")
-
-
-# Standard-library modules that load OpenSSL (libssl/libcrypto: ~4 MiB resident, measured with
-# bench/perf.py) and that the server never needs: it serves plain gRPC on a Unix socket (grpcio
-# carries its own TLS, BoringSSL, unused here), and hashlib and hmac fall back to Python's
-# built-in hashes without _hashlib. asyncio (which grpcio imports) and hmac (which pydantic
-# imports) import them only inside try/except ImportError.
-OPENSSL_MODULES = ("ssl", "_ssl", "_hashlib")
-
-
-def keep_openssl_out() -> None:
-    """Make ``import ssl`` (and _ssl, _hashlib) raise ImportError in this process, unless
-    already imported. Only ``pcitopo serve`` calls this, before anything imports grpc; a
-    library user's process is left alone."""
-    for name in OPENSSL_MODULES:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
-
-
-def limit_malloc_arenas(arenas: int = 2) -> None:
-    """glibc gives every thread that allocates its own malloc arena (up to 8 per core): with
-    gRPC's threads and the worker pool, freed memory then sits in many arenas. Capping them
-    keeps resident memory flat under concurrent calls (measured: bench/perf.py, bench/load.py).
-    Must run before the threads exist; a no-op where the C library is not glibc or the
-    operator already set MALLOC_ARENA_MAX."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).mallopt(-8, arenas)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
-
-
 def serve_main(argv: list[str]) -> int:
-    """``pcitopo serve [--socket PATH] [--sysfs PATH]``. Returns the exit code; a bad argument
-    or an unusable socket path raises PcitopoError (one line, exit 2 through the CLI door)."""
-    keep_openssl_out()
-    limit_malloc_arenas()
-    parser = _Parser(prog="pcitopo serve", description="Serve KubeVirt's hook API (OnDefineDomain) on a Unix socket.")
+    """``pcitopo serve [--socket PATH] [--sysfs PATH] [--fabric FILE [--module-map FILE]]``.
+    Returns the exit code; a bad argument exits 2 with one line, an unusable socket path raises
+    PcitopoError (one line, exit 2 through the CLI door, which also tunes the process first:
+    ``sidecar.process``)."""
+    parser = Parser(prog="pcitopo serve", description="Serve KubeVirt's hook API (OnDefineDomain) on a Unix socket.")
     parser.add_argument("--socket", default=DEFAULT_SOCKET, help=f"socket path (default {DEFAULT_SOCKET})")
     parser.add_argument(
         "--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)"
     )
+    parser.add_argument("--fabric", default=os.environ.get("PCITOPO_FABRIC") or None, metavar="FILE",
+                        help="NVLink fabric partitions (`fmpm -l` output; default $PCITOPO_FABRIC), re-read when it changes")
+    parser.add_argument("--module-map", default=os.environ.get("PCITOPO_MODULE_MAP") or None, metavar="FILE",
+                        help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for placeholder BDFs (default $PCITOPO_MODULE_MAP)')
+    parser.add_argument(
+        "--version", nargs="?", const="", metavar="HOOK_API_VERSION",
+        help="alone: print pcitopo's version; with a hook API version (KubeVirt's example sidecars pass "
+        "`--version v1alpha2`): accepted and ignored, pcitopo serves v1alpha1, v1alpha2 and v1alpha3",
+    )
     args = parser.parse_args(argv)
-    return HookServer(args.socket, args.sysfs).run()
+    ignored = _hook_version_arg(args.version)
+    if ignored is None:
+        print(f"pcitopo {__version__}")
+        return EXIT_OK
+    if args.module_map and not args.fabric:
+        raise ConfigError("--module-map needs --fabric")
+    server = HookServer(args.socket, args.sysfs, fabric=args.fabric, module_map=args.module_map)
+    if ignored:
+        server.log("args", level="warning", ignored=f"--version {ignored}",
+                   reason=f"pcitopo serves every hook API version ({', '.join(VERSIONS)}); virt-launcher picks one")
+    return server.run()
 
 
-def main() -> None:  # python -m sidecar.server
-    try:
-        rc = serve_main(sys.argv[1:])
-    except PcitopoError as e:
-        print(f"pcitopo serve: {e}", file=sys.stderr)
-        rc = EXIT_BAD_INPUT
-    sys.exit(rc)
-
-
-if __name__ == "__main__":
-    main()
+def _hook_version_arg(value: str | None) -> str | None:
+    """``serve --version`` (issue 14 finding 6): None to print our version, "" when absent, the
+    hook API version when one is named (accepted, ignored); anything else is a one-line error."""
+    if value == "":
+        return None
+    if value is None:
+        return ""
+    if value not in VERSIONS:
+        raise ConfigError(f"--version {value[:40]}: not a hook API version ({', '.join(VERSIONS)}); "
+                          f"pcitopo serves all of them, so the argument can be dropped")
+    return value

@@ -24,16 +24,17 @@ import sys
 import time
 from typing import Sequence
 
-from topology.errors import ConfigError, PcitopoError
+from topology.errors import ConfigError
+
+from .doors import EXIT_OK, run_door
 
 PROG = "onDefineDomain"
-# The same exit codes as the pcitopo and xmlfix doors.
-EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 2, 3
 USAGE = f"usage: {PROG} --vmi JSON --domain XML [--sysfs PATH]"
 
 
-def parse_args(argv: Sequence[str]) -> dict[str, str]:
-    """``--name VALUE`` or ``--name=VALUE`` for vmi, domain, sysfs; every value verbatim."""
+def parse_args(argv: Sequence[str]) -> dict[str, str] | None:
+    """``--name VALUE`` or ``--name=VALUE`` for vmi, domain, sysfs; every value verbatim.
+    None for ``-h``/``--help`` in an option's place."""
     known = ("vmi", "domain", "sysfs")
     out: dict[str, str] = {}
     args = list(argv)
@@ -41,7 +42,7 @@ def parse_args(argv: Sequence[str]) -> dict[str, str]:
     while i < len(args):
         arg = args[i]
         if arg in ("-h", "--help"):
-            raise _Help()
+            return None
         if not arg.startswith("--"):
             raise ConfigError(f"unexpected argument {arg[:40]!r} ({USAGE})")
         name, eq, value = arg[2:].partition("=")
@@ -61,8 +62,16 @@ def parse_args(argv: Sequence[str]) -> dict[str, str]:
     return out
 
 
-class _Help(Exception):
-    pass
+class _Once:
+    """Call ``fn`` once and keep the result (the rewrite and the fabric check share one host)."""
+
+    def __init__(self, fn):
+        self._fn, self._value = fn, None
+
+    def __call__(self):
+        if self._value is None:
+            self._value = self._fn()
+        return self._value
 
 
 def run(argv: Sequence[str]) -> int:
@@ -72,10 +81,19 @@ def run(argv: Sequence[str]) -> int:
 
     t0 = time.perf_counter()
     args = parse_args(argv)
+    if args is None:
+        print(USAGE)
+        return EXIT_OK
     sysfs = args.get("sysfs") or default_sysfs()
     domain = os.fsencode(args["domain"])
     vmi = os.fsencode(args["vmi"]) if "vmi" in args else None
-    outcome = handle_define_domain(domain, vmi, lambda: open_host(sysfs))
+    host = _Once(lambda: open_host(sysfs))
+    fabric = None
+    if os.environ.get("PCITOPO_FABRIC"):  # the shim has no flags of ours: the environment says it
+        from topology.fabric import FabricFile
+
+        fabric = FabricFile(os.environ["PCITOPO_FABRIC"], os.environ.get("PCITOPO_MODULE_MAP") or None, host)
+    outcome = handle_define_domain(domain, vmi, host, fabric)
     out = sys.stdout.buffer
     out.write(outcome.xml)
     out.flush()
@@ -88,23 +106,8 @@ def run(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return run(sys.argv[1:] if argv is None else argv)
-    except _Help:
-        print(USAGE)
-        return EXIT_OK
-    except PcitopoError as e:
-        print(f"{PROG}: {e.kind}: {e.reason}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except BrokenPipeError:
-        print(f"{PROG}: stdout closed before the domain was written", file=sys.stderr)
-        return EXIT_INTERNAL
-    except Exception as e:  # the last line of defence: one line, no traceback
-        if os.environ.get("PCITOPO_DEBUG"):
-            raise
-        reason = " ".join(f"{type(e).__name__}: {e}".split())
-        print(f"{PROG}: internal error: {reason} (set PCITOPO_DEBUG=1 for a traceback)", file=sys.stderr)
-        return EXIT_INTERNAL
+    args = sys.argv[1:] if argv is None else argv
+    return run_door(PROG, lambda: run(args), with_kind=True, output_is_result=True)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,24 @@
 """`xmlfix`: the rewrite on a captured domain XML and a captured (or live) sysfs.
 
-    xmlfix [--sysfs PATH] [--vmi FILE] [-o FILE] [--check] [--explain] [--diff] DOMAIN.xml|-
+    xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
 
-Exit 0 on success; 1 when --check finds the domain not already correctly placed or fidelity
-lost; 2 with one line on stderr for bad input.
+Exit 0 on success; 1 when --check finds that the guest will not see what the host has; 2 with
+one line on stderr for bad input. A passthrough or off outcome is always named on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from typing import Sequence
 
+from topology import __version__
 from topology.domain import MAX_DOMAIN_BYTES
 from topology.errors import ConfigError, DomainError
 from topology.sysfs import default_sysfs
 
-from .cli import EXIT_CHECK_FAILED, EXIT_OK, _Parser
+from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser
 
 MAX_VMI_BYTES = 4 * 1024 * 1024
 
@@ -50,60 +50,115 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.")
+    p = Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.")
+    p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")  # finding 6
     p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
-    p.add_argument("--vmi", metavar="FILE", help="the VMI as JSON: its pcitopo.kubevirt.io/ annotations set the options")
+    p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
+    p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
+                   help="NVLink fabric partitions: the output of `fmpm -l` (default $PCITOPO_FABRIC); enables the "
+                   "pcitopo.kubevirt.io/nvlink check and the fabric's NV# in --explain")
+    p.add_argument("--module-map", metavar="FILE", default=os.environ.get("PCITOPO_MODULE_MAP") or None,
+                   help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for a fabric file with placeholder BDFs '
+                   "(default $PCITOPO_MODULE_MAP)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the rewritten domain here instead of stdout")
-    p.add_argument("--check", action="store_true", help="exit 1 unless the domain is already correctly placed with full fidelity")
-    p.add_argument("--explain", action="store_true", help="host vs predicted guest matrices and the guest tree")
-    p.add_argument("--diff", action="store_true", help="unified diff of the change")
+    p.add_argument("--check", action="store_true", help="exit 1 unless the guest will see what the host has (every pair's class, every device's NUMA cell); reasons on stderr")
+    p.add_argument("--explain", action="store_true", help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
+    p.add_argument("--dot", action="store_true", help="the explanation as a Graphviz picture: host and predicted guest trees in DOT (implies --explain; not with --json or --diff)")
+    p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
+    p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
     return p
 
 
 def xmlfix(argv: Sequence[str]) -> int:
-    from sidecar.core import handle_define_domain
-    from topology.report import explain_text
+    from .core import handle_define_domain
+    from topology.report import diff_text, explain_text
     from topology.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))
+    _one_document(args)
     domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
+    if vmi is not None:  # finding 8: `kubectl get vmi -o yaml` is what people paste
+        from .vmiyaml import vmi_as_json
+
+        vmi = vmi_as_json(vmi, args.vmi)
     host = open_host(args.sysfs)
-    outcome = handle_define_domain(domain, vmi, host)
+    fabric = None
+    if args.fabric:
+        from topology.fabric import load_fabric
+
+        fabric = load_fabric(args.fabric, args.module_map, host)
+    elif args.module_map:
+        raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
+    outcome = handle_define_domain(domain, vmi, host, fabric)
     result = outcome.result
     out = outcome.xml
+    if outcome.summary.get("nvlink_reason"):  # nvlink: warn boots, and says why here
+        print(f"xmlfix: warning: NVLink: {outcome.summary['nvlink_reason']}", file=sys.stderr)
 
-    if args.explain:
+    if args.json:
+        _print_prediction(outcome, host, fabric)
+    if args.dot:  # issue 14 #11: the explanation as a picture
+        from topology.dot import explain_dot
+
+        sys.stdout.write(explain_dot(result, host, outcome.reason))
+    elif args.explain:
         if result is None:
             sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
         else:
-            sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None))
-    if args.diff:
-        name = "-" if args.domain == "-" else args.domain
-        diff = difflib.unified_diff(
-            domain.decode("utf-8", "replace").splitlines(keepends=True),
-            out.decode("utf-8", "replace").splitlines(keepends=True),
-            fromfile=name,
-            tofile=f"{name} (xmlfix)",
-        )
-        sys.stdout.writelines(diff)
+            sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
+            if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
+                from topology.fleet import doctor_text
+
+                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + doctor_text(outcome.doctor))
+    if args.diff:  # finding 1: only what changed in meaning (both sides serialised alike)
+        sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:
         _write_atomic(args.output, out)
-    elif not (args.explain or args.diff or args.check):
+    elif not (args.explain or args.dot or args.diff or args.check or args.json):
         sys.stdout.buffer.write(out)
         sys.stdout.flush()
 
+    # finding 2: a passthrough or off outcome is never silent, whatever was asked for.
+    if result is None:
+        print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
     if args.check:
-        if result is None:
-            print(f"xmlfix: check: not rewritten ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
-            return EXIT_CHECK_FAILED
-        lost = result.report.fidelity_lost
-        if result.changed:
-            print("xmlfix: check: the domain is not placed as the host topology requires (see --diff)", file=sys.stderr)
-            return EXIT_CHECK_FAILED
-        if lost:
-            p = lost[0]
-            print(f"xmlfix: check: fidelity lost for {len(lost)} pair(s), e.g. {p.a}-{p.b}: {p.why}", file=sys.stderr)
-            return EXIT_CHECK_FAILED
+        return _check(outcome, host, fabric)
     return EXIT_OK
+
+
+def _one_document(args: argparse.Namespace) -> None:
+    """What goes to stdout must read as one document: --json (finding 5) and --dot (finding 11)
+    each print one, so neither mixes with another kind (--explain text, --diff, each other).
+    --dot is --explain drawn, so the two together are just the picture."""
+    if args.json and (args.explain or args.diff or args.dot):
+        raise ConfigError("--json prints one JSON document: use it without --explain, --dot and --diff")
+    if args.dot and args.diff:
+        raise ConfigError("--dot prints one Graphviz document: use it without --diff")
+
+
+def _check(outcome, host, fabric=None) -> int:
+    """--check: exit 0 only if the guest will see what the host has (finding 2)."""
+    from topology.predict import check_problems, verdict
+
+    if outcome.result is None:
+        print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    problems = check_problems(outcome.result, host, fabric)
+    for line in problems:
+        print(f"xmlfix: check: {line}", file=sys.stderr)
+    print(f"xmlfix: check: {'failed' if problems else 'ok'}: {verdict(outcome.result, host, fabric)}", file=sys.stderr)
+    return EXIT_CHECK_FAILED if problems else EXIT_OK
+
+
+def _print_prediction(outcome, host, fabric=None) -> None:
+    """--json (finding 5): what `pcitopo verify --expect` checks in the guest."""
+    import json
+
+    from topology.predict import prediction
+
+    doc = prediction(outcome.result, host, fabric) if outcome.result is not None else {
+        "devices": [], "pairs": [], "notes": [f"domain left unchanged ({outcome.outcome}): {outcome.reason}"]}
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")

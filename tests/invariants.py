@@ -1,8 +1,9 @@
-"""Checkers for the bus, index, chassis and placement rules of the brief, written against the
+"""Checkers for the bus, index, chassis and placement rules, written against the
 output XML alone (not against the planner's data structures), and an independent guest-tree
 derivation for the host-class = guest-class property.
 
-Rules (shared/brief/02-libvirt-pcie.md, 01-kubevirt-hooks.md):
+Rules (docs/SOURCES.md, "Bus and slot accounting" and "Domain XML as KubeVirt hands it over",
+has their public sources; written out here independently of topology/buses.py):
 - PCI controller indexes are unique and leave no gaps (libvirt fills gaps with root ports);
   index 0 is pcie-root.
 - pcie-expander-bus only on pcie-root; root ports only on pcie-root or an expander bus;
@@ -13,7 +14,7 @@ Rules (shared/brief/02-libvirt-pcie.md, 01-kubevirt-hooks.md):
   with ``multifunction='on'``.
 - Every root and downstream port has a distinct chassis (libvirt's default chassis is the
   index; QEMU's ``slot`` property is never set by libvirt, so every port's (chassis, slot) is
-  (chassis, 0) and the brief's "(chassis, slot) unique" means "chassis unique").
+  (chassis, 0) and QEMU's "(chassis, slot) unique" means "chassis unique").
 - Every expander bus has a busNr in 1..254, all distinct; the range up to the next higher
   busNr (or 255) holds its root bus plus one bus per bridge below it; everything on pcie-root
   (bus 0 plus one bus per bridge not below an expander bus) fits below the lowest busNr.
@@ -152,7 +153,7 @@ def _bridges_below(p: Parsed, index: int) -> int:
 
 def check_rules(xml: bytes, *, hotplug_reserve: bool = True, require_addresses: bool = True,
                 tolerated_gaps: frozenset[int] = frozenset()) -> list[str]:
-    """Every violation of the brief's rules in ``xml`` (empty when it is fine).
+    """Every violation of the rules above in ``xml`` (empty when it is fine).
 
     ``hotplug_reserve``: count the bare root ports KubeVirt appends after the last call (while
     the highest index is below 32) against pcie-root's buses (use False on a domain that

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import host_from_topo
+from testkit.synth import host_from_topo
 from topology.classify import NvlinkOracle, classify
 
 NUMA2 = """
@@ -193,7 +193,8 @@ rc 0000:15 numa=0
 
 @pytest.mark.parametrize("fixture", ["hgx-h100", "hgx-b200", "dgx-h100"])
 def test_fixture_gpu_to_own_nic(fixture):
-    """Each GPU has exactly one NIC at its closest class: PIX (HGX) or PXB (DGX), as the brief says."""
+    """Each GPU has exactly one NIC at its closest class: PIX (HGX) or PXB (DGX, where the GPU sits
+    below its ConnectX-7's integrated switch); docs/SOURCES.md, "Reference hosts"."""
     from topology.sysfs import open_host
     from topology.model import Role
 

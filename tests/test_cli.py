@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from testkit import REPO as ROOT
 
 BIN = Path(sys.executable).parent
 
@@ -64,8 +64,10 @@ def test_xmlfix_rewrites_and_checks(tmp_path):
     r = run("xmlfix", "--sysfs", "fixtures/hgx-h100", "-", stdin=(d / "domain.xml").read_bytes())
     assert r.stdout == (d / "expected.xml").read_bytes()
     assert run("xmlfix", "--check", "--sysfs", "fixtures/hgx-h100", str(d / "expected.xml")).returncode == 0
+    # --check judges what the guest will see (issue 14, finding 2), not whether the input
+    # already has the layout: the unplaced domain passes, since the hook gives full fidelity.
     r = run("xmlfix", "--check", "--sysfs", "fixtures/hgx-h100", str(d / "domain.xml"))
-    assert r.returncode == 1 and b"not placed" in r.stderr
+    assert r.returncode == 0 and b"check: ok" in r.stderr
     r = run("xmlfix", "--diff", "--sysfs", "fixtures/hgx-h100", str(d / "domain.xml"))
     assert r.returncode == 0 and b"+\t\t<controller" in r.stdout or b"+" in r.stdout
     out = tmp_path / "out.xml"
@@ -76,7 +78,7 @@ def test_xmlfix_rewrites_and_checks(tmp_path):
 def test_xmlfix_check_fails_when_fidelity_is_lost():
     d = ROOT / "fixtures" / "hgx-h100" / "cases" / "no-numa"
     r = run("xmlfix", "--check", "--sysfs", "fixtures/hgx-h100", str(d / "expected.xml"))
-    assert r.returncode == 1 and b"fidelity lost" in r.stderr
+    assert r.returncode == 1 and b"pair(s) differ" in r.stderr
 
 
 @pytest.mark.parametrize("name", ["hgx-b200", "hgx-h100", "dgx-h100"])
@@ -90,7 +92,7 @@ def test_xmlfix_explain_shows_guest_equal_to_host(name):
     if name == "hgx-b200":
         assert "PXB>PIX*" in out and "Broadcom two-level complex collapsed" in out
     else:
-        assert "Every pair's guest class equals the host's" in out
+        assert "Every pair reads the same in the guest as on the host" in out
 
 
 @pytest.mark.parametrize(

@@ -36,12 +36,13 @@ import grpc
 import pytest
 from lxml import etree
 
-from kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
 from sidecar.config import PREFIX
 from sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
+from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
+from testkit.server_proc import PrivateServer
+from testkit.synth import load_topo_file
 from topology.errors import PcitopoError
 from topology.rewrite import rewrite_domain
-from topology.synth import load_topo_file
 from topology.sysfs import open_host
 
 HERE = Path(__file__).resolve().parent
@@ -298,68 +299,42 @@ def test_xmlfix(case, xmlfix_runs):
         assert re.search(case["stderr"], lines[0]), f"{lines[0]!r} does not name the cause /{case['stderr']}/"
         assert res.stdout == b"", "bad input, yet something was written to stdout"
     else:
-        assert err == "", err
+        # Issue 14, finding 2: a passthrough or off outcome is named on stderr, one line; an
+        # accepted rewrite prints nothing there.
+        left = "unchanged" in case.get("check", []) or "off" in case["name"]
+        if left:
+            assert err.startswith("xmlfix: domain left unchanged (") and err.count("\n") == 1, err
+        else:
+            assert err == "", err
         check_accepted(case, materialize_domain(case), res.stdout)
 
 
 # -- the socket door -------------------------------------------------------------------------------
 
-class Server:
-    """``pcitopo serve`` as a child process on a short socket path; stopped by its PID."""
-
-    def __init__(self, sysfs: str):
-        self.dir = Path(tempfile.mkdtemp(prefix="pcitopo-h-"))
-        self.socket = self.dir / "pcitopo.sock"
-        self.log = open(self.dir / "server.log", "wb")
-        env = {k: v for k, v in os.environ.items() if k != "PCITOPO_DEBUG"}
-        self.proc = subprocess.Popen([str(BIN / "pcitopo"), "serve", "--socket", str(self.socket), "--sysfs", sysfs],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
-        while True:
-            assert self.proc.poll() is None, f"server exited with {self.proc.returncode}: {self.log_text()}"
-            if self.socket.exists():
-                try:
-                    self.info()
-                    break
-                except grpc.RpcError:
-                    pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.05)
-
-    def log_text(self) -> str:
-        self.log.flush()
-        return (self.dir / "server.log").read_text(errors="replace")
-
-    def channel(self) -> grpc.Channel:
-        return grpc.insecure_channel(f"unix:{self.socket}", options=[("grpc.max_send_message_length", -1)])
-
-    def info(self) -> info_pb2.InfoResult:
-        with self.channel() as ch:
-            return info_pb2_grpc.InfoStub(ch).Info(info_pb2.InfoParams(), timeout=5)
-
-    def define(self, domain: bytes, vmi: bytes = b"") -> bytes:
-        """A new connection per call, as virt-launcher does."""
-        with self.channel() as ch:
-            stub = v1alpha3_pb2_grpc.CallbacksStub(ch)
-            return stub.OnDefineDomain(v1alpha3_pb2.OnDefineDomainParams(domainXML=domain, vmi=vmi),
-                                       timeout=SUBPROCESS_TIMEOUT_S).domainXML
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+def start_server(sysfs: str) -> PrivateServer:
+    """``pcitopo serve`` on a short socket path (without PCITOPO_DEBUG), answering Info."""
+    env = {k: v for k, v in os.environ.items() if k != "PCITOPO_DEBUG"}
+    srv = PrivateServer(sysfs, env=env, prefix="pcitopo-h-")
+    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+    while True:
+        assert srv.proc.poll() is None, f"server exited with {srv.proc.returncode}: {srv.log_text()}"
+        if srv.socket.exists():
             try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+                srv.info()
+                break
+            except grpc.RpcError:
+                pass
+        if time.monotonic() > deadline:
+            srv.stop()
+            raise AssertionError("server did not come up")
+        time.sleep(0.05)
+    return srv
 
 
 @pytest.fixture(scope="module")
 def fixture_server():
     """One server on the hgx-h100 fixture for every case that uses it (it must survive them all)."""
-    srv = Server(str(REPO / "fixtures" / "hgx-h100"))
+    srv = start_server(str(REPO / "fixtures" / "hgx-h100"))
     yield srv
     srv.stop()
 
@@ -375,7 +350,7 @@ def good_call():
 def test_socket(case, fixture_server, good_call, xmlfix_runs):
     shared = case["host"] == "fixture:hgx-h100"
     host = materialize_host(case)
-    srv = fixture_server if shared else Server(host.sysfs)
+    srv = fixture_server if shared else start_server(host.sysfs)
     try:
         domain = materialize_domain(case)
         vmi_path = HOSTILE / case["vmi"] if "vmi" in case else None
@@ -435,10 +410,39 @@ def test_every_corpus_file_has_a_case():
     assert not unused, f"corpus files without a case in cases.toml: {unused}"
 
 
-def test_the_fixture_server_logged_every_failure_as_one_json_line(fixture_server):
-    """Runs after the socket cases (same module, same server): every log line is JSON."""
-    for line in fixture_server.log_text().splitlines():
-        json.loads(line)
+# The refused inputs of the corpus that a server on the fixture host answers quickly.
+LOGGED_FAILURES = [c for c in CASES if c["host"] == "fixture:hgx-h100" and c["grpc"] != "OK"
+                   and "xfail" not in c and not c["domain"].startswith("generate:")]
+
+
+def test_the_server_logs_every_call_as_one_json_line_naming_the_cause(good_call):
+    """A server of its own, the corpus's refused inputs, then a good call: every log line is
+    one JSON object; every call is one OnDefineDomain record, numbered in order; a refused one
+    says ``failed`` with the same kind and reason as the gRPC status details the caller got."""
+    assert len(LOGGED_FAILURES) >= 20, "the corpus lost its refused inputs"
+    srv = start_server(str(REPO / "fixtures" / "hgx-h100"))
+    try:
+        details = []
+        for case in LOGGED_FAILURES:
+            vmi = (HOSTILE / case["vmi"]).read_bytes() if "vmi" in case else b""
+            with pytest.raises(grpc.RpcError) as err:
+                srv.define(materialize_domain(case), vmi)
+            details.append(err.value.details())
+        assert srv.define(good_call[0]) == good_call[1]
+        srv.proc.terminate()  # SIGTERM by PID: the server logs why it stopped
+        assert srv.wait(10) == 0
+        log = srv.log_text()
+    finally:
+        srv.stop()
+    records = [json.loads(line) for line in log.splitlines()]
+    assert all(isinstance(r, dict) and r.get("event") and r.get("level") for r in records), records
+    calls = [r for r in records if r["event"] == "OnDefineDomain"]
+    assert [r["call"] for r in calls] == list(range(1, len(LOGGED_FAILURES) + 2))
+    for case, record, got in zip(LOGGED_FAILURES, calls, details):
+        assert (record["level"], record["outcome"]) == ("error", "failed"), (case["name"], record)
+        assert f"pcitopo: {record['error']}: {record['reason']}" == got, case["name"]
+    assert (calls[-1]["level"], calls[-1]["outcome"]) == ("info", "rewritten")
+    assert records[-1]["event"] == "stopped"
 
 
 # -- security claims (docs/SECURITY.md) --------------------------------------------------------
@@ -564,13 +568,13 @@ def test_the_server_writes_only_its_socket(tmp_path):
     assert not [e for e in events if e[0] in _RUNS_SOMETHING], "started a process"
 
 
-def test_options_are_only_mode_and_on_error():
-    """SECURITY.md: an annotation can choose between enumerated values of these options and
-    nothing else (no paths, no XML, no commands). A new option must update SECURITY.md.
-    (Name kept; issue 11 added mmio and p2p_clique, both auto | off.)"""
+def test_options_are_only_the_documented_enumerations():
+    """SECURITY.md: an annotation can choose between enumerated values of these options
+    and nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
     from sidecar.config import HookOptions, describe_options
 
-    assert set(HookOptions.model_fields) == {"mode", "on_error", "mmio", "p2p_clique"}
+    # doctor: issue 13, nvlink: issue 12, mmio and p2p_clique: issue 11 (all enumerations)
+    assert set(HookOptions.model_fields) == {"mode", "on_error", "doctor", "nvlink", "mmio", "p2p_clique"}
     for name, allowed, _default, _doc in describe_options():
         assert allowed and all(isinstance(v, str) and v.isascii() and v.replace("-", "").isalpha() for v in allowed), name
 
@@ -579,7 +583,7 @@ def test_the_output_carries_no_new_kinds_of_elements():
     """SECURITY.md: whatever the domain says, the rewrite adds only PCI controllers (with
     model, target, alias, address and node children) and guest addresses; it never adds
     qemu:commandline, qemu:override, hostdevs or anything else QEMU would act on."""
-    from strategies import fixture_world, build_domain
+    from testkit.strategies import build_domain, fixture_world
 
     world = fixture_world("hgx-h100")
     xml = build_domain(world, world.assignable[:10])

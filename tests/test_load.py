@@ -6,12 +6,7 @@ numbers (RSS and descriptor slopes over 10,000 calls) come from ``bench/load.py`
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,16 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, pick
-from sidecar.config import PREFIX
-from sidecar.core import handle_define_domain
 from sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha1_pb2, v1alpha1_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
-from sidecar.server import error_details, grpc_code
-from strategies import build_domain, fixture_world
-from topology.errors import PcitopoError
+from testkit import FIXTURES
+from testkit.server_proc import PrivateServer
+from testkit.strategies import fixture_world
+from testkit.workload import expected_answer, mixed_calls
 
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 HOST = "hgx-b200"
 CONCURRENCY = 64
 ROUNDS = 3
@@ -55,58 +46,12 @@ def settle_fds(pid: int, limit_s: float = 10.0) -> int:
 
 @pytest.fixture(scope="module")
 def server():
-    d = Path(tempfile.mkdtemp(prefix="pcitopo-load-"))
-    sock = d / "pcitopo.sock"
-    log = open(d / "server.log", "wb")
-    proc = subprocess.Popen([str(BIN / "pcitopo"), "serve", "--socket", str(sock), "--sysfs", str(REPO / "fixtures" / HOST)],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    srv = PrivateServer(FIXTURES / HOST, prefix="pcitopo-load-")
     try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            assert proc.poll() is None, (d / "server.log").read_text()
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.05)
-        yield proc, sock
+        srv.wait_for_socket(60)
+        yield srv.proc, srv.socket
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        log.close()
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def workload() -> list[tuple[str, bytes, bytes]]:
-    """Distinct calls: whole-host and subset domains, guest NUMA or not, a domain the host
-    cannot satisfy, and the same under passthrough and off."""
-    world = fixture_world(HOST)
-    host = world.host
-    devs = gpus_and_nics(host)
-    vmi = lambda **a: json.dumps({"metadata": {"name": "load", "namespace": "t", "annotations": {PREFIX + k: v for k, v in a.items()}}}).encode()
-    unknown = kubevirt_domain(host, DomainSpec("bad", (devs[0],))).replace(
-        f'bus="0x{devs[0].bus:02x}"'.encode(), b'bus="0xfe"', 1)
-    calls = [
-        ("all", kubevirt_domain(host, DomainSpec("all", tuple(devs))), b""),
-        ("node0", kubevirt_domain(host, DomainSpec("n0", tuple(pick(host, devs, [0])))), b""),
-        ("pair", kubevirt_domain(host, DomainSpec("pair", tuple(devs[:2]))), b""),
-        ("nonuma", kubevirt_domain(host, DomainSpec("nonuma", tuple(devs), guest_numa=False)), b""),
-        ("preplaced", build_domain(world, devs[:6], layout="preplaced-defined"), b""),
-        ("unknown-bdf", unknown, b""),
-        ("unknown-bdf-passthrough", unknown, vmi(**{"on-error": "passthrough"})),
-        ("off", unknown, vmi(mode="off")),
-        ("bad-annotation", unknown, vmi(mode="Mirror")),
-    ]
-    return calls
-
-
-def expected(host, domain: bytes, vmi: bytes):
-    try:
-        return ("ok", handle_define_domain(domain, vmi, host).xml)
-    except PcitopoError as e:
-        return (grpc_code(e).name, error_details(e))
+        srv.stop()
 
 
 def call(sock: Path, domain: bytes, vmi: bytes, version: str = "v1alpha3"):
@@ -122,8 +67,8 @@ def call(sock: Path, domain: bytes, vmi: bytes, version: str = "v1alpha3"):
 def test_64_concurrent_calls_answer_correctly_and_leak_no_descriptors(server):
     proc, sock = server
     host = fixture_world(HOST).host
-    calls = workload()
-    want = {name: expected(host, d, v) for name, d, v in calls}
+    calls = mixed_calls(HOST)
+    want = {name: expected_answer(host, d, v) for name, d, v in calls}
     assert {w[0] for w in want.values()} >= {"ok", "INVALID_ARGUMENT"}, "the workload should mix answers and errors"
 
     def one_round(offset: int) -> list[tuple[str, tuple]]:

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 from lxml import etree
 
-from conftest import ROOT
-from kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
+from testkit import REPO as ROOT
+from testkit.kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
 from sidecar.core import handle_define_domain
 from topology.cliques import CLIQUE_PROPERTY
 from topology.mmio import (

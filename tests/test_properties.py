@@ -1,9 +1,9 @@
 """Properties of the rewrite over generated host worlds and KubeVirt-shaped domains.
 
-On every example (tests/strategies.py makes them), through one to three chained
+On every example (testkit/strategies.py makes them), through one to three chained
 OnDefineDomain calls with libvirt's define additions and KubeVirt's lossy re-parse in between:
 - the output validates against libvirt's own RelaxNG schema (loaded once per session);
-- the brief's bus, index, chassis and placement rules hold, on the raw output and on the
+- the bus, index, chassis and placement rules (docs/SOURCES.md) hold, on the raw output and on the
   domain libvirt defines from it (KubeVirt's hotplug ports and libvirt's additions included);
 - the rewrite is idempotent: each output is a fixed point, and every call re-emits the same
   controllers and placements as the first;
@@ -44,9 +44,8 @@ from invariants import (
     owned_projection,
     parse,
 )
-from kubevirt_sim import canonical, kubevirt_reparse, non_owned_elements
-from topology.overrides import properties as override_properties
-from strategies import (
+from testkit.kubevirt_sim import canonical, kubevirt_reparse, non_owned_elements
+from testkit.strategies import (
     Case,
     as_booted,
     build_domain,
@@ -61,7 +60,8 @@ from sidecar.config import PREFIX, parse_vmi
 from sidecar.core import handle_define_domain
 from topology.errors import PcitopoError
 from topology.model import Topology
-from topology.rewrite import rewrite_domain
+from topology.overrides import properties as override_properties
+from topology.rewrite import Why, rewrite_domain
 from topology.sysfs import MemoryTree, SysfsReader
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
@@ -264,7 +264,7 @@ def mutated_sysfs(draw):
     """A generated host's sysfs tree with a few entries removed, turned into directories or
     links, given garbage content, or made into symlink loops."""
     world = draw(generated_worlds(bmc=False, max_nodes=2))
-    from topology.synth import build_tree, parse_topo
+    from testkit.synth import build_tree, parse_topo
 
     tree = build_tree(parse_topo(world.topo, "mutated"))
     entries = list(tree.iter_entries())
@@ -310,7 +310,7 @@ def test_mutated_sysfs_fail_typed(data):
     RUNS["sysfs"] += 1
     world, tree, ops = data
     note(repr(ops))
-    from kubevirt_sim import DomainSpec, kubevirt_domain
+    from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 
     try:
         host = Topology(SysfsReader(tree))
@@ -422,7 +422,8 @@ def test_inconsistent_numa_node_is_explained_not_lost():
     world = world_from_topo(NUMA_TOPO, "numa-missing")
     result = rewrite_domain(build_domain(world, world.assignable), world.host)
     assert result.report.fidelity_lost == []
-    assert all(p.why is None or p.why.startswith("no guest can show this") for p in result.report.pairs)
+    assert {p.why for p in result.report.pairs} <= {None, Why.UNEXPRESSIBLE}
+    assert all(p.detail for p in result.report.pairs if p.why is Why.UNEXPRESSIBLE)
 
 
 NUMA_SWITCH_TOPO = """\
@@ -455,7 +456,7 @@ def test_inconsistent_numa_node_is_never_called_a_planner_bug(topo):
     inherited node is unexpressible in a guest, and is reported as such, never as a bug."""
     world = world_from_topo(topo, "numa-missing")
     result = rewrite_domain(build_domain(world, world.assignable), world.host)
-    assert [p.why for p in result.report.pairs if p.why and "planner bug" in p.why] == []
+    assert [p.reason for p in result.report.pairs if p.why is Why.UNEXPECTED] == []
     assert result.report.fidelity_lost == []
 
 

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 
 import pytest
 from lxml import etree
 
-from conftest import ROOT
-from kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
+from testkit import REPO as ROOT
+from testkit import fixture_script
+from testkit.kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
 from topology.errors import DomainError, PlanError
-from topology.rewrite import rewrite_domain
+from topology.rewrite import Why, rewrite_domain
 from topology.sysfs import open_host
 
-sys.path.insert(0, str(ROOT / "fixtures"))
-import golden  # noqa: E402
+golden = fixture_script("golden")
 
 GOLDEN_CASES = [
     (host, case)
@@ -60,7 +59,7 @@ def test_every_pair_keeps_its_class(hosts, name):
         if not p.nvml_same:
             # Only where a Broadcom two-level complex collapsed the way NCCL flattens it.
             assert (p.host.nvml.value, p.guest.nvml.value, p.host.nccl.value) == ("PXB", "PIX", "PIX")
-            assert "Broadcom" in p.why
+            assert p.why is Why.BROADCOM_COLLAPSE and "Broadcom" in p.reason
     if name != "hgx-b200":
         assert all(p.nvml_same for p in report.pairs)
 
@@ -69,7 +68,7 @@ def test_no_numa_case_explains_why_sys_is_lost(hosts):
     d = ROOT / "fixtures" / "hgx-h100" / "cases" / "no-numa"
     report = rewrite_domain((d / "domain.xml").read_bytes(), hosts["hgx-h100"]).report
     lost = [p for p in report.pairs if p.host.nccl.value == "SYS"]
-    assert lost and all(p.guest.nccl.value == "PHB" and "NUMA" in p.why for p in lost)
+    assert lost and all(p.guest.nccl.value == "PHB" and p.why is Why.NO_CELLS and "NUMA" in p.why for p in lost)
     assert any("no guest NUMA cells" in n for n in report.notes)
     # PIX survives without NUMA: GPUDirect RDMA does not depend on cells.
     assert all(p.nccl_same for p in report.pairs if p.host.nccl.value == "PIX")
@@ -155,8 +154,8 @@ def test_unknown_hostdev_is_a_clear_error(hosts):
 
 
 def test_out_of_buses_is_a_clear_error():
-    from conftest import host_from_topo
-    from kubevirt_sim import DomainSpec, kubevirt_domain
+    from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
+    from testkit.synth import host_from_topo
 
     # Two PCI domains' worth of switches: the host has room, one guest domain does not.
     lines = ["numa 0 cpus=0-3"]
@@ -180,5 +179,5 @@ def test_broadcom_collapse_is_explained_as_such_without_numa_too(hosts):
     report = rewrite_domain((d / "domain.xml").read_bytes(), hosts["hgx-b200"]).report
     collapsed = [p for p in report.pairs if p.host.nccl == p.guest.nccl and (p.host.nvml.value, p.guest.nvml.value) == ("PXB", "PIX")]
     assert len(collapsed) == 16
-    assert all("Broadcom" in p.why for p in collapsed)
-    assert all("NUMA" in p.why for p in report.pairs if p.host.nccl.value == "SYS")
+    assert all(p.why is Why.BROADCOM_COLLAPSE for p in collapsed)
+    assert all(p.why is Why.NO_CELLS for p in report.pairs if p.host.nccl.value == "SYS")

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import textwrap
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import topology.synth as synth
+import testkit.synth as synth
+from testkit import FIXTURES, fixture_script
+from testkit.synth import build_tree, format_cpus, load_topo_file, parse_topo
+from topology.domain import parse_cpuset
 from topology.errors import SysfsError
 from topology.model import Topology
 from topology.sysfs import (
+    DOCTOR_ATTRS,
     LINK_ATTRS,
     NODE_ATTRS,
     OPTIONAL_ATTRS,
@@ -26,21 +28,8 @@ from topology.sysfs import (
     SysfsReader,
     resolve,
 )
-from topology.synth import build_tree, format_cpus, load_topo_file, parse_cpus, parse_topo
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
-
-
-def _load_generate():
-    spec = importlib.util.spec_from_file_location("fixtures_generate", FIXTURES / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = _load_generate()
+generate = fixture_script("generate")
 FIXTURE_NAMES = generate.fixture_names()
 SMALL_FIXTURES = [n for n in FIXTURE_NAMES if n != "sriov-4k"]
 
@@ -125,7 +114,7 @@ ATTR_FORMATS = {
 @pytest.mark.parametrize("name", SMALL_FIXTURES)
 def test_fixtures_hold_only_listed_files_in_kernel_format(name):
     tree = fixture_tree(name)
-    listed = set(REQUIRED_ATTRS) | set(OPTIONAL_ATTRS) | set(LINK_ATTRS) | set(RESOURCE_ATTRS)
+    listed = set(REQUIRED_ATTRS) | set(OPTIONAL_ATTRS) | set(LINK_ATTRS) | set(RESOURCE_ATTRS) | set(DOCTOR_ATTRS)
     dirs = function_dirs(tree)
     assert dirs, name
     for bdf, d in dirs.items():
@@ -134,7 +123,8 @@ def test_fixtures_hold_only_listed_files_in_kernel_format(name):
         children = {n for n in names if re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", n)}
         assert names - children <= listed, (bdf, names - children - listed)
         assert set(REQUIRED_ATTRS) <= names, bdf
-        for attr in names - children - set(LINK_ATTRS) - set(RESOURCE_ATTRS):
+        # multi-line and binary files: test_bars.py (resource), test_doctor.py (the doctor's)
+        for attr in names - children - set(LINK_ATTRS) - set(RESOURCE_ATTRS) - set(DOCTOR_ATTRS):
             data = tree.read(f"{d}/{attr}")
             assert isinstance(data, bytes) and data.endswith(b"\n") and data.count(b"\n") == 1
             assert re.fullmatch(ATTR_FORMATS[attr], data.decode().rstrip("\n")), (bdf, attr, data)
@@ -212,7 +202,7 @@ def test_omit_drops_optional_files_and_driver_none_drops_the_link():
         """)
     d = resolve(t2, "bus/pci/devices/0000:01:00.0")
     assert set(t2.listdir(d) or []) == {"vendor", "device", "class", "subsystem_vendor",
-                                         "subsystem_device", "numa_node", "local_cpulist", "resource"}
+                                         "subsystem_device", "numa_node", "local_cpulist", *DOCTOR_ATTRS}
     t3 = tree_of("""\
         numa 0 cpus=0
         rc 0000:00 numa=0
@@ -276,8 +266,9 @@ def test_the_reader_sees_the_described_hierarchy():
 
 @given(st.sets(st.integers(min_value=0, max_value=600), min_size=1))
 def test_cpulist_round_trip(cpus):
+    """What synth writes (the kernel's format), the sidecar's own parser reads back."""
     text = format_cpus(sorted(cpus))
-    assert parse_cpus(text) == tuple(sorted(cpus))
+    assert parse_cpuset(text) == cpus
     assert "--" not in text and not text.startswith(",")
 
 
@@ -333,7 +324,9 @@ BAD = [
     ("no numa line", "rc 0000:10 numa=-1\n", 1, "no 'numa' line"),
     ("numa CPUs shared", "numa 0 cpus=0-3\nnuma 1 cpus=3-5\n", 2, "shares CPUs"),
     ("numa declared twice", "numa 0 cpus=0\nnuma 0 cpus=1\n", 2, "already declared"),
-    ("bad cpu list", "numa 0 cpus=0-\n", 1, "not a CPU list"),
+    ("bad cpu list", "numa 0 cpus=0-\n", 1, "cannot read cpu/node list '0-'"),
+    ("backwards cpu range", "numa 0 cpus=3-1\n", 1, "cannot read cpu/node list '3-1'"),
+    ("cpu list naming no CPU", "numa 0 cpus=0-3,^0-3\n", 1, "names no CPU"),
     ("numa without cpus", "numa 0\n", 1, "needs cpus=LIST"),
 ]
 
@@ -395,8 +388,9 @@ def test_fixtures_read_back_through_the_project_reader():
         assert host.warnings == [], name
 
 
-def test_hgx_h100_matches_the_corpus_dump():
-    """Facts from corpus/supermicro-hgx-h200-host-and-guests.txt (the NCCL dump of that host)."""
+def test_hgx_h100_matches_the_nccl_dump_of_the_real_host():
+    """Facts from the bare-metal NCCL dump of a Supermicro HGX H200 posted in NVIDIA nccl-tests
+    issue #256 (docs/SOURCES.md, "the fixture hosts")."""
     topo = Topology(SysfsReader(fixture_tree("hgx-h100")))
     switches = {"16:00.0": {"18:00.0", "19:00.0"}, "27:00.0": {"29:00.0", "2a:00.0"},
                 "38:00.0": {"3a:00.0", "3b:00.0"}, "5a:00.0": {"5c:00.0", "5d:00.0"}}
@@ -414,7 +408,7 @@ def test_hgx_h100_matches_the_corpus_dump():
         assert (f.ids, f.subsystem_ids, f.class_code) == ("15b3:1021", "15b3:0023", 0x020000)
     for nvs in ("05:00.0", "06:00.0", "07:00.0", "08:00.0"):
         assert topo.function(nvs).ids == "10de:22a3"
-    # The brief: GPUs 18 2a 3a 5d on NUMA 0, the rest on NUMA 1.
+    # Two sockets: GPUs 18 2a 3a 5d on NUMA 0, the rest on NUMA 1 (fixtures/hgx-h100/README.md).
     assert {g[:2]: topo.numa_of(topo.function(g)) for g in ("18:00.0", "5d:00.0", "9a:00.0", "db:00.0")} == {
         "18": 0, "5d": 0, "9a": 1, "db": 1}
 

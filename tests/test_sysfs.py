@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from topology.capture import capture
-from topology.errors import SysfsError
+from topology.errors import MalformedBdfError, SysfsError
 from topology.model import Bdf
 from topology.sysfs import DirSource, MemoryTree, SysfsReader, open_host, resolve
 from topology.model import Topology
@@ -180,5 +180,7 @@ def test_not_a_capture_is_a_clear_error(tmp_path):
 def test_unknown_bdf_and_bad_bdf():
     t = open_host("fixtures/hgx-h100")
     assert t.find("0000:77:00.0") is None
-    with pytest.raises(Exception, match="not a PCI address"):
+    with pytest.raises(MalformedBdfError, match="malformed BDF: not a PCI address"):
         Bdf.parse("zz:00.0")
+    with pytest.raises(ValueError, match="device number above 0x1f"):
+        Bdf.parse("0000:00:20.0")

@@ -4,11 +4,13 @@ The kernel's ``resource`` attribute (``drivers/pci/pci-sysfs.c``, ``resource_sho
 line per resource of the function, ``0x%016llx 0x%016llx 0x%016llx`` = start, end, flags:
 lines 0-5 are the BARs, 6 the expansion ROM, then (bridges) the windows and (SR-IOV PFs) the VF
 BARs. An unused resource is all zeros; a BAR the kernel could not place has start 0 and a
-non-zero end (its size is kept). The flag bits are the kernel's ``IORESOURCE_*``
-(``include/linux/ioport.h``).
+non-zero end (its size is kept: ``0x0 0x<size-1>``). The flag bits are the kernel's
+``IORESOURCE_*`` (``include/linux/ioport.h``).
 
-This module is the one place that knows the format; the reader (``topology.sysfs``) loads it
-lazily into :attr:`topology.model.PciFunction.bars`.
+This module is the one place that knows the format: the reader (``topology.sysfs``) loads it
+lazily into :attr:`topology.model.PciFunction.bars` (the MMIO budget, ``topology/mmio.py``), and
+``pcitopo doctor``'s ``bar`` check reads it for unassigned BARs; the synthesiser writes it with
+:func:`format_resource`.
 """
 
 from __future__ import annotations
@@ -66,19 +68,22 @@ class Bar:
 
 
 def parse_resource(text: str) -> tuple[Bar, ...]:
-    """Parse a ``resource`` file. Raises SysfsError naming the bad line."""
+    """Parse a ``resource`` file. Raises SysfsError naming the bad line: anything that is not
+    three hex numbers per line, a negative value, or an end below its start."""
     bars: list[Bar] = []
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if len(lines) > MAX_RESOURCE_LINES:
         raise SysfsError(f"resource file has {len(lines)} lines, more than a PCI function has")
     for i, line in enumerate(lines):
         parts = line.split()
-        if len(parts) != 3 or not all(p[:2].lower() == "0x" for p in parts):
+        if len(parts) != 3 or not all(p.lstrip("+-")[:2].lower() == "0x" for p in parts):
             raise SysfsError(f"resource line {i}: {line[:80]!r} is not 'start end flags' in hex")
         try:
             start, end, flags = (int(p, 16) for p in parts)
         except ValueError:
             raise SysfsError(f"resource line {i}: {line[:80]!r} is not 'start end flags' in hex") from None
+        if min(start, end, flags) < 0:
+            raise SysfsError(f"resource line {i}: {line[:80]!r} holds a negative value")
         if end and end < start:
             raise SysfsError(f"resource line {i}: end 0x{end:x} is below start 0x{start:x}")
         bars.append(Bar(i, start, end, flags))

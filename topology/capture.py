@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from .errors import SysfsError
 from .sysfs import (
+    CAPTURED_ATTRS,
+    CLASS_DIRS,
+    IOMMU_CLASS_DIR,
+    IOMMU_GROUP_ATTRS,
+    IOMMU_GROUPS_DIR,
     LINK_ATTRS,
+    MAX_ATTR_BYTES,
     NODE_ATTRS,
     NODE_DIR,
-    OPTIONAL_ATTRS,
     PCI_DEVICES_DIR,
-    REQUIRED_ATTRS,
-    RESOURCE_ATTRS,
+    VPD_ATTR,
     MemoryTree,
     Source,
     Unreadable,
@@ -51,7 +56,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
         tree.add_link(link, target)
         tree.add_dir(real)
         functions += 1
-        for attr in REQUIRED_ATTRS + OPTIONAL_ATTRS + RESOURCE_ATTRS:
+        for attr in CAPTURED_ATTRS:
             data = source.read(f"{real}/{attr}")
             if data is None:
                 continue
@@ -63,6 +68,8 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
             t = source.readlink(f"{real}/{attr}")
             if t is not None:
                 tree.add_link(f"{real}/{attr}", t)
+        _capture_mgmt_signals(source, tree, real)
+    _capture_iommu(source, tree, skipped)  # pcitopo doctor (issue 13)
     nodes = 0
     for n in sorted(source.listdir(NODE_DIR) or []):
         if not (n.startswith("node") and n[4:].isdigit()):
@@ -76,10 +83,59 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
     return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped))
 
 
-def capture(sysfs: str | os.PathLike, out: str | os.PathLike) -> CaptureSummary:
+def _capture_mgmt_signals(source: Source, tree: MemoryTree, real: str) -> None:
+    """For ConnectX-7 functions only (topology/nvswitch_mgmt.py): the VPD image when readable
+    (root) and the class children (``infiniband/``, ``net/``) with their entries' names."""
+    ids = [source.read(f"{real}/{a}") for a in ("vendor", "device")]
+    if not all(isinstance(x, bytes) for x in ids):
+        return
+    if tuple(x.decode("ascii", "replace").strip().lower() for x in ids) != ("0x15b3", "0x1021"):
+        return
+    vpd = source.read(f"{real}/{VPD_ATTR}")
+    if isinstance(vpd, bytes) and vpd:
+        tree.add_file(f"{real}/{VPD_ATTR}", vpd[:MAX_ATTR_BYTES])
+    for d in CLASS_DIRS:
+        names = source.listdir(f"{real}/{d}")
+        if names is not None:
+            tree.add_dir(f"{real}/{d}")
+            for n in names:
+                tree.add_dir(f"{real}/{d}/{n}")
+
+
+def _capture_iommu(source: Source, tree: MemoryTree, skipped: list[str]) -> None:
+    """pcitopo doctor (issue 13): the IOMMU groups (their type and member links) and the IOMMU
+    units (class/iommu links), so a captured host can be doctored offline."""
+    for g in sorted(source.listdir(IOMMU_GROUPS_DIR) or []):
+        gdir = f"{IOMMU_GROUPS_DIR}/{g}"
+        tree.add_dir(gdir)
+        for attr in IOMMU_GROUP_ATTRS:
+            data = source.read(f"{gdir}/{attr}")
+            if isinstance(data, bytes):
+                tree.add_file(f"{gdir}/{attr}", data)
+            elif isinstance(data, Unreadable):
+                skipped.append(f"{gdir}/{attr}: {data.why}")
+        for m in sorted(source.listdir(f"{gdir}/devices") or []):
+            t = source.readlink(f"{gdir}/devices/{m}")
+            if t is not None:
+                tree.add_link(f"{gdir}/devices/{m}", t)
+    for unit in sorted(source.listdir(IOMMU_CLASS_DIR) or []):
+        t = source.readlink(f"{IOMMU_CLASS_DIR}/{unit}")
+        if t is not None:
+            tree.add_link(f"{IOMMU_CLASS_DIR}/{unit}", t)
+
+
+def capture(sysfs: str | os.PathLike, out: str | os.PathLike, stdout: BinaryIO | None = None) -> CaptureSummary:
+    """Capture ``sysfs`` into the file ``out``; ``out == "-"`` writes to ``stdout`` (a binary
+    stream, e.g. ``sys.stdout.buffer``), refusing a terminal."""
     tree, summary = capture_tree(open_source(sysfs))
     try:
-        tree.write_tarball(out)
+        if os.fspath(out) == "-":
+            if stdout is None or stdout.isatty():
+                raise SysfsError("refusing to write a gzip tarball to a terminal: redirect stdout (-o - > node.tar.gz)")
+            stdout.write(tree.tarball_bytes())
+            stdout.flush()
+        else:
+            tree.write_tarball(out)
     except OSError as e:
         raise SysfsError(f"cannot write {os.fspath(out)}: {e.strerror or e}") from None
     return summary

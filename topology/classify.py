@@ -234,7 +234,15 @@ def load_nvlink_table(path: str | os.PathLike) -> NvlinkTable:
     try:
         with open(path, "rb") as fh:
             raw = _Table.model_validate(json.load(fh))
-    except (OSError, ValueError, ValidationError) as e:
+    except ValidationError as e:  # name the field, not pydantic's model (issue 14, finding 8)
+        errs = e.errors()
+        first = errs[0]
+        where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in first["loc"]).lstrip(".") or "the table"
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        first["msg"] = first["msg"].replace(" or instance of _Table", "").replace(" or instance of _Board", "")
+        raise ConfigError(f"NVLink table {os.fspath(path)}: {where}: {first['msg']}{more}; "
+                          'want {"boards": [{"name", "gpus": ["10de:2330"], "links", "nvswitches"}]}') from None
+    except (OSError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"NVLink table {os.fspath(path)}: {first}") from None
     return NvlinkTable(tuple(NvlinkBoard(b.name, tuple(b.gpus), b.links, tuple(b.nvswitches)) for b in raw.boards))
@@ -243,6 +251,8 @@ def load_nvlink_table(path: str | os.PathLike) -> NvlinkTable:
 class NvlinkOracle:
     """Answers NVLink counts for GPU pairs of one topology. The NVSwitch presence check reads
     the whole device list once, lazily, only when a GPU pair of a board that needs it is asked."""
+
+    source = "inferred from the SXM board table"
 
     def __init__(self, topo: Topology, table: NvlinkTable | None = None):
         self.topo = topo

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from lxml import etree
 
+from .buses import MAX_CONTROLLER_INDEX, address_in_range
 from .errors import DomainError, quoted
 from .model import Bdf
 
@@ -93,7 +94,7 @@ def read_guest_address(el: etree._Element) -> GuestAddress | None:
         function=parse_int(addr.get("function", "0"), f"{where} function"),
         domain=parse_int(addr.get("domain", "0"), f"{where} domain"),
     )
-    if not (0 <= a.bus <= 0xFF and 0 <= a.slot <= 0x1F and 0 <= a.function <= 7 and 0 <= a.domain <= 0xFFFF):
+    if not address_in_range(a.domain, a.bus, a.slot, a.function):
         raise DomainError(f"{where} {a.domain:x}:{a.bus:x}:{a.slot:x}.{a.function:x} is out of range")
     return a
 
@@ -219,8 +220,8 @@ class PciController:
     @property
     def index(self) -> int:
         index = parse_int(self.el.get("index"), "pci controller index")
-        if not 0 <= index <= 255:
-            raise DomainError(f"pci controller index {index} is out of range (0-255)")
+        if not 0 <= index <= MAX_CONTROLLER_INDEX:
+            raise DomainError(f"pci controller index {index} is out of range (0-{MAX_CONTROLLER_INDEX})")
         return index
 
     @property
@@ -276,7 +277,7 @@ class PciHostdev:
         bus = parse_int(a.get("bus"), f"{where} bus")
         slot = parse_int(a.get("slot"), f"{where} slot")
         fn = parse_int(a.get("function", "0"), f"{where} function")
-        if not (0 <= dom <= 0xFFFF and 0 <= bus <= 0xFF and 0 <= slot <= 0x1F and 0 <= fn <= 7):
+        if not address_in_range(dom, bus, slot, fn):
             raise DomainError(f"{where} {dom:x}:{bus:x}:{slot:x}.{fn:x} is out of range")
         return Bdf(dom, bus, slot, fn)
 
@@ -349,7 +350,7 @@ class DomainView:
     def unplaced_pci_devices(self) -> tuple[int, int]:
         """(PCIe, conventional PCI) devices without a guest address: libvirt will place each
         PCIe one on a new root port of pcie-root, and the conventional ones behind a
-        pcie-to-pci-bridge."""
+        pcie-to-pci-bridge (what that costs in buses: :func:`topology.buses.pcie_root_buses_for`)."""
         pcie = conventional = 0
         for el in self.devices:
             if isinstance(el.tag, str) and el.find("address") is None and _needs_pci_slot(el):
@@ -431,3 +432,33 @@ def parse_cpuset(text: str) -> set[int]:
         except ValueError:
             raise DomainError(f"cannot read cpu/node list {text[:60]!r}: want ids 0-{MAX_CPUSET_MEMBERS - 1}") from None
     return out - excluded
+
+
+# -- a sketch domain: every named device passed through (pcitopo topo --dot, issue 14 #11) -------
+
+def sketch_domain(devices: list[Bdf], host_nodes: list[int]) -> bytes:
+    """A minimal q35 domain that passes ``devices`` through, with ACPI and one guest cell per
+    host NUMA node in ``host_nodes`` (cell i backed by node host_nodes[i] through
+    ``<numatune><memnode>``, as KubeVirt's guestMappingPassthrough writes it). It is never
+    started: it lets ``pcitopo topo --dot`` predict the guest of a VM given all those devices."""
+    root = etree.Element("domain", type="kvm")
+    etree.SubElement(root, "name").text = "pcitopo-sketch"
+    etree.SubElement(root, "memory", unit="GiB").text = str(max(1, len(host_nodes)))
+    etree.SubElement(root, "vcpu").text = str(max(1, len(host_nodes)))
+    os_el = etree.SubElement(root, "os")
+    etree.SubElement(os_el, "type", arch="x86_64", machine="q35").text = "hvm"
+    etree.SubElement(etree.SubElement(root, "features"), "acpi")
+    if host_nodes:
+        numa = etree.SubElement(etree.SubElement(root, "cpu"), "numa")
+        tune = etree.SubElement(root, "numatune")
+        for cell, node in enumerate(host_nodes):
+            etree.SubElement(numa, "cell", id=str(cell), cpus=str(cell), memory="1", unit="GiB")
+            etree.SubElement(tune, "memnode", cellid=str(cell), mode="strict", nodeset=str(node))
+    devs = etree.SubElement(root, "devices")
+    for b in devices:
+        hd = etree.SubElement(devs, "hostdev", mode="subsystem", type="pci", managed="no")
+        etree.SubElement(
+            etree.SubElement(hd, "source"), "address",
+            domain=f"0x{b.domain:04x}", bus=f"0x{b.bus:02x}", slot=f"0x{b.slot:02x}", function=f"0x{b.function:x}",
+        )
+    return etree.tostring(root, pretty_print=True)

@@ -46,6 +46,12 @@ class UnknownDeviceError(PcitopoError):
     kind = "unknown-device"
 
 
+class MalformedBdfError(PcitopoError, ValueError):
+    """Text that is not a PCI address at all (a ValueError too: it is bad input, not a lookup miss)."""
+
+    kind = "malformed-bdf"
+
+
 class DomainError(PcitopoError):
     """The domain XML is malformed, hostile, or not something we can rewrite."""
 
@@ -62,3 +68,16 @@ class ConfigError(PcitopoError):
     """A hook option (VMI annotation, CLI flag) has a bad value."""
 
     kind = "config"
+
+
+class FabricError(PcitopoError):
+    """An NVLink fabric file (``fmpm -l`` output) or module map is unreadable, malformed, or
+    names GPUs this host does not have."""
+
+    kind = "fabric"
+
+
+class NvlinkError(PcitopoError):
+    """``pcitopo.kubevirt.io/nvlink: require`` and the VM's GPU set will not get NVLink."""
+
+    kind = "nvlink"

@@ -14,9 +14,11 @@ from functools import lru_cache
 from typing import Iterable, Mapping, NamedTuple, Protocol
 
 from .bars import Bar
-from .errors import SysfsError, UnknownDeviceError
+from .buses import MAX_SLOT
+from .errors import MalformedBdfError, SysfsError, UnknownDeviceError
 
-_BDF_RE = re.compile(r"^(?:([0-9a-fA-F]{1,4}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+# The one BDF pattern: [DDDD:]BB:DD.F, hex, as lspci and sysfs print it (shorter fields accepted).
+BDF_RE = re.compile(r"^(?:([0-9a-fA-F]{1,4}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
 
 class Bdf(NamedTuple):
@@ -29,13 +31,14 @@ class Bdf(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> "Bdf":
-        m = _BDF_RE.match(text.strip())
+        """``[DDDD:]BB:DD.F``; anything else is a :class:`MalformedBdfError`."""
+        m = BDF_RE.match(text.strip())
         if not m:
-            raise UnknownDeviceError(f"not a PCI address: {text!r} (want DDDD:BB:DD.F)")
+            raise MalformedBdfError(f"malformed BDF: not a PCI address: {text!r} (want DDDD:BB:DD.F)")
         dom, bus, slot, fn = m.groups()
         b = cls(int(dom or "0", 16), int(bus, 16), int(slot, 16), int(fn))
-        if b.slot > 31:
-            raise UnknownDeviceError(f"not a PCI address: {text!r} (device number above 0x1f)")
+        if b.slot > MAX_SLOT:
+            raise MalformedBdfError(f"malformed BDF: not a PCI address: {text!r} (device number above 0x{MAX_SLOT:x})")
         return b
 
     def __str__(self) -> str:
@@ -57,7 +60,7 @@ def is_bdf(component: str) -> bool:
         and component[4] == ":"
         and component[7] == ":"
         and component[10] == "."
-        and _BDF_RE.match(component) is not None
+        and BDF_RE.match(component) is not None
     )
 
 
@@ -203,6 +206,17 @@ class Topology:
             value = self._memo[key] = compute()
             return value
 
+    def extra(self, what: str, bdf: Bdf):
+        """A fact only some loaders know (the sysfs reader: ``vpd``, ``class_dirs``; see
+        topology/nvswitch_mgmt.py), read once; None where the loader has no such reader."""
+        read = getattr(self._loader, f"read_{what}", None)
+        return None if read is None else self.memo(("extra", what, bdf), lambda: read(bdf))
+
+    @property
+    def loader(self) -> FunctionLoader:
+        """Where this topology reads from (pcitopo doctor reads more files through its source)."""
+        return self._loader
+
     @property
     def warnings(self) -> list[str]:
         """What the loader skipped or could not read (optional attributes only)."""
@@ -221,9 +235,6 @@ class Topology:
         if f is None:
             raise UnknownDeviceError(f"{self.name}: no PCI function {bdf}")
         return f
-
-    def has(self, bdf: Bdf | str) -> bool:
-        return self.find(bdf) is not None
 
     def bdfs(self) -> tuple[Bdf, ...]:
         """Every function on the host (this one reads the whole PCI device list)."""

@@ -7,7 +7,8 @@ from functools import lru_cache
 
 from .model import PciFunction
 
-# The parts named in the brief; enough for readable fixture output without pci.ids.
+# The parts the fixtures and QEMU's emulated ports use, named after the PCI ID Repository
+# (pci.ids, https://pci-ids.ucw.cz); enough for readable fixture output without pci.ids.
 KNOWN_PARTS: dict[str, str] = {
     "10de:2330": "NVIDIA H100 SXM5 80GB",
     "10de:2335": "NVIDIA H200 SXM 141GB",

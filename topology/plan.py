@@ -7,15 +7,18 @@ The guest tree is the host tree restricted to the assigned devices:
   Broadcom two-level complex that NCCL flattens becomes one virtual switch (the same pass the
   classifier uses) and a genuine nesting stays nested;
 - endpoints at slot 0 of their port; the functions under one host port share one guest slot.
-Every rule below lives once: alias naming (:func:`alias_for`), bus budgeting
-(:func:`budget_buses`), NUMA mapping (:func:`map_numa`), index allocation (:func:`allocate_indexes`).
+Every rule below lives once: alias naming (:func:`alias_for`), NUMA mapping (:func:`map_numa`),
+takeover (:func:`controllers_to_remove`); what it all costs in buses, slots, indexes and chassis
+numbers lives in :mod:`topology.buses`. :class:`_Emitter` writes the layout, its state explicit.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Iterator
 
+from . import buses
 from .classify import nccl_switch_rep
 from .domain import (
     DOWNSTREAM,
@@ -30,15 +33,6 @@ from .domain import (
 )
 from .errors import DomainError, PlanError, quoted
 from .model import Bdf, PciFunction, Role, Topology, root_complex_sort_key
-
-BUS_COUNT = 256
-MAX_FUNCTIONS_PER_SLOT = 8
-SLOTS_PER_BUS = 32
-# KubeVirt appends bare pcie-root-ports for hotplug while the highest PCI index is below this.
-KUBEVIRT_HOTPLUG_INDEX_LIMIT = 32
-# pcie-root slots we never take: 0 host bridge, 1 primary VGA, 0x1f ICH9 LPC/SATA/SMBus.
-RESERVED_ROOT_SLOTS = frozenset({0x00, 0x01, 0x1F})
-PXB_SLOT_ORDER = tuple(range(0x10, 0x1F)) + tuple(range(0x02, 0x10))
 
 
 # -- facts in -----------------------------------------------------------------------------------
@@ -94,7 +88,6 @@ class GuestController:
     node: int | None = None
     chassis: int | None = None
     port: int | None = None
-    mirrors: str = ""  # what on the host this stands for, for people
 
 
 @dataclass(frozen=True)
@@ -114,7 +107,6 @@ class Plan:
     numa_map: dict[int, int]  # host NUMA node → guest cell
     numa_source: str
     notes: list[str] = field(default_factory=list)
-    pcie_root_buses_needed: int = 0
     added_pcie_root: bool = False
 
 
@@ -237,40 +229,7 @@ def map_numa(host: Topology, facts: DomainFacts) -> tuple[dict[int, int], str, l
     return {}, "none", notes
 
 
-# -- indexes, buses, slots -------------------------------------------------------------------
-
-def allocate_indexes(kept: set[int], count: int) -> list[int]:
-    """The lowest ``count`` indexes not kept, ascending: fills gaps so none remain."""
-    out, i = [], 1
-    while len(out) < count:
-        if i not in kept:
-            out.append(i)
-        i += 1
-    return out
-
-
-def pcie_root_buses_for(facts: DomainFacts) -> int:
-    """Buses below pcie-root that libvirt's own placements will take after our call."""
-    bridges = -(-facts.unplaced_conventional // 31)
-    return facts.unplaced_pcie + 2 * bridges
-
-
-def budget_buses(pxb_sizes: list[int], pcie_root_needed: int) -> list[int]:
-    """busNr per expander bus (in order), packed at the top of the 256 buses so pcie-root keeps
-    everything below the lowest one. Each pxb reserves its root bus plus one bus per bridge."""
-    total = sum(pxb_sizes)
-    lowest = BUS_COUNT - total
-    if lowest < pcie_root_needed or (pxb_sizes and lowest < 1):
-        raise PlanError(
-            f"out of PCI buses: the mirrored hierarchy needs {total} and pcie-root needs {pcie_root_needed}, "
-            f"but a PCI domain has {BUS_COUNT}"
-        )
-    out, nr = [], lowest
-    for size in pxb_sizes:
-        out.append(nr)
-        nr += size
-    return out
-
+# -- takeover -----------------------------------------------------------------------------------
 
 def controllers_to_remove(facts: DomainFacts) -> set[int]:
     """Ours from earlier calls, plus foreign expander buses, switch ports and pxb root ports
@@ -307,10 +266,52 @@ def controllers_to_remove(facts: DomainFacts) -> set[int]:
     return removed
 
 
+
 # -- the planner --------------------------------------------------------------------------------
 
 def plan(host: Topology, facts: DomainFacts) -> Plan:
-    notes: list[str] = []
+    seen, devices = _assigned_devices(host, facts)
+    numa_map, numa_source, notes = map_numa(host, facts)
+    if not facts.acpi:
+        notes.append("the domain has no <features><acpi/>: the guest ignores every <node> and shows numa_node -1")
+    rcs = build_mirror(host, devices)
+    removed, kept = _kept_controllers(facts)
+    # Order: root complexes by host order, ports by host BDF: the guest reads like the host.
+    ordered_rcs = sorted(rcs.values(), key=lambda r: root_complex_sort_key(r.name))
+    budget = buses.budget(
+        [_pxb_buses(rc) for rc in ordered_rcs],
+        kept_indexes={c.index for c in kept},
+        kept_bridges=sum(1 for c in kept if c.model != PCIE_ROOT),
+        unplaced_pcie=facts.unplaced_pcie,
+        unplaced_conventional=facts.unplaced_conventional,
+    )
+    root_slots = buses.RootSlots(
+        used={a.slot for a in facts.other_addresses if a.bus == 0}
+        | {c.address.slot for c in kept if c.address is not None and c.address.bus == 0},
+        previous={c.alias: c.address.slot for c in facts.controllers if c.ours and c.address is not None and c.address.bus == 0},
+    )
+    chassis = buses.ChassisPool(
+        c.chassis if c.chassis is not None else c.index for c in kept if c.model in (ROOT_PORT, DOWNSTREAM)
+    )
+    em = _Emitter(seen, iter(budget.indexes), chassis, notes)
+    for rc, bus_nr in zip(ordered_rcs, budget.bus_nrs):
+        node = _guest_cell(rc, numa_map, notes)
+        alias = alias_for("pxb", rc.name.removeprefix("pci"))
+        em.emit_root_complex(rc, alias, root_slots.take(alias), bus_nr, node)
+    em.emit_spares(budget.spares)
+    return Plan(
+        controllers=sorted(em.controllers, key=lambda c: c.index),
+        placements=sorted(em.placements, key=lambda p: p.key),
+        removed=sorted(removed),
+        numa_map=numa_map,
+        numa_source=numa_source,
+        notes=notes,
+        added_pcie_root=not any(c.model == PCIE_ROOT for c in kept),
+    )
+
+
+def _assigned_devices(host: Topology, facts: DomainFacts) -> tuple[dict[Bdf, HostdevFact], list[PciFunction]]:
+    """The host function behind every hostdev, each assigned once and an endpoint."""
     seen: dict[Bdf, HostdevFact] = {}
     devices: list[PciFunction] = []
     for hd in facts.hostdevs:
@@ -323,14 +324,11 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
         if f.is_bridge:
             raise DomainError(f"hostdev {hd.source} is a PCI bridge; only endpoints can be assigned")
         devices.append(f)
+    return seen, devices
 
-    numa_map, numa_source, numa_notes = map_numa(host, facts)
-    notes += numa_notes
-    if not facts.acpi:
-        notes.append("the domain has no <features><acpi/>: the guest ignores every <node> and shows numa_node -1")
 
-    rcs = build_mirror(host, devices)
-
+def _kept_controllers(facts: DomainFacts) -> tuple[set[int], list[ControllerFact]]:
+    """(indexes removed, controllers kept); a foreign expander bus that stays is refused."""
     dup = [i for i, n in Counter(c.index for c in facts.controllers).items() if n > 1]
     if dup:
         raise DomainError(f"duplicate pci controller index {dup[0]}")
@@ -342,161 +340,123 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
                 f"pcie-expander-bus index {c.index} (not ours) still carries other devices; "
                 "cannot budget bus numbers around it"
             )
+    return removed, kept
 
-    # Order: root complexes by host order, ports by host BDF: the guest reads like the host.
-    ordered_rcs = sorted(rcs.values(), key=lambda r: root_complex_sort_key(r.name))
 
-    # Bus budget: each pxb = its root bus + one per bridge below it.
-    sizes = [1 + sum(_port_bridges(p, ROOT_PORT) for p in rc.root_ports.values()) for rc in ordered_rcs]
-    kept_indexes = {c.index for c in kept}
-    has_root = any(c.model == PCIE_ROOT for c in kept)
-    n_ours = sum(sizes)  # one controller per bus: each pxb and each bridge below it
-    indexes = allocate_indexes(kept_indexes | {0}, n_ours)
-    highest = max([0, *kept_indexes, *indexes])
-    # Indexes left free below the highest (taking over a layout larger than ours) would be
-    # filled by libvirt with root ports on pcie-root; we add those spares ourselves, counted.
-    spares = sorted(set(range(1, highest + 1)) - kept_indexes - set(indexes))
-    hotplug_reserve = max(0, KUBEVIRT_HOTPLUG_INDEX_LIMIT - 1 - highest)
-    pcie_root_bridges = sum(1 for c in kept if c.model != PCIE_ROOT) + len(spares)
-    pcie_root_needed = 1 + pcie_root_bridges + pcie_root_buses_for(facts) + hotplug_reserve
-    bus_nrs = budget_buses(sizes, pcie_root_needed)
-
-    # pcie-root slots for the expander buses: sticky (same alias, same slot), else lowest free.
-    used_root_slots = {a.slot for a in facts.other_addresses if a.bus == 0}
-    used_root_slots |= {c.address.slot for c in kept if c.address is not None and c.address.bus == 0}
-    previous_slot = {
-        c.alias: c.address.slot for c in facts.controllers if c.ours and c.address is not None and c.address.bus == 0
-    }
-
-    reserved_chassis = {c.chassis if c.chassis is not None else c.index for c in kept if c.model in (ROOT_PORT, DOWNSTREAM)}
-
-    controllers: list[GuestController] = []
-    placements: list[Placement] = []
-    next_index = iter(indexes)
-    used_chassis = set(reserved_chassis)
-
-    def chassis_for(index: int) -> int:
-        # chassis = index, as libvirt defaults it; on a clash take a free number from the top,
-        # away from the low indexes libvirt will give root ports it adds after us.
-        c = index
-        if c in used_chassis:
-            c = next(x for x in range(255, 0, -1) if x not in used_chassis)
-        used_chassis.add(c)
-        return c
-
-    def place_functions(port_index: int, funcs: list[PciFunction]) -> None:
-        ordered = sorted(funcs, key=lambda f: f.bdf)
-        multi = len(ordered) > 1
-        for fn, f in enumerate(ordered):
-            hd = seen[f.bdf]
-            placements.append(
-                Placement(hd.key, f.bdf, hd.alias, GuestAddress(port_index, 0, fn), multifunction=multi and fn == 0)
-            )
-
-    def new_port(model: str, parent: int, slot: int, kind: str, host_name: str, n: int, mirrors: str) -> int:
-        index = next(next_index)
-        controllers.append(
-            GuestController(
-                model=model, index=index, alias=alias_for(kind, host_name, n), parent=parent, slot=slot,
-                chassis=chassis_for(index), port=slot << 3 if model == ROOT_PORT else slot, mirrors=mirrors,
-            )
-        )
-        return index
-
-    def emit_port(port: _Port, model: str, parent: int, slot: int, kind: str) -> int:
-        """Create the guest port for a host port and everything below it; returns slots used."""
-        chunks = _chunks(port)
-        host_name = port.key if port.host is None else str(port.host.bdf)
-        mirrors = f"{kind} {host_name}" if port.host is not None else f"endpoint {host_name} on a root bus"
-        if len(chunks) > 1:
-            notes.append(f"{len(port.functions)} functions below host port {port.key}: split over {len(chunks)} guest ports of one switch")
-        if model == ROOT_PORT and len(chunks) > 1:
-            # More than 8 functions cannot share one slot: a switch below the root port keeps
-            # them PIX to each other, as they are on the host.
-            rp = new_port(ROOT_PORT, parent, slot, kind, host_name, 0, mirrors)
-            us = next(next_index)
-            controllers.append(GuestController(model=UPSTREAM, index=us, alias=alias_for("us", host_name), parent=rp,
-                                               slot=0, mirrors=f"switch for the functions below {host_name}"))
-            for n, chunk in enumerate(chunks):
-                place_functions(new_port(DOWNSTREAM, us, n, "ds", host_name, n, mirrors), chunk)
-            return 1
-        for n, chunk in enumerate(chunks):
-            index = new_port(model, parent, slot + n, kind, host_name, n, mirrors)
-            if chunk:
-                place_functions(index, chunk)
-            if n == 0 and port.switch is not None:
-                emit_switch(port.switch, index)
-        return len(chunks)
-
-    def emit_switch(sw: _Switch, parent: int) -> None:
-        index = next(next_index)
-        controllers.append(
-            GuestController(model=UPSTREAM, index=index, alias=alias_for("us", str(sw.host.bdf)), parent=parent, slot=0,
-                            mirrors=f"switch {sw.host.bdf} ({sw.host.ids})")
-        )
-        slot = 0
-        for key in sorted(sw.ports):
-            slot += emit_port(sw.ports[key], DOWNSTREAM, index, slot, "ds")
-            if slot > SLOTS_PER_BUS:
-                raise PlanError(f"switch {sw.host.bdf}: more than {SLOTS_PER_BUS} downstream ports needed")
-
-    for rc, bus_nr in zip(ordered_rcs, bus_nrs):
-        host_node, _ = rc.numa.most_common(1)[0]
-        if len(rc.numa) > 1:
-            notes.append(f"devices below {rc.name} report different NUMA nodes {sorted(rc.numa)}; using {host_node}")
-        node = numa_map.get(host_node) if host_node >= 0 else None
-        if host_node >= 0 and node is None and numa_map:
-            notes.append(f"host NUMA node {host_node} ({rc.name}) backs no guest cell: its devices show numa_node -1")
-        if host_node < 0:
-            notes.append(f"{rc.name} has no NUMA node on the host (numa_node -1)")
-        alias = alias_for("pxb", rc.name.removeprefix("pci"))
-        slot = previous_slot.get(alias)
-        if slot is None or slot in used_root_slots:
-            free = [s for s in PXB_SLOT_ORDER if s not in used_root_slots and s not in RESERVED_ROOT_SLOTS]
-            if not free:
-                raise PlanError("no free slot on pcie-root for another expander bus")
-            slot = free[0]
-        used_root_slots.add(slot)
-        index = next(next_index)
-        controllers.append(
-            GuestController(model=PXB, index=index, alias=alias, parent=0, slot=slot, bus_nr=bus_nr, node=node,
-                            mirrors=f"root complex {rc.name} (host NUMA {host_node})")
-        )
-        rp_slot = 0
-        for key in sorted(rc.root_ports):
-            rp_slot += emit_port(rc.root_ports[key], ROOT_PORT, index, rp_slot, "rp")
-            if rp_slot > SLOTS_PER_BUS:
-                raise PlanError(f"{rc.name}: more than {SLOTS_PER_BUS} root ports needed on one expander bus")
-
-    for index in spares:
-        controllers.append(GuestController(model=ROOT_PORT, index=index, alias=alias_for("spare", str(index)), parent=0,
-                                           slot=-1, chassis=chassis_for(index), port=0,
-                                           mirrors="spare root port on pcie-root (fills an index gap)"))
-    controllers.sort(key=lambda c: c.index)
-    return Plan(
-        controllers=controllers,
-        placements=sorted(placements, key=lambda p: p.key),
-        removed=sorted(removed),
-        numa_map=numa_map,
-        numa_source=numa_source,
-        notes=notes,
-        pcie_root_buses_needed=pcie_root_needed,
-        added_pcie_root=not has_root,
-    )
+def _guest_cell(rc: _RootComplex, numa_map: dict[int, int], notes: list[str]) -> int | None:
+    """The guest cell of a root complex's expander bus (its devices' most common host node)."""
+    host_node, _ = rc.numa.most_common(1)[0]
+    if len(rc.numa) > 1:
+        notes.append(f"devices below {rc.name} report different NUMA nodes {sorted(rc.numa)}; using {host_node}")
+    node = numa_map.get(host_node) if host_node >= 0 else None
+    if host_node >= 0 and node is None and numa_map:
+        notes.append(f"host NUMA node {host_node} ({rc.name}) backs no guest cell: its devices show numa_node -1")
+    if host_node < 0:
+        notes.append(f"{rc.name} has no NUMA node on the host (numa_node -1)")
+    return node
 
 
 def _chunks(port: _Port) -> list[list[PciFunction]]:
     """The functions below a host port, at most 8 per guest slot (one slot per port)."""
-    fs = sorted(port.functions, key=lambda f: f.bdf)
-    return [fs[i : i + MAX_FUNCTIONS_PER_SLOT] for i in range(0, len(fs), MAX_FUNCTIONS_PER_SLOT)] or [[]]
+    return buses.slot_chunks(sorted(port.functions, key=lambda f: f.bdf))
 
 
-def _port_bridges(port: _Port, model: str) -> int:
-    """Buses (= controllers) a host port costs in the guest: the port, or one per chunk of 8
-    functions (below a root port those chunks hang off a switch of their own), plus its switch."""
-    k = len(_chunks(port))
-    if port.switch is not None:
-        return 1 + 1 + sum(_port_bridges(p, DOWNSTREAM) for p in port.switch.ports.values())
-    if model == ROOT_PORT and k > 1:
-        return 1 + 1 + k
-    return k
+def _port_buses(port: _Port, on_pxb: bool) -> int:
+    below = None if port.switch is None else sum(_port_buses(p, False) for p in port.switch.ports.values())
+    return buses.port_buses(len(_chunks(port)), on_pxb, below)
+
+
+def _pxb_buses(rc: _RootComplex) -> int:
+    """An expander bus's share of the bus budget: its root bus plus one per bridge below it."""
+    return 1 + sum(_port_buses(p, True) for p in rc.root_ports.values())
+
+
+@dataclass
+class _Emitter:
+    """Writes the guest controllers and placements for the mirror tree, depth first.
+
+    Its state is all here: the hostdevs by source, the indexes left to hand out (in the order the
+    budget counted them), the chassis pool, and the notes the plan returns."""
+
+    hostdevs: dict[Bdf, HostdevFact]
+    indexes: Iterator[int]
+    chassis: buses.ChassisPool
+    notes: list[str]
+    controllers: list[GuestController] = field(default_factory=list)
+    placements: list[Placement] = field(default_factory=list)
+
+    def emit_root_complex(self, rc: _RootComplex, alias: str, slot: int, bus_nr: int, node: int | None) -> None:
+        index = next(self.indexes)
+        self.controllers.append(
+            GuestController(model=PXB, index=index, alias=alias, parent=0, slot=slot, bus_nr=bus_nr, node=node)
+        )
+        buses.fill_slots(
+            sorted(rc.root_ports),
+            lambda key, first: self.emit_port(rc.root_ports[key], ROOT_PORT, index, first, "rp"),
+            f"{rc.name}: more than {buses.SLOTS_PER_BUS} root ports needed on one expander bus",
+        )
+
+    def emit_switch(self, sw: _Switch, parent: int) -> None:
+        index = next(self.indexes)
+        self.controllers.append(
+            GuestController(model=UPSTREAM, index=index, alias=alias_for("us", str(sw.host.bdf)), parent=parent, slot=0)
+        )
+        buses.fill_slots(
+            sorted(sw.ports),
+            lambda key, first: self.emit_port(sw.ports[key], DOWNSTREAM, index, first, "ds"),
+            f"switch {sw.host.bdf}: more than {buses.SLOTS_PER_BUS} downstream ports needed",
+        )
+
+    def emit_port(self, port: _Port, model: str, parent: int, slot: int, kind: str) -> int:
+        """Create the guest port for a host port and everything below it; returns slots used."""
+        chunks = _chunks(port)
+        host_name = port.key if port.host is None else str(port.host.bdf)
+        if len(chunks) > 1:
+            self.notes.append(
+                f"{len(port.functions)} functions below host port {port.key}: split over {len(chunks)} guest ports of one switch"
+            )
+        if model == ROOT_PORT and len(chunks) > 1:
+            self.emit_split_root_port(chunks, parent, slot, kind, host_name)
+            return 1
+        for n, chunk in enumerate(chunks):
+            index = self.new_port(model, parent, slot + n, kind, host_name, n)
+            if chunk:
+                self.place_functions(index, chunk)
+            if n == 0 and port.switch is not None:
+                self.emit_switch(port.switch, index)
+        return len(chunks)
+
+    def emit_split_root_port(self, chunks: list[list[PciFunction]], parent: int, slot: int, kind: str,
+                             host_name: str) -> None:
+        """More than 8 functions cannot share one slot: a switch below the root port keeps them
+        PIX to each other, as they are on the host."""
+        rp = self.new_port(ROOT_PORT, parent, slot, kind, host_name, 0)
+        us = next(self.indexes)
+        self.controllers.append(GuestController(model=UPSTREAM, index=us, alias=alias_for("us", host_name), parent=rp, slot=0))
+        for n, chunk in enumerate(chunks):
+            self.place_functions(self.new_port(DOWNSTREAM, us, n, "ds", host_name, n), chunk)
+
+    def new_port(self, model: str, parent: int, slot: int, kind: str, host_name: str, n: int) -> int:
+        index = next(self.indexes)
+        self.controllers.append(
+            GuestController(
+                model=model, index=index, alias=alias_for(kind, host_name, n), parent=parent, slot=slot,
+                chassis=self.chassis.take(index), port=buses.root_port_number(slot) if model == ROOT_PORT else slot,
+            )
+        )
+        return index
+
+    def place_functions(self, port_index: int, funcs: list[PciFunction]) -> None:
+        ordered = sorted(funcs, key=lambda f: f.bdf)
+        multi = len(ordered) > 1
+        for fn, f in enumerate(ordered):
+            hd = self.hostdevs[f.bdf]
+            self.placements.append(
+                Placement(hd.key, f.bdf, hd.alias, GuestAddress(port_index, 0, fn), multifunction=multi and fn == 0)
+            )
+
+    def emit_spares(self, spares: tuple[int, ...]) -> None:
+        """Spare root ports on pcie-root for index gaps (libvirt picks their slot)."""
+        for index in spares:
+            self.controllers.append(GuestController(model=ROOT_PORT, index=index, alias=alias_for("spare", str(index)),
+                                                    parent=0, slot=-1, chassis=self.chassis.take(index), port=0))

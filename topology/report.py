@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from .classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
 from .mmio import budget_lines  # issue 11
 from .model import Bdf, PciFunction, Role, Topology
+from .labels import Labeled, label_devices
 from .names import part_name
-
-LABEL_PREFIX = {Role.GPU: "GPU", Role.NIC: "NIC", Role.NVME: "NVME", Role.NVSWITCH: "NVSW"}
+from .vfs import VfGroups, group_vfs, vf_summary, with_vfs
 
 NVML_LEGEND = """Legend:
 
@@ -26,35 +25,18 @@ NCCL_LEGEND = """NCCL's view (decides GPUDirect RDMA: used only at PXB or closer
   PIX = same switch   PXB = several switches, no CPU   PHB = through a CPU   SYS = across CPUs"""
 
 
-@dataclass(frozen=True, slots=True)
-class Labeled:
-    label: str
-    function: PciFunction
-    role: Role
-
-
 def default_devices(topo: Topology, include_vfs: bool = False) -> list[Bdf]:
-    """GPUs and NICs of the host (physical functions only unless asked)."""
+    """GPUs and compute NICs of the host (physical functions only unless asked); ConnectX
+    functions that manage NVLink switch chips are not NICs a workload uses (nvswitch_mgmt)."""
+    from .nvswitch_mgmt import management_reason
+
     out = []
     for f in topo.functions():
-        if topo.role(f) in (Role.GPU, Role.NIC) and (include_vfs or not f.is_vf):
-            out.append(f.bdf)
-    return out
-
-
-def label_devices(topo: Topology, bdfs: Iterable[Bdf]) -> list[Labeled]:
-    """GPU0.., NIC0.. in BDF order, as nvidia-smi numbers them; other roles DEV0.."""
-    fs = sorted((topo.function(b) for b in bdfs), key=lambda f: f.bdf)
-    counters: dict[str, int] = {}
-    out = []
-    for group in ("GPU", "NIC", "NVME", "NVSW", "DEV"):
-        for f in fs:
-            role = topo.role(f)
-            if LABEL_PREFIX.get(role, "DEV") != group:
+        role = topo.role(f)
+        if role in (Role.GPU, Role.NIC) and (include_vfs or not f.is_vf):
+            if role == Role.NIC and management_reason(topo, f) is not None:
                 continue
-            n = counters.get(group, 0)
-            counters[group] = n + 1
-            out.append(Labeled(f"{group}{n}", f, role))
+            out.append(f.bdf)
     return out
 
 
@@ -92,11 +74,14 @@ def render_matrix(
     return "\n".join(lines)
 
 
-def device_legend(topo: Topology, rows: Sequence[Labeled], live_root: str | None = None) -> str:
+def device_legend(
+    topo: Topology, rows: Sequence[Labeled], live_root: str | None = None, groups: VfGroups | None = None
+) -> str:
     lines = ["Device Legend:", ""]
     for r in rows:
         name = part_name(r.function, live_root) or r.function.ids
         vf = f", VF of {r.function.physfn}" if r.function.physfn else ""
+        vf += vf_summary(topo, groups.vfs_of(r.function.bdf)) if groups else ""  # issue 14 #9
         lines.append(f"  {r.label}: {r.function.bdf}  {name}{vf}")
     return "\n".join(lines)
 
@@ -106,8 +91,12 @@ def topo_text(
     bdfs: Sequence[Bdf],
     nvlink: NvlinkOracle,
     live_root: str | None = None,
+    _gpus_checked: bool = False,
 ) -> str:
-    rows = label_devices(topo, bdfs)
+    groups = group_vfs(topo, bdfs)  # issue 14 #9: VFs are legend lines under their PF, not rows
+    rows = label_devices(topo, groups.heads)
+    if rows and not _gpus_checked and not any(r.role == Role.GPU for r in rows):
+        return _no_gpu_text(topo, bdfs, rows, nvlink, live_root, groups)
     classes = {(a.label, b.label): classify(topo, a.function, b.function) for a in rows for b in rows if a is not b}
     links = {(a.label, b.label): nvlink.count(a.function, b.function) for a in rows for b in rows if a is not b}
     affinity = [
@@ -116,10 +105,30 @@ def topo_text(
     ]
     nvml = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nvml"), affinity)
     nccl = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nccl"))
-    parts = [nvml, "", NVML_LEGEND, "", device_legend(topo, rows, live_root), "", NCCL_LEGEND, "", nccl]
+    parts = [nvml, "", NVML_LEGEND, "", device_legend(topo, rows, live_root, groups), "", NCCL_LEGEND, "", nccl]
+    source = getattr(nvlink, "source", "inferred from the SXM board table")
     if any(v for v in links.values()):
-        parts += ["", "NV# counts are inferred from the SXM board table (NVLink is not in sysfs)."]
+        parts += ["", f"NV# counts: {source} (NVLink is not in sysfs)."]
+    elif hasattr(nvlink, "fabric"):
+        parts += ["", f"No NV# between these devices: {source}."]
     return "\n".join(parts) + "\n"
+
+
+def _no_gpu_text(
+    topo: Topology, bdfs: Sequence[Bdf], rows: Sequence[Labeled], nvlink: NvlinkOracle, live_root: str | None,
+    groups: VfGroups,
+) -> str:
+    """No GPU among the devices (issue 14, finding 8): say so, then still show the NICs: their
+    NUMA and CPU affinity, and their matrix when there is more than one."""
+    head = [f"no GPUs found: {len(rows)} other device(s) shown ({', '.join(sorted({r.role.value for r in rows}))})", ""]
+    if len(rows) > 1:
+        body = topo_text(topo, bdfs, nvlink, live_root, _gpus_checked=True)
+        return "\n".join(head) + "\n" + body
+    r = rows[0]
+    numa = topo.numa_of(r.function)
+    lines = [device_legend(topo, rows, live_root, groups), "",
+             f"  {r.label}: CPU Affinity {cpus_of(topo, r.function)}, NUMA Affinity {numa if numa >= 0 else 'N/A'}"]
+    return "\n".join(head + lines) + "\n"
 
 
 def device_json(topo: Topology, lab: Labeled) -> dict:
@@ -154,7 +163,8 @@ def device_json(topo: Topology, lab: Labeled) -> dict:
 
 
 def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict:
-    rows = label_devices(topo, bdfs)
+    groups = group_vfs(topo, bdfs)  # issue 14 #9: VFs listed under their PF, pairs between heads
+    rows = label_devices(topo, groups.heads)
     out_pairs = []
     for a, b in pairs([r.function.bdf for r in rows]):
         fa, fb = topo.function(a), topo.function(b)
@@ -164,9 +174,9 @@ def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict
         )
     return {
         "host": topo.name,
-        "devices": [device_json(topo, r) for r in rows],
+        "devices": [with_vfs(topo, device_json(topo, r), groups.vfs_of(r.function.bdf)) for r in rows],
         "pairs": out_pairs,
-        "nvlink_source": "inferred from the SXM board table",
+        "nvlink_source": getattr(nvlink, "source", "inferred from the SXM board table"),
         "warnings": topo.warnings,
     }
 
@@ -191,6 +201,12 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
         name = part_name(f, live_root)
         if name:
             bits.append(name)
+        if role == Role.NIC:
+            from .nvswitch_mgmt import management_reason
+
+            why = management_reason(topo, f)
+            if why:
+                bits.append(f"(NVLink switch management, not a compute NIC: {why})")
         if f.physfn:
             bits.append(f"VF of {f.physfn}")
         if f.bdf in labels:
@@ -213,11 +229,26 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
     return "\n".join(out) + "\n"
 
 
-
-
 # -- xmlfix --explain --------------------------------------------------------------------------
 
-def explain_text(result, host: Topology, live_root: str | None = None) -> str:
+def _explain_nvlink(result, host: Topology, fabric) -> tuple[object | None, list[str]]:
+    """The NV# the guest will show and the lines that explain it. With a fabric file: NV<n> only
+    inside the VM's own partition when the check found it active; without one: the board-table
+    inference, marked as such."""
+    from .predict import guest_nvlink
+
+    oracle = guest_nvlink(result, host, fabric)
+    if fabric is None:
+        return oracle, ["NVLink: NV# inferred from the SXM board table (no fabric file): the guest has NVLink only "
+                        "if its GPUs are exactly one active Fabric Manager partition (xmlfix --fabric checks that)"]
+    head = f"NVLink (fabric file {fabric.path}, {fabric.bdf_origin}): "
+    verdict = result.report.nvlink
+    if verdict is None:
+        return None, [head + "not checked (pcitopo.kubevirt.io/nvlink: off)"]
+    return oracle, [head + verdict.message]
+
+
+def explain_text(result, host: Topology, live_root: str | None = None, fabric=None) -> str:
     """Host and predicted guest classes side by side (``HOST>GUEST*`` where they differ), the
     reasons, and the guest tree as ``lspci -tv`` would draw it."""
     report = result.report
@@ -227,12 +258,12 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
     by_pair = {}
     for p in report.pairs:
         by_pair[(p.a, p.b)] = by_pair[(p.b, p.a)] = p
-    oracle = NvlinkOracle(host)
+    oracle, nvlink_lines = _explain_nvlink(result, host, fabric)
 
     def cell(view: str):
         def fn(a: Labeled, b: Labeled) -> str:
             p = by_pair[(a.function.bdf, b.function.bdf)]
-            links = oracle.count(a.function, b.function)
+            links = oracle.count(a.function, b.function) if oracle is not None else None
             if links:
                 return f"NV{links}"
             h = p.host.nvml.value if view == "nvml" else p.host.nccl.value
@@ -255,7 +286,11 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
         return f"{d.host_node if d.host_node >= 0 else '-'}>{cellv}"
 
     extra = [("Guest BDF", guest_col), ("NUMA>cell", numa_col)]
+    from .predict import verdict
+
     out = [
+        f"Verdict: {verdict(result, host, fabric)}",
+        "",
         "Host vs predicted guest, nvidia-smi view (cells read HOST>GUEST* where they differ):",
         "",
         render_matrix(rows, cell("nvml"), extra),
@@ -267,22 +302,18 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
         device_legend(host, rows, live_root),
         "",
     ]
-    diffs = [p for p in report.pairs if p.why]
-    if diffs:
-        out.append("Differences:")
-        label_of = {r.function.bdf: r.label for r in rows}
-        for p in diffs:
-            g = f"{p.guest.nccl.value}/{p.guest.nvml.value}" if p.guest else "?"
-            out.append(
-                f"  {label_of[p.a]}-{label_of[p.b]}: host {p.host.nccl.value}/{p.host.nvml.value} "
-                f"(NCCL/NVML), guest {g}: {p.why}"
-            )
-    else:
-        out.append("Every pair's guest class equals the host's (NCCL and NVML).")
+    out += explain_differences(result, host, fabric=fabric)
     numa = ", ".join(f"host {h} -> cell {c}" for h, c in sorted(report.numa_map.items())) or "none"
     out += ["", f"NUMA map ({report.numa_source}): {numa}"]
+    if any(r.role == Role.GPU for r in rows):
+        out += nvlink_lines
     for n in report.notes:
-        out.append(f"note: {n}")
+        if not n.startswith("NVLink: "):  # said just above
+            out.append(f"note: {n}")
+    if not report.numa_map and report.placed:
+        from .predict import KUBEVIRT_NUMA_ADVICE
+
+        out.append(f"KubeVirt: {KUBEVIRT_NUMA_ADVICE}")
     out += [""] + budget_lines(report.mmio, report.cliques)  # issue 11 (topology/mmio.py)
     out += ["", "Guest PCI tree (predicted, as lspci -tv would show it):", ""]
     guest_labels = {}
@@ -292,3 +323,69 @@ def explain_text(result, host: Topology, live_root: str | None = None) -> str:
             guest_labels[g] = f"{r.label} = host {r.function.bdf}"
     out.append(tree_text(guest.topology, None, guest_labels).rstrip("\n"))
     return "\n".join(out) + "\n"
+
+
+MAX_LISTED = 12  # pairs listed per reason in --explain; the rest are counted
+
+
+def explain_differences(result, host: Topology, width: int = 100, fabric=None) -> list[str]:
+    """The pairs a reader would see differ, grouped by reason (each reason once), naming for
+    each pair only the view that differs; NVLink-joined GPU pairs are left out (both views use
+    NVLink), and devices the guest shows without a NUMA cell are listed."""
+    from .predict import cell_less_devices, pair_views
+
+    views = pair_views(result, host, fabric)
+    groups: dict[str, list[str]] = {}
+    for v in views:
+        shown = [f"{t} {v.transition(k)}" for k, t in (("nccl", "NCCL"), ("nvml", "nvidia-smi")) if v.differs(k)]
+        if shown:
+            groups.setdefault(str(v.p.why), []).append(f"{v.name} {', '.join(shown)}")
+    out = []
+    for why, items in groups.items():
+        out.append(f"Differences ({len(items)} pair(s)): {why}")
+        line = " "
+        shown_items = items if len(items) <= MAX_LISTED else items[:MAX_LISTED] + [f"... and {len(items) - MAX_LISTED} more (all pairs: xmlfix --json)"]
+        for item in shown_items:
+            if len(line) + len(item) + 2 > width and line.strip():
+                out.append(line.rstrip(";"))
+                line = " "
+            line += f" {item};"
+        out.append(line.rstrip(";"))
+    hidden = sum(1 for v in views if v.nvlink and v.p.guest != v.p.host)
+    if hidden:
+        out.append(f"({hidden} GPU pair(s) joined by NVLink differ only in their PCIe class: not listed, both views use NVLink)")
+    cell_less = cell_less_devices(result)
+    for node, bdfs in sorted(cell_less.items()):
+        out.append(f"NUMA: {len(bdfs)} device(s) of host node {node} have no guest cell (numa_node -1 in the guest): "
+                   + ", ".join(str(b) for b in bdfs))
+    if not groups and not cell_less:
+        out.append("Every pair reads the same in the guest as on the host (NCCL and nvidia-smi).")
+    return out
+
+
+# -- xmlfix --diff -----------------------------------------------------------------------------
+
+def diff_text(before: bytes, after: bytes, name: str) -> str:
+    """A unified diff of what the rewrite changed in meaning. Both sides go through the same
+    parser and serialiser (the output already has), so a re-serialisation (``<x></x>`` read
+    back as ``<x/>``, quote style, attribute escapes) never shows as a change: only the
+    elements and attributes the rewrite added, removed or edited do."""
+    import difflib
+
+    from .domain import parse_domain, serialize
+
+    def norm(xml: bytes) -> list[str]:
+        return serialize(parse_domain(xml), xml).decode("utf-8", "replace").splitlines(keepends=True)
+
+    a, b = norm(before), norm(after)
+    # difflib.unified_diff's matcher treats lines frequent in a domain (``</hostdev>``) as junk
+    # and then pairs them up badly: match with autojunk off and write the hunks ourselves.
+    out = [f"--- {name}\n", f"+++ {name} (xmlfix)\n"]
+    for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(3):
+        (_, i1, _, j1, _), (_, i2, _, j2, _) = group[0], group[-1]
+        out.append(f"@@ -{i1 + 1},{group[-1][2] - i1} +{j1 + 1},{group[-1][4] - j1} @@\n")
+        for tag, a1, a2, b1, b2 in group:
+            out += [(" " if tag == "equal" else "-") + line for line in a[a1:a2]]
+            if tag != "equal":
+                out += ["+" + line for line in b[b1:b2]]
+    return "".join(out) if len(out) > 2 else ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from lxml import etree
 
@@ -17,6 +18,7 @@ from .domain import (
     PCIE_ROOT,
     PXB,
     ROOT_PORT,
+    UPSTREAM,
     DomainView,
     GuestAddress,
     append_child,
@@ -38,7 +40,20 @@ from .plan import ControllerFact, DomainFacts, GuestController, HostdevFact, Pla
 from .cliques import CliquePlan
 from .mmio import MmioBudget, apply_mmio_settings
 
-UNEXPRESSIBLE = "no guest can show this"
+
+class Why(StrEnum):
+    """Why a pair's guest class differs from the host's (the value is the report text)."""
+
+    NOT_PLACED = "not placed in the guest"
+    BROADCOM_COLLAPSE = (
+        "Broadcom two-level complex collapsed into one virtual switch, as NCCL flattens it (nvidia-smi on the host says PXB)"
+    )
+    NO_ACPI = "no <features><acpi/>: the guest sees no NUMA, so SYS/NODE collapse"
+    NO_CELLS = "no guest NUMA cells tied to host nodes: cross-node pairs cannot show SYS"
+    # A host shape no guest can express; ``PairReport.detail`` says which.
+    UNEXPRESSIBLE = "no guest can show this"
+    UNEXPECTED = "unexpected difference (planner bug: please report with `pcitopo capture`)"
+
 
 @dataclass(frozen=True)
 class PlacedDevice:
@@ -56,7 +71,15 @@ class PairReport:
     b: Bdf
     host: PairClass
     guest: PairClass | None
-    why: str | None
+    why: Why | None
+    detail: str | None = None  # what exactly, for Why.UNEXPRESSIBLE
+
+    @property
+    def reason(self) -> str | None:
+        """The reason as the report prints it: the why, and its detail if any."""
+        if self.why is None:
+            return None
+        return f"{self.why}: {self.detail}" if self.detail else str(self.why)
 
     @property
     def nccl_same(self) -> bool:
@@ -76,6 +99,8 @@ class Report:
     numa_source: str = "none"
     notes: list[str] = field(default_factory=list)
     pairs: list[PairReport] = field(default_factory=list)
+    # The NVLink fabric verdict (topology.partitions.NvlinkVerdict) when the door checked one.
+    nvlink: object | None = None
     # issue 11: the 64-bit MMIO budget and settings, P2P cliques, typed firmware warnings
     mmio: MmioBudget | None = None
     cliques: CliquePlan | None = None
@@ -89,7 +114,7 @@ class Report:
         return [
             p for p in self.pairs
             if (not p.nccl_same or (not p.nvml_same and not broadcom_collapse(p.host, p.guest)))
-            and not (p.why or "").startswith(UNEXPRESSIBLE)
+            and p.why is not Why.UNEXPRESSIBLE
         ]
 
     def summary(self) -> dict:
@@ -97,7 +122,7 @@ class Report:
             "devices_placed": len(self.placed),
             "pxbs": self.created.get(PXB, 0),
             "root_ports": self.created.get(ROOT_PORT, 0),
-            "switches": self.created.get("pcie-switch-upstream-port", 0),
+            "switches": self.created.get(UPSTREAM, 0),
             "downstream_ports": self.created.get(DOWNSTREAM, 0),
             "controllers_removed": self.removed,
             "numa": self.numa_source,
@@ -234,7 +259,7 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
         numa_source=p.numa_source,
         notes=list(p.notes),
     )
-    if created.get("pcie-switch-upstream-port"):
+    if created.get(UPSTREAM):
         report.notes.append(
             "QEMU's emulated switch upstream ports report a 2.5 GT/s x1 link: path classes are the host's, but "
             "NCCL's bandwidth estimate for paths from a switch up to the CPU is low (PIX paths, GPU to its own NIC, "
@@ -273,18 +298,19 @@ def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report:
         hc = classify(host, a, b)
         ga, gb = guest.host_to_guest.get(a), guest.host_to_guest.get(b)
         gc = classify(guest.topology, ga, gb) if ga is not None and gb is not None else None
-        why = None
+        why, detail = None, None
         if gc is None:
-            why = "not placed in the guest"
+            why = Why.NOT_PLACED
         elif gc != hc:
             why = _why_differs(hc, gc, no_cells, facts.acpi)
             odd = [f for f in (host.function(a), host.function(b)) if _numa_divergent(host, f)]
             if odd:
                 f = odd[0]
-                why = (f"{UNEXPRESSIBLE}: above {f.bdf} the host reports numa_node "
-                       f"{nccl_path(host, f).cpu} where NCCL looks (the top-most PCI node), while its "
-                       f"root complex {f.root_complex} is on node {host.numa_of(f)}; an expander bus has one guest cell")
-        report.pairs.append(PairReport(a, b, hc, gc, why))
+                why = Why.UNEXPRESSIBLE
+                detail = (f"above {f.bdf} the host reports numa_node "
+                          f"{nccl_path(host, f).cpu} where NCCL looks (the top-most PCI node), while its "
+                          f"root complex {f.root_complex} is on node {host.numa_of(f)}; an expander bus has one guest cell")
+        report.pairs.append(PairReport(a, b, hc, gc, why, detail))
     return guest
 
 
@@ -294,15 +320,15 @@ def _numa_divergent(host: Topology, f) -> bool:
     return nccl_path(host, f).cpu != host.numa_of(nccl_device(host, f))
 
 
-def _why_differs(hc: PairClass, gc: PairClass, no_cells: bool, acpi: bool) -> str:
+def _why_differs(hc: PairClass, gc: PairClass, no_cells: bool, acpi: bool) -> Why:
     # The Broadcom collapse is judged first: it happens with or without NUMA cells.
     if broadcom_collapse(hc, gc):
-        return "Broadcom two-level complex collapsed into one virtual switch, as NCCL flattens it (nvidia-smi on the host says PXB)"
+        return Why.BROADCOM_COLLAPSE
     if not acpi:
-        return "no <features><acpi/>: the guest sees no NUMA, so SYS/NODE collapse"
+        return Why.NO_ACPI
     if no_cells:
-        return "no guest NUMA cells tied to host nodes: cross-node pairs cannot show SYS"
-    return "unexpected difference (planner bug: please report with `pcitopo capture`)"
+        return Why.NO_CELLS
+    return Why.UNEXPECTED
 
 
 def _canonical(xml: bytes) -> bytes:
@@ -312,4 +338,4 @@ def _canonical(xml: bytes) -> bytes:
         raise DomainError("output XML does not parse (internal error)") from None
 
 
-__all__ = ["RewriteResult", "Report", "rewrite_domain"]
+__all__ = ["PairReport", "RewriteResult", "Report", "Why", "rewrite_domain"]

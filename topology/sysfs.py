@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from .bars import Bar, parse_resource
-from .errors import SysfsError, UnknownDeviceError
+from .errors import MalformedBdfError, SysfsError
 from .model import Bdf, Link, NumaNode, PciFunction, Topology, is_bdf
 
 # The attribute files the reader uses: one list, shared by the reader and `pcitopo capture`.
@@ -34,10 +34,27 @@ OPTIONAL_ATTRS = (
     "local_cpulist",
 )
 LINK_ATTRS = ("driver", "iommu_group", "physfn")
-# Multi-line attribute files the reader uses (and `pcitopo capture` keeps): the BARs
-# (topology/bars.py). Kept apart from OPTIONAL_ATTRS, whose files are one line each.
+# Multi-line attribute files the reader uses: the BARs (topology/bars.py, the MMIO budget).
+# Kept apart from OPTIONAL_ATTRS, whose files are one line each.
 RESOURCE_ATTRS = ("resource",)
+# Read only for NVLink-switch management candidates (topology/nvswitch_mgmt.py): the VPD image
+# (root-readable; bounded like any attribute) and which class children a function registered.
+VPD_ATTR = "vpd"
+CLASS_DIRS = ("infiniband", "net")
 NODE_ATTRS = ("cpulist",)
+
+# -- pcitopo doctor (issue 13): what the host-readiness checks read, besides the above ---------
+# Per function: config space (64 bytes unprivileged, 4096 as root), BARs, the driver override.
+DOCTOR_ATTRS = ("config", *RESOURCE_ATTRS, "driver_override")
+# kernel/iommu_groups/<N>/devices/<BDF> (links) and .../type; class/iommu/<unit> (links).
+IOMMU_GROUPS_DIR = "kernel/iommu_groups"
+IOMMU_GROUP_ATTRS = ("type",)
+IOMMU_CLASS_DIR = "class/iommu"
+# -- end pcitopo doctor ------------------------------------------------------------------------
+
+# Every per-function file `pcitopo capture` keeps (links and the VPD image are handled apart):
+# the one list, so a capture reads like the host for the reader, the MMIO budget and the doctor.
+CAPTURED_ATTRS = tuple(dict.fromkeys(REQUIRED_ATTRS + OPTIONAL_ATTRS + RESOURCE_ATTRS + DOCTOR_ATTRS))
 
 PCI_DEVICES_DIR = "bus/pci/devices"
 NODE_DIR = "devices/system/node"
@@ -247,6 +264,14 @@ class MemoryTree:
 
     def write_tarball(self, out: str | os.PathLike) -> None:
         """Write a deterministic ``.tar.gz``: sorted members, mtime 0, root-owned."""
+        data = self.tarball_bytes()
+        tmp = f"{os.fspath(out)}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, out)
+
+    def tarball_bytes(self) -> bytes:
+        """The deterministic ``.tar.gz`` (see :meth:`write_tarball`) as bytes."""
         import gzip
         import io
         import tarfile
@@ -272,11 +297,10 @@ class MemoryTree:
                     info.type = tarfile.DIRTYPE
                     info.mode = 0o755
                     tar.addfile(info)
-        tmp = f"{os.fspath(out)}.tmp"
-        with open(tmp, "wb") as fh:
-            with gzip.GzipFile(filename="", mode="wb", fileobj=fh, mtime=0, compresslevel=9) as gz:
-                gz.write(raw.getvalue())
-        os.replace(tmp, out)
+        packed = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0, compresslevel=9) as gz:
+            gz.write(raw.getvalue())
+        return packed.getvalue()
 
     def write_dir(self, out: str | os.PathLike) -> None:
         """Materialise the tree as a real directory (symlinks kept as symlinks)."""
@@ -330,8 +354,32 @@ class MemoryTree:
         except SysfsError:
             raise
         except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile) as e:
-            raise SysfsError(f"{name}: not a readable capture tarball ({e})") from None
+            raise SysfsError(_not_a_capture(name, e)) from None
         return tree
+
+
+SYSFS_KINDS = "/sys, a directory laid out like sysfs, a capture .tar.gz from `pcitopo capture`, or a fixture directory"
+
+
+def _not_a_capture(name: str, e: BaseException) -> str:
+    """One line for a --sysfs file that is not a capture (finding 8: tarfile's own message
+    chains four decompressors' errors). Says what the file looks like when that is obvious."""
+    import tarfile
+
+    try:
+        with open(name, "rb") as fh:
+            head = fh.read(512).lstrip()
+    except OSError as oe:
+        return f"{name}: cannot read it ({oe.strerror or oe})"
+    if head.startswith(b"<"):
+        what = "it is XML, a domain?"
+    elif head[:1] in (b"{", b"["):
+        what = "it is JSON"
+    elif head.startswith(b"\x1f\x8b") or isinstance(e, (EOFError, tarfile.ReadError)) and "end of" in str(e):
+        what = "truncated or damaged"
+    else:
+        what = "not a gzip'd tar"
+    return f"{name}: not a readable capture tarball ({what}); --sysfs takes {SYSFS_KINDS}"
 
 
 def default_sysfs() -> str:
@@ -453,7 +501,7 @@ class SysfsReader:
         if physfn_name is not None:
             try:
                 physfn = Bdf.parse(physfn_name)
-            except UnknownDeviceError:
+            except MalformedBdfError:
                 self._warn(f"{base}/physfn: {physfn_name!r} is not a PCI address, ignored")
         group = self._link_name(f"{base}/iommu_group")
         return PciFunction(
@@ -477,6 +525,17 @@ class SysfsReader:
             local_cpulist=self._text(f"{base}/local_cpulist", False),
             bars=self._bars(f"{base}/resource"),
         )
+
+    def read_vpd(self, bdf: "Bdf") -> bytes | None:
+        """The function's VPD image, or None when absent or unreadable (not root)."""
+        data = self.source.read(f"{resolve(self, f'{PCI_DEVICES_DIR}/{bdf}')}/{VPD_ATTR}")
+        return data[:MAX_ATTR_BYTES] if isinstance(data, bytes) else None
+
+    def read_class_dirs(self, bdf: "Bdf") -> tuple[str, ...]:
+        """Which of ``infiniband/`` and ``net/`` the function has (a driver registered an RDMA
+        device or a network interface on it)."""
+        base = resolve(self, f"{PCI_DEVICES_DIR}/{bdf}")
+        return tuple(d for d in CLASS_DIRS if self.source.listdir(f"{base}/{d}") is not None)
 
     def all_bdfs(self) -> list["Bdf"]:
         names = self.source.listdir(PCI_DEVICES_DIR)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
-from conftest import ROOT
-from kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
+from testkit import REPO as ROOT
+from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
 from topology.model import Role
 from topology.rewrite import rewrite_domain
 from topology.sysfs import open_host
@@ -141,7 +141,7 @@ def test_libvirt_hands_the_settings_to_qemu(libvirtd, tmp_path):
     import re
 
     import test_mmio
-    from conftest import host_from_topo
+    from testkit.synth import host_from_topo
 
     host = host_from_topo(test_mmio.PCIE_HOST)
     root = etree.fromstring(kubevirt_domain(host, DomainSpec("settings", tuple(gpus_and_nics(host)))))

@@ -98,3 +98,16 @@ def test_describe_options_documents_every_option():
     assert rows[f"{PREFIX}mode"][1:3] == (("mirror", "off"), "mirror")
     assert rows[f"{PREFIX}on-error"][1:3] == (("fail", "passthrough"), "fail")
     assert set(rows) == {PREFIX + (f.alias or n) for n, f in HookOptions.model_fields.items()}
+
+
+def test_an_options_annotation_is_its_field_name_spelled_with_dashes():
+    """One declaration per option: the annotation name comes from the field (its alias), so a
+    new field is a new annotation with no table to update."""
+    from sidecar.config import annotation
+
+    for name, f in HookOptions.model_fields.items():
+        assert f.alias == name.replace("_", "-")
+        assert annotation(name) == PREFIX + f.alias
+    assert annotation("on_error") == "pcitopo.kubevirt.io/on-error"
+    with pytest.raises(ConfigError, match="unknown annotation pcitopo.kubevirt.io/on_error"):
+        options_from_vmi(vmi({f"{PREFIX}on_error": "fail"}))  # the field name is not an annotation

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hookkit import fixture_domain, fixture_sysfs, vmi_json
+from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
 from sidecar.config import PREFIX
 from sidecar.core import InternalError, handle_define_domain
 from topology.errors import ConfigError, DomainError, PcitopoError, SysfsError

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from hookkit import REPO
+from testkit.hookkit import REPO
 from sidecar.config import PREFIX, describe_options, options_from_annotations
 from sidecar.server import DEFAULT_SOCKET
 
@@ -57,3 +57,14 @@ def test_the_kubevirt_cr_enables_sidecars_with_the_memory_the_docs_recommend():
     assert re.search(r"featureGates:\s*\n\s*- Sidecar", text)
     assert re.search(r"supportContainerResources:\s*\n\s*- type: sidecar", text)
     assert text.count("memory: 96Mi") == 2 and "96Mi" in DEPLOY_MD
+
+
+def test_the_memory_figures_are_stated_once_in_deploy_md():
+    """The measured memory lives in docs/DEPLOY.md's "Memory budget"; the manifests and
+    SECURITY.md refer to it instead of quoting figures that drift apart."""
+    assert "### Memory budget" in DEPLOY_MD and "≤ 56 MiB" in DEPLOY_MD
+    for path in [*MANIFESTS, REPO / "docs" / "SECURITY.md"]:
+        text = path.read_text()
+        assert not re.search(r"\d+(\.\d+)? ?(MiB|MB)\b.*(idle|resident|peak|after)", text), path.name
+        if path.name == "kubevirt-cr.yaml" or path.name == "SECURITY.md":
+            assert "Memory budget" in text, path.name

@@ -1,4 +1,4 @@
-"""The sidecar against virt-launcher's behaviour (brief 01): discovery, Info, version choice,
+"""The sidecar against virt-launcher's behaviour (KubeVirt pkg/hooks/manager.go; docs/SOURCES.md): discovery, Info, version choice,
 1-3 chained OnDefineDomain calls through libvirt's define and KubeVirt's lossy re-parse,
 Shutdown; for v1alpha1, v1alpha2 and v1alpha3 clients. The final XML must be what `xmlfix`
 makes of the same input, and the server must leave nothing behind."""
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from hookkit import (
+from testkit.hookkit import (
     REPO,
     ServerProcess,
     VirtLauncher,

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hookkit import (
+from testkit.hookkit import (
     BIN,
     REPO,
     ServerProcess,
@@ -38,7 +38,8 @@ from sidecar.hookproto import (
     v1alpha3_pb2,
     v1alpha3_pb2_grpc,
 )
-from sidecar.server import COMPUTE_GID, COMPUTE_UID, MAX_MESSAGE_BYTES, SOCKET_MODE
+from sidecar.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
+from sidecar.wire import MAX_MESSAGE_BYTES
 
 ROOT = os.geteuid() == 0
 
@@ -97,6 +98,17 @@ def test_info_lists_the_three_versions_and_our_hook_points(start):
     assert list(res.versions) == ["v1alpha3", "v1alpha2", "v1alpha1"]
     assert [(h.name, h.priority) for h in res.hookPoints] == [("OnDefineDomain", 0), ("Shutdown", 0)]
     assert res.name == "pcitopo"
+
+
+def test_the_server_process_keeps_openssl_out_and_validates_options(start):
+    """sidecar/process.py: `pcitopo serve` never maps OpenSSL, although pydantic (imported with
+    the server) and grpcio would load it if they could; and it still validates options."""
+    srv = start()
+    vmi = vmi_json(DOMAIN, {f"{PREFIX}on-error": "passthrough"})
+    assert define(srv.socket, DOMAIN, vmi)
+    maps = Path(f"/proc/{srv.proc.pid}/maps").read_text()
+    assert "pydantic_core" in maps, "the server did not load pydantic: is this the server process?"
+    assert not [line for line in maps.splitlines() if "libssl" in line or "libcrypto" in line]
 
 
 def test_the_folder_holds_our_socket_and_nothing_else(start):
@@ -307,6 +319,20 @@ def test_an_oversized_request_is_refused_by_grpc_and_the_server_keeps_serving(sh
     with pytest.raises(grpc.RpcError) as ei:
         define(shared_server.socket, b"<domain>" + b" " * MAX_MESSAGE_BYTES + b"</domain>")
     assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert info(shared_server.socket).name == "pcitopo"
+
+
+@pytest.mark.parametrize("method", ["v1alpha3.Callbacks/OnDefineDomain", "v1alpha2.Callbacks/PreCloudInitIso",
+                                    "v1alpha3.Callbacks/Shutdown"])
+def test_a_request_that_is_not_protobuf_is_refused_and_the_server_keeps_serving(shared_server, method):
+    """The server decodes requests itself (sidecar/wire.py): bytes protobuf would refuse end the
+    call with INVALID_ARGUMENT and one line, and nothing else happens (Shutdown does not stop)."""
+    with grpc.insecure_channel(f"unix:{shared_server.socket}") as ch:
+        call = ch.unary_unary(f"/kubevirt.hooks.{method}")
+        with pytest.raises(grpc.RpcError) as ei:
+            call(b"\x0a\x05abc", timeout=10)  # field 1, length 5, only 3 bytes follow
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ei.value.details() == "pcitopo: request: not a protobuf message (truncated field)"
     assert info(shared_server.socket).name == "pcitopo"
 
 

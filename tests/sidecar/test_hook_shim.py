@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hookkit import BIN, REPO, fixture_domain, fixture_sysfs, vmi_json
+from testkit.hookkit import BIN, REPO, fixture_domain, fixture_sysfs, vmi_json
 from sidecar.config import PREFIX
 
 DOMAIN = fixture_domain("hgx-b200")

@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json
+from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json
 from sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
 
 CONTAINERFILE = REPO / "Containerfile"
@@ -126,7 +126,8 @@ def test_the_wheel_carries_the_generated_code_and_the_console_scripts(wheel):
     for stem in ("info", "v1alpha1", "v1alpha2", "v1alpha3"):
         assert f"sidecar/hookproto/{stem}_pb2.py" in names and f"sidecar/hookproto/{stem}_pb2_grpc.py" in names
     assert {"sidecar/server.py", "sidecar/shim.py", "sidecar/core.py", "sidecar/config.py", "topology/rewrite.py"} <= names
-    assert not [n for n in names if n.startswith(("tests/", "fixtures/", "bench/"))]
+    # The two packages the image runs, nothing else: no test kit (testkit/), tests, fixtures or bench.
+    assert {n.split("/")[0] for n in names if n.split("/")[0] != dist} == {"topology", "sidecar"}
     for line in ("pcitopo = sidecar.cli:pcitopo_main", "onDefineDomain = sidecar.shim:main", "xmlfix = sidecar.cli:xmlfix_main"):
         assert line in entry_points
 
@@ -176,7 +177,7 @@ def venv(tmp_path_factory, wheel):
     py = root / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    deps = _requirement_closure(["grpcio", "protobuf", "lxml", "pydantic", "pyudev"]) - {"pcitopo"}
+    deps = _requirement_closure(["grpcio", "protobuf", "lxml", "pydantic", "pyudev", "pyyaml"]) - {"pcitopo"}
     linked = 0
     for key in sorted(deps):
         dist = md.distribution(key)

@@ -10,7 +10,8 @@
   and chassis/port on ports, a root port on pcie-root and an address for every PCI device that
   has none, the primary video at 00:01.0, hostdev ``mode``/``<driver>`` and source addresses
   without ``type``).
-- :func:`kubevirt_reparse`: KubeVirt's lossy re-parse between hook calls (facts from the brief):
+- :func:`kubevirt_reparse`: KubeVirt's lossy re-parse between hook calls (the fields of its Go
+  structs in ``pkg/virt-launcher/virtwrap/api/schema.go``; docs/SOURCES.md):
   drops controller ``<model name>``, ``target chassis/port``, ``address multifunction``, hostdev
   ``<driver>``, ``<rom>`` and ``mode``, ``<cpu><maxphysaddr>`` and ``<qemu:override>``; keeps
   type/index/model, alias, address, busNr, hotplug, node, ``<cpu><feature>``.

@@ -1,6 +1,6 @@
 """Hypothesis strategies: generated host worlds and KubeVirt-shaped domains over them.
 
-A *world* is a host, described as ``.topo`` text (the DSL of :mod:`topology.synth`, see
+A *world* is a host, described as ``.topo`` text (the DSL of :mod:`testkit.synth`, see
 ``fixtures/README``) and read back through the very reader the sidecar uses::
 
     .topo text → synth.parse_topo/build_tree → MemoryTree → Topology(SysfsReader(tree))
@@ -17,13 +17,13 @@ root complexes (or whole hosts) report ``numa_node`` -1, and a few hosts carry a
 behind a PCIe-to-PCI bridge (a shape the mirror refuses with a PlanError). The committed
 fixture hosts are worlds too (:func:`fixture_worlds`).
 
-A *case* is a world plus a KubeVirt-shaped domain (built by ``tests/kubevirt_sim.py``) over a
+A *case* is a world plus a KubeVirt-shaped domain (built by :mod:`testkit.kubevirt_sim`) over a
 random subset of the world's endpoints, with or without guest NUMA cells (or a single cell
 without a memnode map), with or without ACPI, with other devices, and in one of the shapes a
 first ``OnDefineDomain`` call can see: fresh, already defined by libvirt (root ports on
 pcie-root, addresses), pre-placed by KubeVirt's ``PCINUMAAwareTopology``, or both.
 
-The libvirt/KubeVirt simulation extensions that ``tests/kubevirt_sim.py`` lacks live here too
+The libvirt/KubeVirt simulation extensions that :mod:`testkit.kubevirt_sim` lacks live here too
 (:func:`libvirt_define_all`, :func:`kubevirt_hotplug_ports`, :func:`chained_calls`): they
 add the device kinds this module generates, and the ports KubeVirt appends after the last call.
 """
@@ -32,14 +32,18 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 from hypothesis import assume
 from hypothesis import strategies as st
 from lxml import etree
 
-from kubevirt_sim import (
+from topology.domain import ROOT_PORT, parse_int
+from topology.model import Bdf, Role, Topology
+from topology.sysfs import MemoryTree, SysfsReader, open_host
+
+from . import FIXTURES
+from .kubevirt_sim import (
     DomainSpec,
     _sub,
     kubevirt_domain,
@@ -48,13 +52,7 @@ from kubevirt_sim import (
     libvirt_define,
     to_kubevirt_bytes,
 )
-from topology.domain import ROOT_PORT, parse_int
-from topology.model import Bdf, Role, Topology
-from topology.synth import build_tree, parse_topo
-from topology.sysfs import MemoryTree, SysfsReader, open_host
-
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
+from .synth import build_tree, parse_topo
 
 GPU_PRESETS = ("h100", "h200", "b200", "a100-pcie", "l40s")
 NIC_PRESETS = ("cx7-ib", "cx7-eth", "cx6-dx", "bf3")
@@ -444,12 +442,12 @@ def without_acpi(xml: bytes) -> bytes:
 
 
 # Device elements libvirt puts on a pcie-root-port of its own when they have no address.
-# libvirt's define additions: one simulation for every tier (tests/kubevirt_sim.py).
+# libvirt's define additions: one simulation for every tier (testkit/kubevirt_sim.py).
 libvirt_define_all = libvirt_define
 
 
 # KubeVirt appends bare root ports for hotplug after the last call while the highest PCI
-# controller index is below this (facts: shared/brief/01-kubevirt-hooks.md).
+# controller index is below this (KubeVirt pkg/virt-launcher/virtwrap/manager.go; docs/SOURCES.md).
 KUBEVIRT_HOTPLUG_INDEX_LIMIT = 32
 
 

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import os
 import re
+import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
-from .bars import Bar, format_resource
-from .errors import SysfsError
-from .model import Bdf
-from .sysfs import (
+from topology.bars import Bar, format_resource
+from topology.domain import parse_cpuset
+from topology.errors import PcitopoError, SysfsError
+from topology.model import Bdf, Topology
+from topology.sysfs import (
     LINK_ATTRS,
     NODE_ATTRS,
     NODE_DIR,
@@ -33,7 +35,10 @@ from .sysfs import (
     REQUIRED_ATTRS,
     RESOURCE_ATTRS,
     MemoryTree,
+    SysfsReader,
 )
+
+from . import synth_doctor
 
 
 class TopoError(SysfsError):
@@ -91,6 +96,10 @@ class Look:
     driver: str | None = None
     omit: frozenset[str] = frozenset()
     vf_device: int | None = None  # the SR-IOV VF device id, if the function can have VFs
+    # pcitopo doctor (issue 13): planted faults, driver_override, IOMMU group type
+    faults: frozenset[str] = frozenset()
+    override: str | None = None
+    iommu_type: str | None = None
     bars: tuple[tuple[int, int, int], ...] = ()  # (BAR index, size, kernel flags): see _BARS
 
     @property
@@ -107,8 +116,8 @@ def _look(ids: str, sub: str, cls: int, speed: str, width: int, driver: str | No
 
 _MLX_VF = 0x101E  # ConnectX-5 and later, BlueField: "ConnectX Family mlx5Gen Virtual Function"
 
-# Ids from the brief's PCI-id table where it has them; the rest is marked "guess" and listed in
-# fixtures/README.md. GPUs default to vfio-pci (a GPU passthrough node binds all of them);
+# Ids from the PCI ID Repository (pci.ids) where it has them; the rest is marked "guess" and
+# listed in fixtures/README.md (sources: docs/SOURCES.md, "the fixture hosts"). GPUs default to vfio-pci (a GPU passthrough node binds all of them);
 # NICs to mlx5_core (the host's own driver) and fixtures say driver=vfio-pci where a NIC is
 # handed to VMs whole.
 PRESETS: dict[str, Look] = {
@@ -243,25 +252,11 @@ _HEX = r"[0-9a-fA-F]"
 _RC_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{2}})$")
 _BDF_RE = re.compile(rf"^(?:({_HEX}{{4}}):)?({_HEX}{{2}}):({_HEX}{{2}})\.([0-7])$")
 _IDS_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{4}})$")
-_CPUS_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 
 _DEVICE_KEYS = {"preset", "ids", "sub", "class", "numa", "speed", "width", "cur-speed", "cur-width",
-                "driver", "iommu", "omit"}
+                "driver", "iommu", "omit",
+                "fault", "override", "iommu-type"}  # the last three: pcitopo doctor (synth_doctor.py)
 _EP_KEYS = _DEVICE_KEYS | {"functions", "vfs"}
-
-
-def parse_cpus(text: str) -> tuple[int, ...]:
-    """'0-3,8' → (0, 1, 2, 3, 8). Raises ValueError."""
-    if not _CPUS_RE.match(text):
-        raise ValueError(f"not a CPU list: {text!r}")
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        a, b = int(lo), int(hi or lo)
-        if b < a:
-            raise ValueError(f"backwards CPU range {part!r}")
-        cpus.update(range(a, b + 1))
-    return tuple(sorted(cpus))
 
 
 def format_cpus(cpus: tuple[int, ...] | list[int]) -> str:
@@ -363,9 +358,11 @@ class _Parser:
         if "cpus" not in kv:
             raise self.fail(f"numa {node} needs cpus=LIST")
         try:
-            cpus = parse_cpus(kv["cpus"])
-        except ValueError as e:
-            raise self.fail(str(e)) from None
+            cpus = tuple(sorted(parse_cpuset(kv["cpus"])))  # the kernel's and libvirt's list syntax
+        except PcitopoError as e:
+            raise self.fail(e.reason) from None
+        if not cpus:
+            raise self.fail(f"numa {node}: cpus={kv['cpus']} names no CPU")
         for other in self.numa:
             if other.node == node:
                 raise self.fail(f"numa {node} is already declared on line {other.line}")
@@ -493,10 +490,29 @@ class _Parser:
                     raise self.fail(f"omit={n!r}: only optional files can be left out "
                                     f"({', '.join(sorted(_OMITTABLE))}, or link)")
             look = replace(look, omit=look.omit | names)
+        look = self.doctor_keys(kv, look)
         is_bridge_kind = kind in BRIDGE_KINDS
         if look.is_bridge != is_bridge_kind:
             want = "a bridge class (0x0604xx)" if is_bridge_kind else "a non-bridge class"
             raise self.fail(f"{where} needs {want}, has class 0x{look.class_code:06x}")
+        return look
+
+    def doctor_keys(self, kv: dict[str, str], look: Look) -> Look:
+        """pcitopo doctor (issue 13): fault=, override=, iommu-type= (see synth_doctor.py)."""
+        if "fault" in kv:
+            names = kv["fault"].split(",")
+            problem = synth_doctor.check_faults(names)
+            if problem:
+                raise self.fail(problem)
+            look = replace(look, faults=look.faults | frozenset(names))
+            if "bar-unassigned" in names and not look.bars:
+                raise self.fail("fault=bar-unassigned: this function has no BARs (use a preset that has them)")
+        if "override" in kv:
+            look = replace(look, override=kv["override"])
+        if "iommu-type" in kv:
+            if kv["iommu-type"] not in synth_doctor.GROUP_TYPES:
+                raise self.fail(f"iommu-type={kv['iommu-type']!r} is not one of {', '.join(synth_doctor.GROUP_TYPES)}")
+            look = replace(look, iommu_type=kv["iommu-type"])
         return look
 
     def ids(self, text: str) -> tuple[int, int]:
@@ -604,6 +620,14 @@ def _align_up(x: int, a: int) -> int:
     return (x + a - 1) // a * a
 
 
+def _unassigned_bar(dev: DeviceSpec) -> int | None:
+    """The BAR the ``bar-unassigned`` fault (testkit/synth_doctor.py) leaves unplaced: the
+    function's largest; None without the fault."""
+    if "bar-unassigned" not in dev.look.faults or not dev.look.bars:
+        return None  # (the parser refuses the fault on a function without BARs)
+    return max(dev.look.bars, key=lambda b: b[1])[0]
+
+
 class _BarPlacer:
     """Places every BAR the way a BIOS bump allocator would (per kind, in bus-scan order, each
     aligned to its size) and gives bridges windows spanning their subtree: a plausible `resource`
@@ -622,8 +646,10 @@ class _BarPlacer:
         lines_n = _BRIDGE_LINES if dev.look.is_bridge else _ENDPOINT_LINES
         for pf_index, bdf in enumerate(dev.function_bdfs()):
             lines = [Bar(i, 0, 0, 0) for i in range(lines_n)]
+            unassigned = _unassigned_bar(dev)
             for i, size, flags in dev.look.bars:
-                base = self.take(_bar_kind(flags), size)
+                # a BAR the firmware could not place keeps its size at start 0 and takes no space
+                base = 0 if i == unassigned else self.take(_bar_kind(flags), size)
                 lines[i] = Bar(i, base, base + size - 1, flags)
             if dev.vfs:
                 i, size, flags = _VF_BAR
@@ -669,6 +695,7 @@ class _Builder:
         self._taken = {d.iommu for d in spec.devices() if d.iommu is not None}
         self._next_group = 0
         self.resources = place_bars(spec)  # issue 11: one `resource` file per function
+        self.doctor = synth_doctor.DoctorFiles()  # pcitopo doctor's files (issue 13)
 
     def group(self) -> int:
         while self._next_group in self._taken:
@@ -695,15 +722,17 @@ class _Builder:
             vf_look = replace(dev.look, device=dev.look.vf_device, max_speed="Unknown", max_width=0,
                               cur_speed=None, cur_width=None, driver="vfio-pci")
             for vf, pf in dev.vf_bdfs():
-                self.add_function(parent_dir, vf, vf_look, dev.numa, self.group(), physfn=pf)
+                self.add_function(parent_dir, vf, vf_look, dev.numa, self.group(), physfn=pf, kind="vf")
+        self.doctor.finish(self.tree)
         return self.tree
 
     def add_device(self, dev: DeviceSpec, parent_dir: str, shared_group: int | None,
                    vfs: list[tuple[DeviceSpec, str]]) -> None:
         group = dev.iommu if dev.iommu is not None else shared_group
+        gdr_path = dev.kind in BRIDGE_KINDS and synth_doctor.leads_to_gdr_device(dev)
         for bdf in dev.function_bdfs():
             g = group if group is not None else self.group()
-            self.add_function(parent_dir, bdf, dev.look, dev.numa, g)
+            self.add_function(parent_dir, bdf, dev.look, dev.numa, g, kind=dev.kind, gdr_path=gdr_path)
         if dev.vfs:
             vfs.append((dev, parent_dir))
         # Conventional PCI behind a PCIe-to-PCI bridge cannot be isolated: one group for all.
@@ -713,7 +742,7 @@ class _Builder:
             self.add_device(child, my_dir, child_group, vfs)
 
     def add_function(self, parent_dir: str, bdf: Bdf, look: Look, numa: int, group: int,
-                     physfn: Bdf | None = None) -> None:
+                     physfn: Bdf | None = None, kind: str = "ep", gdr_path: bool = False) -> None:
         d = f"{parent_dir}/{bdf}"
         to_root = "../" * (d.count("/") + 1)
         self.tree.add_link(f"{PCI_DEVICES_DIR}/{bdf}", "../" * (PCI_DEVICES_DIR.count("/") + 1) + d)
@@ -737,11 +766,17 @@ class _Builder:
                 raise SysfsError(f"synth does not know how to write the link {attr!r}")
             if links[attr] is not None:
                 self.tree.add_link(f"{d}/{attr}", links[attr])
+        self.doctor.add_function(self.tree, d, bdf, look, kind, group, gdr_path)
 
 
 def build_tree(spec: HostSpec) -> MemoryTree:
     """The sysfs-shaped tree for a parsed description."""
     return _Builder(spec).build()
+
+
+def host_from_topo(text: str, name: str = "test-host") -> Topology:
+    """A host model straight from ``.topo`` text (dedented), read by the sidecar's own reader."""
+    return Topology(SysfsReader(build_tree(parse_topo(textwrap.dedent(text), name))))
 
 
 def load_topo_file(path: str | os.PathLike) -> MemoryTree:
@@ -755,17 +790,7 @@ def load_topo_file(path: str | os.PathLike) -> MemoryTree:
     return build_tree(parse_topo(text, name))
 
 
-def count_functions(spec: HostSpec) -> dict[str, int]:
-    """How many functions of each kind a description makes (for READMEs and reports)."""
-    counts: dict[str, int] = {}
-    for d in spec.devices():
-        counts[d.kind] = counts.get(d.kind, 0) + d.functions
-        if d.vfs:
-            counts["vf"] = counts.get("vf", 0) + d.vfs * d.functions
-    return counts
-
-
 __all__ = [
     "DeviceSpec", "HostSpec", "Look", "NumaSpec", "PRESETS", "RootSpec", "TopoError",
-    "build_tree", "count_functions", "format_cpus", "load_topo_file", "parse_cpus", "parse_topo",
+    "build_tree", "format_cpus", "host_from_topo", "load_topo_file", "parse_topo",
 ]

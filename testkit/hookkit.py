@@ -1,9 +1,9 @@
 """Test kit for the hook sidecar: VMI JSON for the golden KubeVirt-shaped inputs, libvirt's
 define-time additions, and a client that behaves like virt-launcher's hook manager. KubeVirt's
-lossy re-parse is ``tests/kubevirt_sim.py``'s (one simulation for the whole suite).
+lossy re-parse is :mod:`testkit.kubevirt_sim`'s (one simulation for the whole suite).
 
-Everything here follows ``shared/brief/01-kubevirt-hooks.md``; where the brief is silent the
-choice is written next to the code. None of it stands in for our own code: the server, the
+Everything here follows KubeVirt's hook manager, ``pkg/hooks/manager.go`` (docs/SOURCES.md,
+"KubeVirt around the hook"); where it leaves a choice, the choice is written next to the code. None of it stands in for our own code: the server, the
 shim and the rewrite under test are the real ones.
 """
 
@@ -31,12 +31,12 @@ from sidecar.hookproto import (
     v1alpha3_pb2,
     v1alpha3_pb2_grpc,
 )
-from kubevirt_sim import kubevirt_reparse, libvirt_define  # noqa: F401  (one simulation for every tier)
 
-REPO = Path(__file__).resolve().parents[2]
+from . import REPO
+from .kubevirt_sim import kubevirt_reparse, libvirt_define  # noqa: F401  (one simulation for every tier)
+from .server_proc import BIN, ServerProcess, serve_argv, wait_for_socket  # noqa: F401  (the sidecar tests' one import)
+
 PYTHON = sys.executable
-# The project's console scripts, as `make setup` installs them (pip install -e) next to python.
-BIN = Path(sys.executable).parent
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 
 
@@ -48,7 +48,7 @@ def fixture_sysfs(name: str) -> str:
 
 
 def fixture_domain(name: str, case: str | None = None) -> bytes:
-    """A golden KubeVirt-shaped input (built by tests/kubevirt_sim.py, committed by the lead's
+    """A golden KubeVirt-shaped input (built by testkit/kubevirt_sim.py, committed by
     ``make golden``): ``fixtures/<name>/domain.xml`` or ``fixtures/<name>/cases/<case>/domain.xml``."""
     base = REPO / "fixtures" / name
     return ((base / "cases" / case) if case else base).joinpath("domain.xml").read_bytes()
@@ -168,7 +168,7 @@ class Callback:
 
 
 class VirtLauncher:
-    """virt-launcher's hook manager (brief): polls ``hook-sidecar-<i>/`` under the hooks folder,
+    """virt-launcher's hook manager (KubeVirt ``pkg/hooks/manager.go``): polls ``hook-sidecar-<i>/`` under the hooks folder,
     dials each entry with a 2 s timeout (a failed dial means "not ready yet": retry), calls Info
     with a 1 s deadline (an error is fatal), picks the newest version both sides know, then
     dials a new connection per call (OnDefineDomain deadline 1 minute)."""
@@ -269,64 +269,7 @@ class VirtLauncher:
         return history
 
 
-# -- the server under test, as a process -------------------------------------------------------
-
-class ServerProcess:
-    """``pcitopo serve`` (or any argv) as a child process, stopped by its own PID."""
-
-    def __init__(self, argv: Sequence[str], log_path: Path, env: dict | None = None, cwd: str | Path | None = None):
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        full_env = dict(os.environ)
-        full_env.setdefault("PYTHONPATH", str(REPO))
-        if env:
-            full_env.update(env)
-        self.t_exec = time.perf_counter()
-        self.proc = subprocess.Popen(list(argv), stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd or REPO)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_lines(self) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                out.append({"raw": line})
-        return out
-
-    def wait(self, timeout: float = 10.0) -> int:
-        return self.proc.wait(timeout=timeout)
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not go (both by PID)."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log.close()
-
-
-def serve_argv(socket_path: str | Path, sysfs: str) -> list[str]:
-    """``pcitopo serve``, the console script the container's ENTRYPOINT runs."""
-    return [str(BIN / "pcitopo"), "serve", "--socket", str(socket_path), "--sysfs", str(sysfs)]
-
-
-def wait_for_socket(path: str | Path, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if os.path.exists(path):
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode} before creating {path}")
-        time.sleep(0.01)
-    raise AssertionError(f"{path} did not appear within {timeout}s")
-
+# -- the xmlfix door -------------------------------------------------------------------------
 
 def xmlfix(domain_xml: bytes, sysfs: str, vmi: bytes | None, tmp: Path) -> subprocess.CompletedProcess:
     """The ``xmlfix`` door on the same input, as a process."""
@@ -336,7 +279,6 @@ def xmlfix(domain_xml: bytes, sysfs: str, vmi: bytes | None, tmp: Path) -> subpr
         vmi_file.write_bytes(vmi)
         args += ["--vmi", str(vmi_file)]
     args.append("-")
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run(args, input=domain_xml, capture_output=True, env=env, cwd=REPO, timeout=60)
+    return subprocess.run(args, input=domain_xml, capture_output=True, cwd=REPO, timeout=60)
 
 

@@ -1,0 +1,42 @@
+"""pcitopo's test kit: support code that ``tests/``, ``bench/`` and ``fixtures/`` share.
+
+- :mod:`testkit.synth`: ``.topo`` host descriptions → sysfs-shaped trees (the fixtures' source);
+- :mod:`testkit.kubevirt_sim`: what KubeVirt and libvirt do to a domain around the hook;
+- :mod:`testkit.strategies`: Hypothesis strategies over generated hosts and domains;
+- :mod:`testkit.hookkit`: VMI JSON, a virt-launcher-like client, the ``xmlfix`` door as a process;
+- :mod:`testkit.server_proc`: ``pcitopo serve`` (or any argv) as a child process.
+
+It is part of the development install (``pip install -e '.[test]'``, what ``make setup`` runs;
+its third-party needs, Hypothesis and pytest, come with the ``test`` extra) and is meant to be
+used from a checkout: :data:`REPO` is the checkout this package sits in. The sidecar image does
+not ship it: the Containerfile's build stage copies only ``topology/`` and ``sidecar/``, and
+``tests/sidecar/test_hook_wheel.py`` checks that the wheel built from those paths holds those
+two packages and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "fixtures"
+
+
+def fixture_script(name: str) -> ModuleType:
+    """``fixtures/<name>.py`` (``generate``, ``golden``) as a module, loaded once by its path:
+    the scripts stay plain scripts, and tests call their functions without touching ``sys.path``."""
+    module_name = f"testkit._fixtures_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, FIXTURES / f"{name}.py")
+        assert spec is not None and spec.loader is not None, name
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # dataclasses look their module up while it loads
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[module_name]
+            raise
+    return sys.modules[module_name]

@@ -1,0 +1,60 @@
+"""Issue 14, finding 5: ``pcitopo verify`` in a booted guest against ``xmlfix --json``.
+
+The operator's loop, for real: ``xmlfix --json`` predicts the guest of a domain; the rewritten
+domain boots (stand-ins at the hostdevs' guest addresses, see guestboot.py); the guest's own
+PCI printout becomes a sysfs-shaped tree; ``pcitopo verify --expect`` reads that tree with the
+same reader as a live guest's /sys and must find it as predicted. A prediction broken on purpose
+(one pair's NCCL class, one device's NUMA node) must exit 1 and name both differences.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .guestboot import boot
+from .paths import REPO_ROOT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+CASE = REPO_ROOT / "fixtures" / "hgx-h100" / "cases" / "one-node"
+HOST = REPO_ROOT / "fixtures" / "hgx-h100"
+BIN = Path(sys.executable).parent
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, timeout=120, cwd=REPO_ROOT)
+
+
+def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
+    """Finding 5: prediction → boot → verify passes; a wrong prediction fails, named."""
+    pred = _run("xmlfix", "--json", "--sysfs", str(HOST), str(CASE / "domain.xml"))
+    assert pred.returncode == 0, pred.stderr
+    out = _run("xmlfix", "--sysfs", str(HOST), str(CASE / "domain.xml"))
+    booted = boot(out.stdout, libvirtd=libvirtd, timeout=240.0, work_dir=tmp_path / "boot")
+    tree = booted.sysfs_tree(tmp_path / "guest-sysfs")
+    expect = tmp_path / "predicted.json"
+    expect.write_bytes(pred.stdout)
+
+    r = _run("pcitopo", "verify", "--expect", str(expect), "--sysfs", str(tree))
+    assert r.returncode == 0, r.stderr.decode()
+    doc = json.loads(pred.stdout)
+    n, m = len(doc["devices"]), len(doc["pairs"])
+    assert f"as predicted: {n}/{n} devices, {m}/{m} pairs checked, 0 difference(s)" in r.stderr.decode()
+
+    # Broken on purpose: a PIX pair said to be SYS, and one device on another NUMA node.
+    pix = next(p for p in doc["pairs"] if p["nccl"] == "PIX")
+    pix["nccl"] = "SYS"
+    doc["devices"][0]["numa"] = 7
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps(doc))
+    r = _run("pcitopo", "verify", "--expect", str(wrong), "--sysfs", str(tree))
+    err = r.stderr.decode()
+    assert r.returncode == 1, err
+    assert f"host {pix['a']}-{pix['b']}" in err and "NCCL PIX, predicted SYS" in err
+    assert f"host {doc['devices'][0]['host_bdf']}" in err and "predicted 7" in err
+    assert "2 difference(s)" in err

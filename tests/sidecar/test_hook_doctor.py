@@ -1,0 +1,135 @@
+"""The hook runs pcitopo doctor's checks for the devices it places (option doctor)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from sidecar.config import DEFAULT_OPTIONS, PREFIX, options_from_annotations
+from sidecar.core import handle_define_domain
+from testkit import REPO
+from testkit.hookkit import BIN, fixture_domain, fixture_sysfs, vmi_json
+from topology.doctor import DoctorError
+from topology.model import Topology
+from topology.sysfs import MemoryTree, SysfsReader, open_host, resolve
+
+DOMAIN = fixture_domain("hgx-h100")  # 20 hostdevs, the same BDFs as hgx-h100-faults
+ONE_PAIR = fixture_domain("hgx-h100", "one-pair")  # GPU0 and NIC0 (both on vfio-pci)
+
+
+@pytest.fixture(scope="module")
+def faults():
+    return open_host(fixture_sysfs("hgx-h100-faults"))
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return open_host(fixture_sysfs("hgx-h100"))
+
+
+def test_the_option_defaults_to_warn_and_takes_three_values():
+    assert DEFAULT_OPTIONS.doctor == "warn"
+    assert options_from_annotations({f"{PREFIX}doctor": "require"}).doctor == "require"
+    with pytest.raises(Exception, match="allowed values: require | warn | off"):
+        options_from_annotations({f"{PREFIX}doctor": "strict"})
+
+
+def test_warn_logs_the_findings_and_starts_the_vm(faults):
+    out = handle_define_domain(DOMAIN, vmi_json(DOMAIN), faults)
+    assert out.outcome == "rewritten" and out.doctor is not None
+    s = out.summary
+    assert s["doctor"]["fail"] >= 11
+    assert "fail bar 0000:ba:00.0: BAR1 (128 GiB, 64-bit, prefetchable) unassigned" in " | ".join(s["doctor_findings"])
+    json.dumps(s)  # the log line stays JSON
+    # the checks ran for the placed devices only, and their paths
+    placed = {str(d.host) for d in out.result.report.placed}
+    targets = {f.bdf for f in out.doctor.findings if f.check in ("vfio-driver", "bar")}
+    assert targets == placed
+
+
+def test_require_stops_the_vm_on_a_failed_check_even_under_passthrough(faults):
+    ann = {f"{PREFIX}doctor": "require", f"{PREFIX}on-error": "passthrough"}
+    with pytest.raises(DoctorError, match=r"host not ready \(annotation pcitopo.kubevirt.io/doctor is require\)"):
+        handle_define_domain(DOMAIN, vmi_json(DOMAIN, ann), faults)
+
+
+def test_require_starts_a_vm_whose_devices_are_ready(clean):
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, {f"{PREFIX}doctor": "require"}), clean)
+    assert out.outcome == "rewritten" and out.summary["doctor"]["fail"] == 0 and out.summary["doctor_findings"] == []
+
+
+def test_off_skips_the_checks(faults):
+    out = handle_define_domain(DOMAIN, vmi_json(DOMAIN, {f"{PREFIX}doctor": "off"}), faults)
+    assert out.doctor is None and "doctor" not in out.summary
+
+
+def unprivileged(name: str) -> Topology:
+    """The fixture host as the unprivileged sidecar reads it: 64 bytes of every config."""
+    tree = MemoryTree.from_tarball(f"{fixture_sysfs(name)}/sysfs.tar.gz")
+    for bdf in tree.listdir("bus/pci/devices") or []:
+        rel = f"{resolve(tree, f'bus/pci/devices/{bdf}')}/config"
+        data = tree.read(rel)
+        tree.add_file(rel, data[:64])
+    return Topology(SysfsReader(tree))
+
+
+def test_unknown_never_stops_a_vm_under_require():
+    host = unprivileged("hgx-h100")
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, {f"{PREFIX}doctor": "require"}), host)
+    assert out.outcome == "rewritten"
+    assert out.summary["doctor"]["unknown"] > 0 and out.summary["doctor_unknown"] == ["acs", "ats"]
+    assert all(f.message.endswith("(needs root)") for f in out.doctor.findings if f.status == "unknown")
+
+
+def test_the_shim_log_line_carries_the_findings(tmp_path):
+    run = subprocess.run(
+        [str(BIN / "onDefineDomain"), "--vmi", vmi_json(DOMAIN).decode(), "--domain", DOMAIN.decode(),
+         "--sysfs", fixture_sysfs("hgx-h100-faults")],
+        capture_output=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    record = json.loads(run.stderr.decode().strip().splitlines()[-1])
+    assert record["doctor"]["fail"] >= 11 and any(f.startswith("fail acs 0000:17:01.0") for f in record["doctor_findings"])
+
+
+def test_a_doctor_that_cannot_run_is_logged_and_never_stops_the_vm(clean):
+    """The checks need a sysfs source; a host model without one (or any failure inside the
+    checks) is an error entry in the log line, under require too."""
+    from topology.model import Topology as Topo
+
+    class NoSource:  # a loader with no sysfs behind it, like a guest layout
+        def __init__(self, topo):
+            self.name, self._t = "no-sysfs", topo
+
+        def load(self, bdf):
+            return self._t.find(bdf)
+
+        def all_bdfs(self):
+            return self._t.bdfs()
+
+        def numa_nodes(self):
+            return self._t.numa_nodes()
+
+    host = Topo(NoSource(clean))
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, {f"{PREFIX}doctor": "require"}), host)
+    assert out.outcome == "rewritten" and out.doctor is None and "error" in out.summary["doctor"]
+
+
+def test_require_over_the_socket_is_failed_precondition():
+    from sidecar.server import grpc_code
+
+    import grpc
+
+    assert grpc_code(DoctorError("x")) == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
+    from sidecar.cli import xmlfix_main
+
+    domain = REPO / "fixtures" / "hgx-h100" / "cases" / "one-pair" / "domain.xml"
+    assert xmlfix_main(["--explain", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("Host readiness of the placed devices (pcitopo doctor):"):]
+    assert "FAIL    acs         downstream-port above NIC0 0000:17:01.0" in section
+    assert section.rstrip().endswith("(1 fail, 0 warn, 0 unknown, 19 ok)")

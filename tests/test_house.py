@@ -1,0 +1,149 @@
+"""House rules that can be checked mechanically (issue 10): no function longer than 80 lines in
+the library (topology/) or the doors (sidecar/), generated code (sidecar/hookproto) aside; no
+import cycle among the project's modules; nothing edits ``sys.path`` outside a conftest.py; no
+file refers to documents outside the repository."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MAX_FUNCTION_LINES = 80
+GENERATED = ("hookproto",)
+
+
+def long_functions(source: str, name: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Every function (methods and nested ones included) spanning more than ``limit`` lines,
+    from its ``def`` line to its last line."""
+    out = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > limit:
+                out.append(f"{name}:{node.lineno} {node.name} ({lines} lines)")
+    return out
+
+
+def test_the_measure_sees_a_long_function():
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def f():\n{body}", "t.py") == [f"t.py:1 f ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert long_functions(f"def f():\n{body[: body.rindex('    x')]}", "t.py") == []
+    nested = "class C:\n    def m(self):\n" + "".join("    " + line + "\n" for line in body.splitlines())
+    assert [x.split()[1] for x in long_functions(nested, "t.py")] == ["m"]
+
+
+@pytest.mark.parametrize("package", ["topology", "sidecar"])
+def test_no_function_longer_than_80_lines(package):
+    files = [p for p in sorted((ROOT / package).rglob("*.py")) if not set(GENERATED) & set(p.parts)]
+    assert files
+    too_long = [x for p in files for x in long_functions(p.read_text(), str(p.relative_to(ROOT)))]
+    assert too_long == []
+
+
+PACKAGES = ("topology", "sidecar", "testkit")
+
+
+def project_imports(path: Path, module: str) -> set[str]:
+    """Project modules ``module`` imports at any depth of its body (lazy imports count: a cycle
+    through a function-level import is still a cycle of the design)."""
+    out: set[str] = set()
+    package = module.rsplit(".", 1)[0] if not path.name == "__init__.py" else module
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            names = [stem] + [f"{stem}.{a.name}" for a in node.names]
+        else:
+            continue
+        out.update(n for n in names if n.split(".")[0] in PACKAGES)
+    return out
+
+
+def module_graph() -> dict[str, set[str]]:
+    files = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            files[name] = p
+    graph = {}
+    for name, p in files.items():
+        # "from pkg import mod" names a module; "from mod import func" names the module itself.
+        deps = {d if d in files else d.rsplit(".", 1)[0] for d in project_imports(p, name)}
+        graph[name] = {d for d in deps if d in files and d != name and not name.startswith(d + ".") and d not in PACKAGES}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in sorted(graph.get(n, ())):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state and (c := visit(d)):
+                return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def test_the_cycle_finder_sees_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle():
+    graph = module_graph()
+    assert "topology.rewrite" in graph["sidecar.core"]  # the graph really holds the project's edges
+    assert find_cycle(graph) is None
+
+
+def _project_files(suffixes: tuple[str, ...]) -> list[Path]:
+    import subprocess
+
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [ROOT / f for f in out.splitlines() if f.endswith(suffixes) and (ROOT / f).is_file()]
+
+
+def test_nothing_edits_sys_path_outside_conftest():
+    offenders = []
+    for p in _project_files((".py",)):
+        if p.name.startswith("conftest"):
+            continue
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys":
+                offenders.append(f"{p.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+def test_no_reference_to_documents_outside_the_repository():
+    import re
+
+    outside = re.compile(r"shared/brief|\.\./shared|\bthe brief\b|\bbrief 0\d")
+    hits = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in _project_files((".py", ".md", ".proto", ".toml", ".yaml", ".yml", ".sh", "Makefile", "Containerfile", ".topo"))
+        if p.name != "test_house.py"
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+        if outside.search(line)
+    ]
+    assert hits == []
