@@ -56,6 +56,7 @@ def test_flag_constants_are_the_kernels():
     "0 1 2\n",                                       # hex without 0x: not what the kernel prints
     "0x0000000000002000 0x0000000000001000 0x200\n",  # end below start
     "0x0 0x0 0x0\n" * 65,                            # more lines than a function has
+    "-0x10 0x1 0x200\n",                             # negative
 ])
 def test_malformed_resource_is_a_sysfs_error(text):
     with pytest.raises(SysfsError, match="resource"):
@@ -100,6 +101,33 @@ def test_fixtures_carry_real_bar_sizes(fixture, ids, sizes):
             for b in bars:
                 if b.is_mem and b.is_64bit and b.prefetchable:
                     assert win.start <= b.start and b.end <= win.end, (f.bdf, a.bdf)
+
+
+def test_negative_values_are_named():
+    with pytest.raises(SysfsError, match="negative"):
+        parse_resource("0x0 -0x1 0x200\n")
+
+
+def test_the_planted_unassigned_bar_is_the_one_writer_s_output():
+    """`fault=bar-unassigned` (the doctor's fixture) is planted by the same `resource` writer:
+    the largest BAR at start 0 with its size kept, taking no room in the windows above it."""
+    host = open_host("fixtures/hgx-h100-faults")
+    gpu6 = host.function("0000:ba:00.0")
+    bars = device_bars(gpu6.bars)
+    assert [(b.index, b.size, b.assigned) for b in bars] == [(0, 16 * MiB, True), (1, 128 * GiB, False), (3, 32 * MiB, True)]
+    assert bars[1].start == 0 and bars[1].is_mem64_pref
+    above = host.ancestry(gpu6)
+    assert above and all(a.bars[15].size < 128 * GiB for a in above)  # the windows hold BAR3 only
+    clean = open_host("fixtures/hgx-h100").function("0000:ba:00.0")
+    assert [b.size for b in device_bars(clean.bars)] == [b.size for b in bars]
+
+
+def test_bar_fault_needs_a_function_with_bars():
+    from testkit.synth import TopoError, parse_topo
+
+    text = "numa 0 cpus=0\nrc 0000:00 numa=0\n  rp 00:01.0 preset=intel-rp fault=bar-unassigned\n"
+    with pytest.raises(TopoError, match="line 3: fault=bar-unassigned"):
+        parse_topo(text, "t.topo")
 
 
 def test_capture_keeps_resource_files(tmp_path):
