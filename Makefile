@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-base demo test test-fast golden fixtures proto fuzz bench lock clean
+.PHONY: setup setup-base demo test test-fast test-slow golden fixtures proto fuzz bench lock clean
 
 # Everything, the guest-boot (e2e) tier's guest kernel included: what `make test` needs.
 setup: setup-base .cache/e2e/.kernel
@@ -41,6 +41,10 @@ test: setup
 
 test-fast: setup-base
 	$(BIN)/python -m pytest -m 'not e2e'
+
+# Opt-in: the slow e2e boots (OVMF under TCG, several minutes; see tests/e2e/README.md).
+test-slow: setup
+	$(BIN)/python -m pytest tests/e2e -m e2e_slow -v
 
 fixtures: setup-base
 	$(BIN)/python fixtures/generate.py

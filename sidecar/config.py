@@ -24,6 +24,10 @@ and puts the findings in the log line: ``warn`` only reports, ``require`` stops 
 when a check fails (whatever ``on-error`` says), ``off`` skips the checks. A check the
 unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and never stops a VM.
 
+``mmio: auto`` sizes the guest's 64-bit MMIO space for the assigned devices' BARs (address
+width, 1 GiB pages for OVMF, SeaBIOS root-port reserves); ``p2p-clique: auto`` gives PCIe GPUs
+below one host switch a GPUDirect P2P clique id (topology/mmio.py, topology/cliques.py).
+
 Values are exact, lower-case strings. An unknown annotation under the prefix is an error too
 (a typo such as ``pcitopo.kubevirt.io/on-eror`` must not silently fall back to a default).
 A bad option is always fatal, whatever ``on-error`` says: it is the operator's mistake, not
@@ -79,6 +83,13 @@ class HookOptions(BaseModel):
         "warn",
         description="host-readiness checks for the placed devices: require (a failed check stops the VM start), "
         "warn (log only), off",
+    )
+    # issue 11: the MMIO budget and P2P cliques
+    mmio: Literal["auto", "off"] = Field(
+        "auto", description="size the guest's 64-bit MMIO space for the devices' BARs (address width, firmware settings)"
+    )
+    p2p_clique: Literal["auto", "off"] = Field(
+        "auto", description="give PCIe GPUs below one host switch a GPUDirect P2P clique (x-nv-gpudirect-clique)"
     )
 
 

@@ -14,7 +14,10 @@ What it promises its doors:
 - a bad option (annotation) or malformed VMI JSON always raises, whatever ``on-error`` says;
 - so does ``nvlink: require`` when the VM's GPUs will not get NVLink (:func:`nvlink_check`):
   the fabric check runs after a successful rewrite, its verdict lands in the report's notes
-  and the log line's ``nvlink``/``nvlink_reason`` fields.
+  and the log line's ``nvlink``/``nvlink_reason`` fields;
+- a typed firmware warning of the rewrite (``topology.mmio.FirmwareWarning``: BARs the firmware
+  will leave unassigned whatever we set) fails the call under ``on-error: fail``; under
+  ``passthrough`` the rewritten domain boots and the warning is in the summary.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Callable, Literal, Union
 
 from topology.doctor import DoctorError, DoctorReport, run_checks
 from topology.errors import DomainError, FabricError, NvlinkError, PcitopoError
+from topology.mmio import host_phys_bits
 from topology.model import Topology
 from topology.rewrite import RewriteResult, rewrite_domain
 
@@ -82,7 +86,11 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         return HookOutcome(domain_xml, "unchanged-off", f"annotation {annotation('mode')} is off", vmi=vmi, options=options)
     try:
         topo = host() if callable(host) else host
-        result = rewrite_domain(domain_xml, topo)
+        # issue 11: MMIO settings and P2P cliques by option; the host's address width from cpuinfo
+        result = rewrite_domain(domain_xml, topo, mmio=options.mmio == "auto", p2p_clique=options.p2p_clique == "auto",
+                                host_phys_bits=host_phys_bits() if options.mmio == "auto" else None)
+        if result.report.warnings and options.on_error == "fail":
+            raise result.report.warnings[0]  # a firmware limit (typed warning): loud under on-error: fail
         xml = result.xml
         if not isinstance(xml, bytes) or not xml:
             raise InternalError("the rewrite returned no XML")

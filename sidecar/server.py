@@ -130,6 +130,9 @@ _GRPC_CODE = {
     "internal": "INTERNAL",
     "fabric": "FAILED_PRECONDITION",
     "nvlink": "FAILED_PRECONDITION",
+    # issue 11: the host's address width cannot hold the BARs; a firmware limit under on-error: fail
+    "mmio": "FAILED_PRECONDITION",
+    "mmio-firmware": "FAILED_PRECONDITION",
 }
 
 

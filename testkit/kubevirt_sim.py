@@ -13,7 +13,8 @@
 - :func:`kubevirt_reparse`: KubeVirt's lossy re-parse between hook calls (the fields of its Go
   structs in ``pkg/virt-launcher/virtwrap/api/schema.go``; docs/SOURCES.md):
   drops controller ``<model name>``, ``target chassis/port``, ``address multifunction``, hostdev
-  ``<driver>``, ``<rom>`` and ``mode``; keeps type/index/model, alias, address, busNr, hotplug, node.
+  ``<driver>``, ``<rom>`` and ``mode``, ``<cpu><maxphysaddr>`` and ``<qemu:override>``; keeps
+  type/index/model, alias, address, busNr, hotplug, node, ``<cpu><feature>``.
 """
 
 from __future__ import annotations
@@ -158,6 +159,26 @@ def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
     etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}uid").text = "0b9f0d4e-6f39-4d0b-9c5e-2f1b9a0d7c11"
     gp = etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}graceperiod")
     etree.SubElement(gp, f"{{{KUBEVIRT_NS}}}deletionGracePeriodSeconds").text = "30"
+    return to_kubevirt_bytes(root)
+
+
+# KubeVirt's OVMF (spec.domain.firmware.bootloader.efi, secure boot off), as virt-launcher writes it.
+KUBEVIRT_OVMF_CODE = "/usr/share/edk2/ovmf/OVMF_CODE.fd"
+KUBEVIRT_OVMF_VARS = "/usr/share/edk2/ovmf/OVMF_VARS.fd"
+
+
+def with_efi(xml: bytes) -> bytes:
+    """The same domain booting UEFI, as KubeVirt writes ``<os>`` for an EFI bootloader (issue 11:
+    the firmware decides the MMIO settings)."""
+    root = etree.fromstring(xml)
+    os_el = root.find("os")
+    if os_el.find("loader") is None:
+        loader = etree.Element("loader", readonly="yes", secure="no", type="pflash")
+        loader.text = KUBEVIRT_OVMF_CODE
+        nvram = etree.Element("nvram", template=KUBEVIRT_OVMF_VARS)
+        nvram.text = "/var/run/kubevirt-private/libvirt/qemu/nvram/default_VARS.fd"
+        os_el.find("type").addnext(loader)
+        loader.addnext(nvram)
     return to_kubevirt_bytes(root)
 
 
@@ -347,6 +368,11 @@ def kubevirt_reparse(xml: bytes, decimal_bus: bool = False) -> bytes:
         for tag in ("driver", "rom"):
             for el in hd.findall(tag):
                 hd.remove(el)
+    # issue 11: KubeVirt's api.DomainSpec has no <maxphysaddr> (its CPU struct: mode, model,
+    # features, topology, numa) and no <qemu:override>; it keeps <cpu><feature> and
+    # <qemu:commandline>.
+    for el in root.findall("cpu/maxphysaddr") + root.findall(f"{{{QEMU_NS}}}override"):
+        el.getparent().remove(el)
     return to_kubevirt_bytes(root)
 
 
@@ -375,10 +401,34 @@ def canonical(xml: bytes) -> bytes:
     return etree.tostring(etree.fromstring(xml, parser), method="c14n")
 
 
+def _strip_mmio_owned(root: etree._Element) -> None:
+    """issue 11: what the mmio and p2p-clique options own: <cpu><maxphysaddr>, the pdpe1gb
+    feature, and the pref64-reserve / x-nv-gpudirect-clique properties in <qemu:override>."""
+    from topology.cliques import CLIQUE_PROPERTY
+    from topology.mmio import FEATURE_1G_PAGES, PREF64_RESERVE
+
+    for el in root.findall("cpu/maxphysaddr") + root.findall(f"cpu/feature[@name='{FEATURE_1G_PAGES}']"):
+        el.getparent().remove(el)
+    q = f"{{{QEMU_NS}}}"
+    for ov in root.findall(f"{q}override"):
+        for dev in ov.findall(f"{q}device"):
+            for fe in dev.findall(f"{q}frontend"):
+                for p in fe.findall(f"{q}property"):
+                    if p.get("name") in (PREF64_RESERVE, CLIQUE_PROPERTY):
+                        fe.remove(p)
+                if len(fe) == 0:
+                    dev.remove(fe)
+            if len(dev) == 0:
+                ov.remove(dev)
+        if len(ov) == 0:
+            root.remove(ov)
+
+
 def non_owned_elements(xml: bytes) -> list[bytes]:
     """Every top-level domain child and every device except PCI controllers and PCI hostdevs'
     addresses, canonicalised: what the rewrite promises not to touch."""
     root = etree.fromstring(xml, etree.XMLParser(remove_blank_text=True))
+    _strip_mmio_owned(root)
     out = []
     for el in root:
         if el.tag == "devices":

@@ -22,6 +22,7 @@ import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
+from topology.bars import Bar, format_resource
 from topology.domain import parse_cpuset
 from topology.errors import PcitopoError, SysfsError
 from topology.model import Bdf, Topology
@@ -32,6 +33,7 @@ from topology.sysfs import (
     OPTIONAL_ATTRS,
     PCI_DEVICES_DIR,
     REQUIRED_ATTRS,
+    RESOURCE_ATTRS,
     MemoryTree,
     SysfsReader,
 )
@@ -63,7 +65,7 @@ _WIDTHS = (0, 1, 2, 4, 8, 12, 16, 32)
 _LINK_FILES = ("max_link_speed", "max_link_width", "current_link_speed", "current_link_width")
 # Names `omit=` accepts besides the optional attribute files; "link" is shorthand for the four
 # link files (conventional PCI functions have none).
-_OMITTABLE = frozenset(OPTIONAL_ATTRS) | {"driver", "iommu_group"}
+_OMITTABLE = frozenset(OPTIONAL_ATTRS) | frozenset(RESOURCE_ATTRS) | {"driver", "iommu_group"}
 
 BRIDGE_KINDS = ("rp", "us", "ds", "br")
 KINDS = ("rc",) + BRIDGE_KINDS + ("ep",)
@@ -98,6 +100,7 @@ class Look:
     faults: frozenset[str] = frozenset()
     override: str | None = None
     iommu_type: str | None = None
+    bars: tuple[tuple[int, int, int], ...] = ()  # (BAR index, size, kernel flags): see _BARS
 
     @property
     def is_bridge(self) -> bool:
@@ -149,6 +152,30 @@ PRESETS: dict[str, Look] = {
     "aspeed-bridge": _look("1a03:1150", "0000:0000", 0x060400, "5", 1, None),
     "bmc-vga": _look("1a03:2000", "1a03:2000", 0x030000, "unknown", 0, "ast", omit=_LINK_FILES),
 }
+
+
+# --- BARs (issue 11; the `resource` file) --------------------------------------------------------
+# Real sizes per device id (facts and guesses listed in fixtures/README.md). Flags as the kernel
+# prints them: 32-bit memory, 64-bit prefetchable memory, 64-bit non-prefetchable, I/O.
+_M32, _P64, _N64, _IO = 0x40200, 0x14220C, 0x140204, 0x40101
+_MiB, _GiB = 1 << 20, 1 << 30
+_BARS: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "h100": ((0, 16 * _MiB, _M32), (1, 128 * _GiB, _P64), (3, 32 * _MiB, _P64)),
+    "h200": ((0, 16 * _MiB, _M32), (1, 128 * _GiB, _P64), (3, 32 * _MiB, _P64)),
+    "b200": ((0, 64 * _MiB, _M32), (1, 256 * _GiB, _P64), (3, 32 * _MiB, _P64)),
+    "a100-pcie": ((0, 16 * _MiB, _M32), (1, 64 * _GiB, _P64), (3, 32 * _MiB, _P64)),  # guess
+    "l40s": ((0, 16 * _MiB, _M32), (1, 64 * _GiB, _P64), (3, 32 * _MiB, _P64)),  # guess
+    "nvswitch-h100": ((0, 32 * _MiB, _M32),),  # guess
+    "cx7-ib": ((0, 32 * _MiB, _P64),),
+    "cx7-eth": ((0, 32 * _MiB, _P64),),
+    "cx6-dx": ((0, 32 * _MiB, _P64),),  # guess
+    "bf3": ((0, 32 * _MiB, _P64),),  # guess
+    "nvme": ((0, 16 * 1024, _N64),),
+    "bmc-vga": ((0, 64 * _MiB, _M32), (1, 256 * 1024, _M32), (2, 128, _IO)),  # guess
+}
+_VF_BAR = (0, 1 * _MiB, _P64)  # an mlx5 VF's BAR0 (guess); its PF shows VF BAR0 x numvfs on line 7
+PRESETS = {k: replace(v, bars=_BARS.get(k, ())) for k, v in PRESETS.items()}
+# --- end BARs ------------------------------------------------------------------------------------
 
 
 # -- the description ----------------------------------------------------------------------------
@@ -478,6 +505,8 @@ class _Parser:
             if problem:
                 raise self.fail(problem)
             look = replace(look, faults=look.faults | frozenset(names))
+            if "bar-unassigned" in names and not look.bars:
+                raise self.fail("fault=bar-unassigned: this function has no BARs (use a preset that has them)")
         if "override" in kv:
             look = replace(look, override=kv["override"])
         if "iommu-type" in kv:
@@ -574,6 +603,88 @@ def _attr_values(look: Look, numa: int, cpulist: str) -> dict[str, str]:
     }
 
 
+# --- BAR placement (issue 11) ---------------------------------------------------------------------
+_ENDPOINT_LINES, _BRIDGE_LINES = 13, 17  # resource lines the kernel prints (6 BARs, ROM, 6 IOV, 4 windows)
+_IOV_LINE = 7
+_WINDOW_LINES = {"io": (13, 0x101), "m32": (14, 0x200), "p64": (15, 0x102201)}
+_WINDOW_ALIGN = {"io": 0x1000, "m32": _MiB, "p64": _MiB}
+
+
+def _bar_kind(flags: int) -> str:
+    if flags & 0x100:
+        return "io"
+    return "p64" if flags & 0x2000 and flags & 0x100000 else "m32"
+
+
+def _align_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def _unassigned_bar(dev: DeviceSpec) -> int | None:
+    """The BAR the ``bar-unassigned`` fault (testkit/synth_doctor.py) leaves unplaced: the
+    function's largest; None without the fault."""
+    if "bar-unassigned" not in dev.look.faults or not dev.look.bars:
+        return None  # (the parser refuses the fault on a function without BARs)
+    return max(dev.look.bars, key=lambda b: b[1])[0]
+
+
+class _BarPlacer:
+    """Places every BAR the way a BIOS bump allocator would (per kind, in bus-scan order, each
+    aligned to its size) and gives bridges windows spanning their subtree: a plausible `resource`
+    file for every function, nothing more (the sizes are the facts; addresses are made up)."""
+
+    def __init__(self) -> None:
+        self.next = {"io": 0x1000, "m32": 0x80000000, "p64": 0x200000000000}
+        self.files: dict[Bdf, str] = {}
+
+    def take(self, kind: str, size: int) -> int:
+        base = _align_up(self.next[kind], size)
+        self.next[kind] = base + size
+        return base
+
+    def device(self, dev: DeviceSpec) -> None:
+        lines_n = _BRIDGE_LINES if dev.look.is_bridge else _ENDPOINT_LINES
+        for pf_index, bdf in enumerate(dev.function_bdfs()):
+            lines = [Bar(i, 0, 0, 0) for i in range(lines_n)]
+            unassigned = _unassigned_bar(dev)
+            for i, size, flags in dev.look.bars:
+                # a BAR the firmware could not place keeps its size at start 0 and takes no space
+                base = 0 if i == unassigned else self.take(_bar_kind(flags), size)
+                lines[i] = Bar(i, base, base + size - 1, flags)
+            if dev.vfs:
+                i, size, flags = _VF_BAR
+                base = self.take(_bar_kind(flags), size * dev.vfs)
+                lines[_IOV_LINE] = Bar(_IOV_LINE, base, base + size * dev.vfs - 1, flags)
+                for k, (vf, _pf) in enumerate(dev.vf_bdfs()[pf_index * dev.vfs:(pf_index + 1) * dev.vfs]):
+                    vf_lines = [Bar(j, 0, 0, 0) for j in range(_ENDPOINT_LINES)]
+                    vf_lines[i] = Bar(i, base + k * size, base + (k + 1) * size - 1, flags)
+                    self.files[vf] = format_resource(vf_lines)
+            if dev.look.is_bridge and bdf == dev.bdf:
+                self.windows(dev, lines)
+            self.files[bdf] = format_resource(lines)
+
+    def windows(self, dev: DeviceSpec, lines: list[Bar]) -> None:
+        for kind, a in _WINDOW_ALIGN.items():
+            self.next[kind] = _align_up(self.next[kind], a)
+        lo = dict(self.next)
+        for child in sorted(dev.children, key=lambda c: c.bdf):
+            self.device(child)
+        for kind, (i, flags) in _WINDOW_LINES.items():
+            self.next[kind] = _align_up(self.next[kind], _WINDOW_ALIGN[kind])
+            if self.next[kind] > lo[kind]:
+                lines[i] = Bar(i, lo[kind], self.next[kind] - 1, flags)
+
+
+def place_bars(spec: HostSpec) -> dict[Bdf, str]:
+    """The `resource` file text of every function (and VF) of a description."""
+    placer = _BarPlacer()
+    for root in sorted(spec.roots, key=lambda r: (r.domain, r.bus)):
+        for child in sorted(root.children, key=lambda c: c.bdf):
+            placer.device(child)
+    return placer.files
+# --- end BAR placement ----------------------------------------------------------------------------
+
+
 class _Builder:
     def __init__(self, spec: HostSpec):
         self.spec = spec
@@ -583,6 +694,7 @@ class _Builder:
         self.cpulists[-1] = format_cpus([c for n in spec.numa for c in n.cpus])
         self._taken = {d.iommu for d in spec.devices() if d.iommu is not None}
         self._next_group = 0
+        self.resources = place_bars(spec)  # issue 11: one `resource` file per function
         self.doctor = synth_doctor.DoctorFiles()  # pcitopo doctor's files (issue 13)
 
     def group(self) -> int:
@@ -641,6 +753,9 @@ class _Builder:
             if attr not in values:
                 raise SysfsError(f"synth does not know how to write the attribute {attr!r}")
             self.tree.add_file(f"{d}/{attr}", values[attr] + "\n")
+        for attr in RESOURCE_ATTRS:  # issue 11: `resource`, written for every function
+            if attr not in look.omit and bdf in self.resources:
+                self.tree.add_file(f"{d}/{attr}", self.resources[bdf])
         links = {
             "driver": None if look.driver is None or "driver" in look.omit else f"{to_root}bus/pci/drivers/{look.driver}",
             "iommu_group": None if "iommu_group" in look.omit else f"{to_root}kernel/iommu_groups/{group}",

@@ -1,5 +1,7 @@
-"""What ``pcitopo doctor`` reads, for synthetic hosts: config space with ACS/ATS, ``resource``
-files, ``driver_override``, IOMMU groups with their type, IOMMU units; and planted faults.
+"""What ``pcitopo doctor`` reads, for synthetic hosts: config space with ACS/ATS,
+``driver_override``, IOMMU groups with their type, IOMMU units; and planted faults. (The
+``resource`` files, with real BAR sizes per device id, are :mod:`testkit.synth`'s; it plants
+the ``bar-unassigned`` fault named here.)
 
 Kept apart from :mod:`testkit.synth` (which calls :class:`DoctorFiles` from its builder) so the
 host-readiness layer can move with the synthesiser as one piece. The fixture README lists which
@@ -15,7 +17,6 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol, Sequence
 
-from topology.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH
 from topology.configspace import (
     ACS_CR,
     ACS_DT,
@@ -80,29 +81,6 @@ ACS_GDR = ACS_KERNEL_DEFAULT | ACS_DT  # 0x5d
 # Extended capability ids used only to make realistic chains.
 _AER, _VC, _ARI, _SRIOV, _SECPCIE = 0x0001, 0x0002, 0x000E, 0x0010, 0x0019
 
-# Flags as the kernel shows them for a 32-bit non-prefetchable and a 64-bit prefetchable BAR
-# (IORESOURCE_SIZEALIGN 0x40000 and the BAR's own type bits 0x4/0x8 included).
-_MEM32 = IORESOURCE_MEM | 0x40000
-_MEM64_PREF = IORESOURCE_MEM | IORESOURCE_PREFETCH | IORESOURCE_MEM_64 | 0x40000 | 0xC
-_MEM64 = IORESOURCE_MEM | IORESOURCE_MEM_64 | 0x40000 | 0x4
-_MIB, _GIB = 1 << 20, 1 << 30
-
-# BARs by vendor:device: (index, size, flags). H100/H200/B200 and ConnectX-7 sizes are public
-# lspci facts; the rest are guesses marked in fixtures/README.md.
-_BARS: dict[str, tuple[tuple[int, int, int], ...]] = {
-    "10de:2330": ((0, 16 * _MIB, _MEM32), (1, 128 * _GIB, _MEM64_PREF), (3, 32 * _MIB, _MEM64_PREF)),
-    "10de:2335": ((0, 16 * _MIB, _MEM32), (1, 128 * _GIB, _MEM64_PREF), (3, 32 * _MIB, _MEM64_PREF)),
-    "10de:2901": ((0, 64 * _MIB, _MEM32), (1, 256 * _GIB, _MEM64_PREF), (3, 32 * _MIB, _MEM64_PREF)),
-    "15b3:1021": ((0, 32 * _MIB, _MEM64_PREF),),
-    "15b3:a2dc": ((0, 32 * _MIB, _MEM64_PREF),),
-    "15b3:101d": ((0, 32 * _MIB, _MEM64_PREF),),
-    "15b3:101e": ((0, 2 * _MIB, _MEM64_PREF),),
-    "144d:a80a": ((0, 16 * 1024, _MEM64),),
-}
-_DEFAULT_BARS = ((0, 1 * _MIB, _MEM32),)
-_ENDPOINT_LINES, _BRIDGE_LINES = 13, 17  # BARs, ROM, SR-IOV BARs (+ bridge windows)
-
-
 def _fault_config(config: bytes, faults: frozenset[str]) -> bytes:
     if "config-short" in faults:
         return config[:HEADER_BYTES]
@@ -160,39 +138,11 @@ def minimal_config(look: Look, kind: str, gdr_path: bool) -> bytes:
     return _fault_config(cfg, faults)
 
 
-class _BarAllocator:
-    """Addresses for BARs in scan order, each aligned to its size (like a firmware would)."""
-
-    def __init__(self) -> None:
-        self.next = {32: 0x9000_0000, 64: 0x2000_0000_0000}
-
-    def take(self, size: int, width: int) -> int:
-        start = -(-self.next[width] // size) * size
-        self.next[width] = start + size
-        return start
-
-
-def minimal_resource_text(look: Look, kind: str, alloc: _BarAllocator) -> str:
-    """A ``resource`` file: one ``start end flags`` line per resource, the kernel's format.
-    Bridges show no BARs of their own here (their windows are not what the doctor checks)."""
-    is_bridge = kind in ("rp", "us", "ds", "br")
-    lines = [(0, 0, 0)] * (_BRIDGE_LINES if is_bridge else _ENDPOINT_LINES)
-    if not is_bridge and look.class_code >> 8 != 0x0600:
-        bars = _BARS.get(f"{look.vendor:04x}:{look.device:04x}", _DEFAULT_BARS)
-        largest = max(bars, key=lambda b: b[1])[0]
-        for index, size, flags in bars:
-            start = alloc.take(size, 64 if flags & IORESOURCE_MEM_64 else 32)
-            if "bar-unassigned" in look.faults and index == largest:
-                start = 0
-            lines[index] = (start, start + size - 1, flags)
-    return "".join(f"0x{s:016x} 0x{e:016x} 0x{f:016x}\n" for s, e, f in lines)
-
-
 class DoctorFiles:
-    """Per-build state for the doctor's files: BAR addresses, IOMMU groups and units."""
+    """Per-build state for the doctor's files: IOMMU groups and units. (``resource`` is written
+    by :mod:`testkit.synth` with real sizes per device id; it plants ``bar-unassigned``.)"""
 
     def __init__(self) -> None:
-        self.alloc = _BarAllocator()
         self.groups: dict[int, list[tuple[str, str]]] = {}  # group -> [(bdf, function dir)]
         self.types: dict[int, str] = {}
         self.units: set[str] = set()
@@ -200,7 +150,6 @@ class DoctorFiles:
     def add_function(self, tree: MemoryTree, d: str, bdf: Bdf, look: Look, kind: str,
                      group: int | None, gdr_path: bool) -> None:
         tree.add_file(f"{d}/config", minimal_config(look, kind, gdr_path))
-        tree.add_file(f"{d}/resource", minimal_resource_text(look, kind, self.alloc))
         tree.add_file(f"{d}/driver_override", f"{look.override or '(null)'}\n")
         if group is None or "iommu_group" in look.omit:
             return

@@ -534,7 +534,9 @@ def test_the_rewrite_reads_only_sysfs_and_runs_nothing(tmp_path):
     events, sysfs, _ = _audit("library", tmp_path)
     opened = _opened(events)
     assert opened, "the audit hook saw no file opened at all (is the test wired up?)"
-    outside = [o for o in opened if not str(o[0]).startswith(sysfs + "/")]
+    # issue 11: besides sysfs, exactly the cpuinfo file (the host CPU's address width)
+    cpuinfo = os.environ.get("PCITOPO_CPUINFO") or "/proc/cpuinfo"
+    outside = [o for o in opened if not str(o[0]).startswith(sysfs + "/") and str(o[0]) != cpuinfo]
     assert not outside, f"opened outside sysfs: {outside[:5]}"
     writes = [o for o in opened if (o[2] or 0) & _WRITE_FLAGS or (o[1] or "r").strip("rb")]
     assert not writes, f"opened for writing: {writes[:5]}"
@@ -550,7 +552,8 @@ def test_the_server_writes_only_its_socket(tmp_path):
     only sysfs; binds and connects only to its own Unix socket; starts no process."""
     events, sysfs, sock = _audit("server", tmp_path)
     opened = _opened(events)
-    outside = [o for o in opened if not str(o[0]).startswith(sysfs + "/") and o[0] != os.devnull]
+    cpuinfo = os.environ.get("PCITOPO_CPUINFO") or "/proc/cpuinfo"  # issue 11: the host's address width
+    outside = [o for o in opened if not str(o[0]).startswith(sysfs + "/") and o[0] not in (os.devnull, cpuinfo)]
     assert not outside, f"opened outside sysfs: {outside[:5]}"
     writes = [o for o in opened if ((o[2] or 0) & _WRITE_FLAGS or (o[1] or "r").strip("rb")) and o[0] != os.devnull]
     assert not writes, f"opened for writing: {writes[:5]}"
@@ -570,7 +573,8 @@ def test_options_are_only_the_documented_enumerations():
     and nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
     from sidecar.config import HookOptions, describe_options
 
-    assert set(HookOptions.model_fields) == {"mode", "on_error", "doctor", "nvlink"}  # doctor: issue 13, nvlink: issue 12
+    # doctor: issue 13, nvlink: issue 12, mmio and p2p_clique: issue 11 (all enumerations)
+    assert set(HookOptions.model_fields) == {"mode", "on_error", "doctor", "nvlink", "mmio", "p2p_clique"}
     for name, allowed, _default, _doc in describe_options():
         assert allowed and all(isinstance(v, str) and v.isascii() and v.replace("-", "").isalpha() for v in allowed), name
 
@@ -590,8 +594,18 @@ def test_the_output_carries_no_new_kinds_of_elements():
         return Counter(el.tag for el in root.iter() if isinstance(el.tag, str))
 
     added = tags(out) - tags(xml)
-    assert set(added) <= {"controller", "model", "target", "alias", "address", "node"}, added
+    q = "{http://libvirt.org/schemas/domain/qemu/1.0}"
+    # issue 11: the MMIO settings and P2P cliques, a fixed set of elements and property names
+    mmio = {"maxphysaddr", "feature", f"{q}override", f"{q}device", f"{q}frontend", f"{q}property"}
+    assert set(added) <= {"controller", "model", "target", "alias", "address", "node"} | mmio, added
     assert tags(out)["hostdev"] == tags(xml)["hostdev"]
+    assert tags(out)[f"{q}commandline"] == tags(xml)[f"{q}commandline"]
+    root = etree.fromstring(out)
+    aliases = {a.get("name") for a in root.iter("alias")}
+    for p in root.iter(f"{q}property"):
+        assert p.get("name") in ("pref64-reserve", "x-nv-gpudirect-clique") and p.get("value").isdigit(), p.attrib
+        assert p.getparent().getparent().get("alias") in aliases
+    assert all(f.get("name") == "pdpe1gb" for f in root.iter("feature") if f.getparent().tag == "cpu")
 
 
 def _plan_lines(xml: bytes, host) -> int:

@@ -60,6 +60,7 @@ from sidecar.config import PREFIX, parse_vmi
 from sidecar.core import handle_define_domain
 from topology.errors import PcitopoError
 from topology.model import Topology
+from topology.overrides import properties as override_properties
 from topology.rewrite import Why, rewrite_domain
 from topology.sysfs import MemoryTree, SysfsReader
 
@@ -130,6 +131,32 @@ def check_output(inp: bytes, out: bytes, host, schema) -> None:
     assert canonical(again) == canonical(out), "not idempotent: rewriting the output changes it"
 
 
+def mmio_projection(out: bytes) -> tuple:
+    """issue 11: what the mmio and p2p-clique options write (re-emitted on every call)."""
+    root = etree.fromstring(out)
+    m = root.find("cpu/maxphysaddr")
+    feats = tuple(sorted(f.get("name") for f in root.findall("cpu/feature")))
+    props = {a: {n: (p.type, p.value) for n, p in ps.items()} for a, ps in override_properties(root).items()}
+    return (dict(m.attrib) if m is not None else None, feats, json.dumps(props, sort_keys=True))
+
+
+def check_mmio(out: bytes, result) -> None:
+    """issue 11: <maxphysaddr> exactly when the budget needs more than QEMU's default width;
+    pref64-reserve only on our root ports, cliques only on hostdev aliases of the domain."""
+    root = etree.fromstring(out)
+    b = result.report.mmio
+    assert (root.find("cpu/maxphysaddr") is not None) == (b.bits is not None), "maxphysaddr without need, or missing"
+    ports = {c.find("alias").get("name") for c in root.iter("controller")
+             if c.get("model") == "pcie-root-port" and c.find("alias") is not None}
+    hostdevs = {h.find("alias").get("name") for h in root.iter("hostdev") if h.find("alias") is not None}
+    for alias, ps in override_properties(root).items():
+        if "pref64-reserve" in ps:
+            assert alias in ports and alias.startswith("ua-pcitopo-"), f"pref64-reserve on {alias}"
+            assert b.firmware == "seabios"
+        if "x-nv-gpudirect-clique" in ps:
+            assert alias in hostdevs, f"clique on {alias}, not a hostdev"
+
+
 def run_case(case: Case, schema) -> None:
     host = case.world.host
     note(case.xml.decode())
@@ -147,7 +174,8 @@ def run_case(case: Case, schema) -> None:
             return
         out = result.xml
         check_output(inp, out, host, schema)
-        owned = owned_projection(out)
+        check_mmio(out, result)
+        owned = (owned_projection(out), mmio_projection(out))
         if first is None:
             first = owned
             report = result.report

@@ -23,6 +23,7 @@ from topology.sysfs import (
     NODE_ATTRS,
     OPTIONAL_ATTRS,
     REQUIRED_ATTRS,
+    RESOURCE_ATTRS,
     MemoryTree,
     SysfsReader,
     resolve,
@@ -113,7 +114,7 @@ ATTR_FORMATS = {
 @pytest.mark.parametrize("name", SMALL_FIXTURES)
 def test_fixtures_hold_only_listed_files_in_kernel_format(name):
     tree = fixture_tree(name)
-    listed = set(REQUIRED_ATTRS) | set(OPTIONAL_ATTRS) | set(LINK_ATTRS) | set(DOCTOR_ATTRS)
+    listed = set(REQUIRED_ATTRS) | set(OPTIONAL_ATTRS) | set(LINK_ATTRS) | set(RESOURCE_ATTRS) | set(DOCTOR_ATTRS)
     dirs = function_dirs(tree)
     assert dirs, name
     for bdf, d in dirs.items():
@@ -122,10 +123,16 @@ def test_fixtures_hold_only_listed_files_in_kernel_format(name):
         children = {n for n in names if re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", n)}
         assert names - children <= listed, (bdf, names - children - listed)
         assert set(REQUIRED_ATTRS) <= names, bdf
-        for attr in names - children - set(LINK_ATTRS) - set(DOCTOR_ATTRS):  # doctor's: test_doctor.py
+        # multi-line and binary files: test_bars.py (resource), test_doctor.py (the doctor's)
+        for attr in names - children - set(LINK_ATTRS) - set(RESOURCE_ATTRS) - set(DOCTOR_ATTRS):
             data = tree.read(f"{d}/{attr}")
             assert isinstance(data, bytes) and data.endswith(b"\n") and data.count(b"\n") == 1
             assert re.fullmatch(ATTR_FORMATS[attr], data.decode().rstrip("\n")), (bdf, attr, data)
+        # issue 11: `resource` as the kernel prints it (13 lines, 17 for a bridge)
+        res = tree.read(f"{d}/resource")
+        assert isinstance(res, bytes), bdf
+        lines = res.decode().splitlines()
+        assert len(lines) in (13, 17) and all(re.fullmatch(r"(0x[0-9a-f]{16} ){2}0x[0-9a-f]{16}", ln) for ln in lines)
     for node in tree.listdir("devices/system/node") or []:
         assert set(tree.listdir(f"devices/system/node/{node}") or []) == set(NODE_ATTRS)
 
@@ -196,6 +203,13 @@ def test_omit_drops_optional_files_and_driver_none_drops_the_link():
     d = resolve(t2, "bus/pci/devices/0000:01:00.0")
     assert set(t2.listdir(d) or []) == {"vendor", "device", "class", "subsystem_vendor",
                                          "subsystem_device", "numa_node", "local_cpulist", *DOCTOR_ATTRS}
+    t3 = tree_of("""\
+        numa 0 cpus=0
+        rc 0000:00 numa=0
+          rp 00:01.0 preset=intel-rp
+            ep 01:00.0 preset=nvme omit=resource
+        """)
+    assert t3.read(resolve(t3, "bus/pci/devices/0000:01:00.0") + "/resource") is None
 
 
 def test_overrides_and_current_link():

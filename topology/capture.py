@@ -12,8 +12,8 @@ from typing import BinaryIO
 
 from .errors import SysfsError
 from .sysfs import (
+    CAPTURED_ATTRS,
     CLASS_DIRS,
-    DOCTOR_ATTRS,
     IOMMU_CLASS_DIR,
     IOMMU_GROUP_ATTRS,
     IOMMU_GROUPS_DIR,
@@ -21,9 +21,7 @@ from .sysfs import (
     MAX_ATTR_BYTES,
     NODE_ATTRS,
     NODE_DIR,
-    OPTIONAL_ATTRS,
     PCI_DEVICES_DIR,
-    REQUIRED_ATTRS,
     VPD_ATTR,
     MemoryTree,
     Source,
@@ -58,7 +56,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
         tree.add_link(link, target)
         tree.add_dir(real)
         functions += 1
-        for attr in REQUIRED_ATTRS + OPTIONAL_ATTRS + DOCTOR_ATTRS:
+        for attr in CAPTURED_ATTRS:
             data = source.read(f"{real}/{attr}")
             if data is None:
                 continue

@@ -345,12 +345,7 @@ class DomainView:
                 out.append((parse_int(m.get("cellid"), "memnode cellid"), m.get("nodeset") or ""))
         return out
 
-    def has_64bit_mmio_window(self) -> bool:
-        """A sized 64-bit PCI hole on pcie-root or a passthrough physical address width: what
-        GPUs with 64-128 GiB BARs below expander buses need (libvirt formatdomain: the
-        ``pcihole64`` element of pcie-root, ``<cpu><maxphysaddr>``; see docs/SOURCES.md)."""
-        hole = self.root.find("devices/controller[@model='pcie-root']/pcihole64")
-        return (hole is not None and (hole.text or "").strip() not in ("", "0")) or self.root.find("cpu/maxphysaddr") is not None
+    # (issue 11: has_64bit_mmio_window removed; the MMIO budget lives in topology/mmio.py)
 
     def unplaced_pci_devices(self) -> tuple[int, int]:
         """(PCIe, conventional PCI) devices without a guest address: libvirt will place each

@@ -13,6 +13,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Iterable, Mapping, NamedTuple, Protocol
 
+from .bars import Bar
 from .buses import MAX_SLOT
 from .errors import MalformedBdfError, SysfsError, UnknownDeviceError
 
@@ -118,6 +119,8 @@ class PciFunction:
     iommu_group: int | None = None
     physfn: Bdf | None = None
     local_cpulist: str | None = None
+    # BARs from the optional ``resource`` file (topology/bars.py); None when it is absent.
+    bars: tuple[Bar, ...] | None = None
 
     @property
     def root_complex(self) -> str:

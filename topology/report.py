@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
+from .mmio import budget_lines  # issue 11
 from .model import Bdf, PciFunction, Role, Topology
 from .labels import Labeled, label_devices
 from .names import part_name
@@ -313,6 +314,7 @@ def explain_text(result, host: Topology, live_root: str | None = None, fabric=No
         from .predict import KUBEVIRT_NUMA_ADVICE
 
         out.append(f"KubeVirt: {KUBEVIRT_NUMA_ADVICE}")
+    out += [""] + budget_lines(report.mmio, report.cliques)  # issue 11 (topology/mmio.py)
     out += ["", "Guest PCI tree (predicted, as lspci -tv would show it):", ""]
     guest_labels = {}
     for r in rows:

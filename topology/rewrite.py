@@ -36,6 +36,10 @@ from .guest import GuestView, guest_view
 from .model import Bdf, Role, Topology
 from .plan import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan, plan
 
+# issue 11 (MMIO budget, P2P cliques): logic in topology/mmio.py and topology/cliques.py
+from .cliques import CliquePlan
+from .mmio import MmioBudget, apply_mmio_settings
+
 
 class Why(StrEnum):
     """Why a pair's guest class differs from the host's (the value is the report text)."""
@@ -97,6 +101,10 @@ class Report:
     pairs: list[PairReport] = field(default_factory=list)
     # The NVLink fabric verdict (topology.partitions.NvlinkVerdict) when the door checked one.
     nvlink: object | None = None
+    # issue 11: the 64-bit MMIO budget and settings, P2P cliques, typed firmware warnings
+    mmio: MmioBudget | None = None
+    cliques: CliquePlan | None = None
+    warnings: list = field(default_factory=list)
 
     @property
     def fidelity_lost(self) -> list[PairReport]:
@@ -123,6 +131,10 @@ class Report:
             "pairs_nvml_equal": sum(p.nvml_same for p in self.pairs),
             "fidelity_lost": len(self.fidelity_lost),
             "notes": list(self.notes),
+            # issue 11
+            "mmio": self.mmio.summary() if self.mmio is not None else None,
+            "p2p_cliques": len(self.cliques.members) if self.cliques is not None else 0,
+            "warnings": [f"{w.kind}: {w.reason}" for w in self.warnings],
         }
 
 
@@ -225,13 +237,20 @@ def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
     return created, normalised
 
 
-def rewrite_domain(domain_xml: bytes, host: Topology) -> RewriteResult:
+def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_clique: bool = True,
+                   host_phys_bits: int | None = None) -> RewriteResult:
+    """``mmio``/``p2p_clique``: the hook options of the same names (``auto`` = True);
+    ``host_phys_bits``: the host CPU's address width (``topology.mmio.host_phys_bits()``; None:
+    unknown, not checked)."""
     tree = parse_domain(domain_xml)
     view = DomainView(tree)
     view.check_q35()
     facts = domain_facts(view)
     p = plan(host, facts)
     created, normalised = apply_plan(view, p)
+    # issue 11: MMIO settings and P2P cliques on the placed domain (topology/mmio.py)
+    budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), view.pci_controllers(),
+                                          mmio=mmio, p2p_clique=p2p_clique, host_bits=host_phys_bits)
     out = serialize(tree, domain_xml)
     report = Report(
         created=created,
@@ -246,12 +265,13 @@ def rewrite_domain(domain_xml: bytes, host: Topology) -> RewriteResult:
             "NCCL's bandwidth estimate for paths from a switch up to the CPU is low (PIX paths, GPU to its own NIC, "
             "do not cross that link)"
         )
-    gpus = sum(1 for hd in facts.hostdevs if host.role(hd.source) == Role.GPU)
-    if gpus and not view.has_64bit_mmio_window():
-        report.notes.append(
-            f"{gpus} GPU(s) below expander buses and no <pcihole64> on pcie-root or <cpu><maxphysaddr>: "
-            "large GPU BARs may not fit the guest's default 64-bit MMIO window"
-        )
+    # issue 11: the MMIO budget replaces the old <pcihole64> note (which only sizes pcie.0's window)
+    report.mmio, report.cliques = budget, cliques
+    if budget is not None:
+        report.notes += budget.notes
+        report.warnings += budget.warnings
+    if cliques is not None:
+        report.notes += cliques.notes
     if normalised:
         report.notes.append("hostdev source addresses written without type='pci', as libvirt formats them (its schema has no such attribute)")
     guest = verify(tree, host, facts, report)

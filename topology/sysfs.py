@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from .bars import Bar, parse_resource
 from .errors import MalformedBdfError, SysfsError
 from .model import Bdf, Link, NumaNode, PciFunction, Topology, is_bdf
 
@@ -33,6 +34,9 @@ OPTIONAL_ATTRS = (
     "local_cpulist",
 )
 LINK_ATTRS = ("driver", "iommu_group", "physfn")
+# Multi-line attribute files the reader uses: the BARs (topology/bars.py, the MMIO budget).
+# Kept apart from OPTIONAL_ATTRS, whose files are one line each.
+RESOURCE_ATTRS = ("resource",)
 # Read only for NVLink-switch management candidates (topology/nvswitch_mgmt.py): the VPD image
 # (root-readable; bounded like any attribute) and which class children a function registered.
 VPD_ATTR = "vpd"
@@ -41,12 +45,16 @@ NODE_ATTRS = ("cpulist",)
 
 # -- pcitopo doctor (issue 13): what the host-readiness checks read, besides the above ---------
 # Per function: config space (64 bytes unprivileged, 4096 as root), BARs, the driver override.
-DOCTOR_ATTRS = ("config", "resource", "driver_override")
+DOCTOR_ATTRS = ("config", *RESOURCE_ATTRS, "driver_override")
 # kernel/iommu_groups/<N>/devices/<BDF> (links) and .../type; class/iommu/<unit> (links).
 IOMMU_GROUPS_DIR = "kernel/iommu_groups"
 IOMMU_GROUP_ATTRS = ("type",)
 IOMMU_CLASS_DIR = "class/iommu"
 # -- end pcitopo doctor ------------------------------------------------------------------------
+
+# Every per-function file `pcitopo capture` keeps (links and the VPD image are handled apart):
+# the one list, so a capture reads like the host for the reader, the MMIO budget and the doctor.
+CAPTURED_ATTRS = tuple(dict.fromkeys(REQUIRED_ATTRS + OPTIONAL_ATTRS + RESOURCE_ATTRS + DOCTOR_ATTRS))
 
 PCI_DEVICES_DIR = "bus/pci/devices"
 NODE_DIR = "devices/system/node"
@@ -452,6 +460,17 @@ class SysfsReader:
             self._warn(f"{rel}: {text[:40]!r} is not a number, ignored")
             return None
 
+    def _bars(self, rel: str) -> tuple[Bar, ...] | None:
+        """A function's ``resource`` file; absent or malformed → None (with a warning)."""
+        text = self._text(rel, False)
+        if text is None:
+            return None
+        try:
+            return parse_resource(text)
+        except SysfsError as e:
+            self._warn(f"{rel}: {e.reason}, ignored")
+            return None
+
     def _link_name(self, rel: str) -> str | None:
         target = self.source.readlink(rel)
         return target.rstrip("/").rsplit("/", 1)[-1] if target else None
@@ -504,6 +523,7 @@ class SysfsReader:
             iommu_group=int(group) if group and group.isdigit() else None,
             physfn=physfn,
             local_cpulist=self._text(f"{base}/local_cpulist", False),
+            bars=self._bars(f"{base}/resource"),
         )
 
     def read_vpd(self, bdf: "Bdf") -> bytes | None:

@@ -26,6 +26,17 @@ def _missing() -> str | None:
     return None
 
 
+def pytest_collection_modifyitems(config, items):
+    """``e2e_slow`` boots (OVMF under TCG, minutes each) run only when asked for: ``-m e2e_slow``
+    (``make test-slow``) or ``PCITOPO_E2E_SLOW=1``."""
+    if "e2e_slow" in (config.option.markexpr or "") or os.environ.get("PCITOPO_E2E_SLOW"):
+        return
+    skip = pytest.mark.skip(reason="slow OVMF boot: run with -m e2e_slow (make test-slow)")
+    for item in items:
+        if item.get_closest_marker("e2e_slow"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def e2e_ready() -> None:
     """Skip (locally) or fail (CI=true) when the setup script has not run."""

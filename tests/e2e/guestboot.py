@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from lxml import etree
 
@@ -157,6 +157,8 @@ def make_bootable(
     cmdline: str = KERNEL_CMDLINE,
     notes: list[str] | None = None,
     unplaced: list[StandIn] | None = None,
+    keep_cpu: Sequence[str] = (),
+    loader: str | None = None,
 ) -> tuple[bytes, dict[GuestAddr, StandIn]]:
     """Return ``(bootable_xml, mapping)``.
 
@@ -167,6 +169,9 @@ def make_bootable(
     from the defined domain, by alias).
     ``kinds`` maps a hostdev alias or source BDF to "gpu" / "nic" / "other";
     otherwise the alias prefix decides (ua-gpu- gpu, ua-sriov- nic, ...).
+    ``keep_cpu``: ``<cpu>`` children kept besides numa/topology (the MMIO tier keeps
+    ``maxphysaddr`` and ``feature``); ``loader``: a firmware image for ``<loader type='rom'>``
+    (OVMF), else QEMU's default SeaBIOS.
     """
     log = notes if notes is not None else []
     root = etree.fromstring(domain_xml, _parser())
@@ -203,6 +208,9 @@ def make_bootable(
     for child in list(os_el):
         os_el.remove(child)
     os_el.append(type_el)
+    if loader is not None:
+        etree.SubElement(os_el, "loader", type="rom", readonly="yes").text = loader
+        log.append(f"firmware {loader}")
     for tag, text in (("kernel", str(kernel)), ("initrd", str(initrd)), ("cmdline", cmdline)):
         etree.SubElement(os_el, tag).text = text
 
@@ -241,7 +249,7 @@ def make_bootable(
         cpu.set("match", "exact")
         cpu.set("check", "none")
         for child in list(cpu):
-            if child.tag not in ("numa", "topology"):
+            if child.tag not in ("numa", "topology", *keep_cpu):
                 cpu.remove(child)
         model = etree.Element("model", fallback="allow")
         model.text = "qemu64"
@@ -429,6 +437,8 @@ def boot(
     timeout: float = 120.0,
     work_dir: str | os.PathLike | None = None,
     memory_mib: int = 512,
+    keep_cpu: Sequence[str] = (),
+    loader: str | None = None,
 ) -> GuestResult:
     """Make ``domain_xml`` (a rewritten domain) bootable, define and start it
     on a private libvirtd (``libvirtd`` if given, else a fresh one stopped
@@ -450,7 +460,7 @@ def boot(
     unplaced: list[StandIn] = []
     bootable, mapping = make_bootable(
         domain_xml, kernel, initrd, serial, kinds=kinds, name=name,
-        memory_mib=memory_mib, notes=notes, unplaced=unplaced,
+        memory_mib=memory_mib, notes=notes, unplaced=unplaced, keep_cpu=keep_cpu, loader=loader,
     )
     (wd / "bootable.xml").write_bytes(bootable)
     timings: dict[str, float] = {"prepare": time.monotonic() - t0}

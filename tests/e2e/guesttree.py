@@ -137,6 +137,8 @@ def parse_printout(serial_text: str) -> GuestPrintout:
         elif tag == "@@NODE":
             n, *cpulist = rest.split(" ", 1)
             nodes[int(n)] = cpulist[0] if cpulist else ""
+        elif tag in ("@@RES", "@@DMESG"):
+            continue  # BARs and kernel lines: read by mmio_boot.count_bars (issue 11)
         else:
             raise PrintoutError(f"unexpected line in printout: {line!r}")
     return GuestPrintout(functions, nodes, "\n".join(lspci), "\n".join(body), info)

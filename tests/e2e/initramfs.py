@@ -11,6 +11,8 @@ it can be picked out of a serial log that also carries kernel messages::
     @@ABSENT <BDF> <name>          (the file does not exist in the guest)
     @@UNREADABLE <BDF> <name>      (it exists but reading it failed)
     @@LINK <BDF> <name> <link text>
+    @@RES <BDF> <line> <start> <end> <flags>   (the function's `resource` file, issue 11)
+    @@DMESG <kernel line about BARs and windows>
     @@NODE <N> <cpulist>
     @@INFO <key> <value>           (acpi_tables, cmdline, kernel)
     @@LSPCI <one line of `lspci -tvnn`>
@@ -86,7 +88,13 @@ for d in /sys/bus/pci/devices/*; do
     for l in __LINKS__; do
         [ -L "$d/$l" ] && echo "@@LINK $b $l $(readlink "$d/$l")"
     done
+    if [ -r "$d/resource" ]; then
+        n=0
+        while read -r s e f; do echo "@@RES $b $n $s $e $f"; n=$((n+1)); done < "$d/resource"
+    fi
 done
+echo "@@INFO physbits $(grep -m1 'address sizes' /proc/cpuinfo | sed 's/.*: //')"
+dmesg | grep -E 'BAR|addressable|no space|ailed to assign|root bus resource' | head -200 | while IFS= read -r line; do echo "@@DMESG $line"; done
 for n in /sys/devices/system/node/node*; do
     [ -e "$n/cpulist" ] && echo "@@NODE ${n##*/node} $(cat "$n/cpulist")"
 done
