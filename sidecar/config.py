@@ -42,15 +42,12 @@ from typing import Any, Literal, Mapping, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from topology.errors import ConfigError
+from topology.errors import ConfigError, VmiError
+
+__all__ = ["DEFAULT_OPTIONS", "PREFIX", "HookOptions", "VmiError", "VmiFacts", "annotation", "describe_options",
+           "options_from_annotations", "options_from_vmi", "parse_vmi"]  # VmiError: re-exported (topology/errors.py)
 
 PREFIX = "pcitopo.kubevirt.io/"
-
-
-class VmiError(ConfigError):
-    """The VMI JSON handed to the hook is malformed (not JSON, or not shaped like a VMI)."""
-
-    kind = "vmi"
 
 
 def _annotation_suffix(field_name: str) -> str:

@@ -12,9 +12,15 @@ What it promises its doors:
 - otherwise every failure is a :class:`topology.errors.PcitopoError` with a one-line reason,
   including bugs (wrapped as :class:`InternalError`), so no door ever shows a traceback;
 - a bad option (annotation) or malformed VMI JSON always raises, whatever ``on-error`` says;
-- so does ``nvlink: require`` when the VM's GPUs will not get NVLink (:func:`nvlink_check`):
-  the fabric check runs after a successful rewrite, its verdict lands in the report's notes
-  and the log line's ``nvlink``/``nvlink_reason`` fields;
+- so does ``nvlink: require`` when the VM's GPUs will not get NVLink (:func:`nvlink_check`),
+  and ``doctor: require`` when a readiness check fails (:func:`_doctor`), whatever
+  ``on-error`` says: both checks run after a successful rewrite (on the placed devices) and
+  after a passthrough too (on the domain's hostdev sources the host has); the NVLink verdict
+  lands in the report's notes and the log line's ``nvlink``/``nvlink_reason`` fields, the
+  doctor's findings in ``doctor``/``doctor_findings``;
+- a bug inside those checks is one line too (:class:`InternalError`): under ``nvlink:
+  require`` it stops the VM (NVLink could not be confirmed), otherwise it is logged (``nvlink``
+  ``internal-error``, ``doctor.error``) and the VM starts as the rewrite or passthrough left it;
 - a typed firmware warning of the rewrite (``topology.mmio.FirmwareWarning``: BARs the firmware
   will leave unassigned whatever we set) fails the call under ``on-error: fail``; under
   ``passthrough`` the rewritten domain boots and the warning is in the summary.
@@ -26,24 +32,22 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
 from topology.doctor import DoctorError, DoctorReport, run_checks
-from topology.errors import DomainError, FabricError, NvlinkError, PcitopoError
+from topology.domain import readable_hostdev_sources
+from topology.errors import DomainError, FabricError, InternalError, NvlinkError, PcitopoError
 from topology.mmio import host_phys_bits
-from topology.model import Topology
+from topology.model import Bdf, Topology
 from topology.rewrite import RewriteResult, rewrite_domain
 
 from .config import DEFAULT_OPTIONS, HookOptions, VmiFacts, annotation, options_from_vmi
 
+__all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check", "summarize"]  # InternalError: re-exported
+
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 HostArg = Union[Topology, Callable[[], Topology]]
 # The NVLink fabric (topology.fabric.Fabric), a callable returning it (read per call, so a
-# refreshed file counts), or None when the door was started without --fabric.
+# refreshed file counts; topology.fabric.FabricFile), or None when the door was started
+# without --fabric.
 FabricArg = Any
-
-
-class InternalError(PcitopoError):
-    """An unexpected exception inside the rewrite (a bug of ours), as a one-line error."""
-
-    kind = "internal"
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
     vmi, options = options_from_vmi(vmi_json)
     if options.mode == "off":
         return HookOutcome(domain_xml, "unchanged-off", f"annotation {annotation('mode')} is off", vmi=vmi, options=options)
+    topo: Topology | None = None
     try:
         topo = host() if callable(host) else host
         # issue 11: MMIO settings and P2P cliques by option; the host's address width from cpuinfo
@@ -97,33 +102,33 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         summary = summarize(result.report)
     except PcitopoError as e:
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, e, vmi, options)
+            return _passthrough(domain_xml, e, vmi, options, topo, fabric)
         raise
     except Exception as e:  # a bug: still one line, still under the operator's on-error policy
-        err = InternalError(f"{type(e).__name__}: {e}")
+        err = InternalError.of(e)
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, err, vmi, options)
+            return _passthrough(domain_xml, err, vmi, options, topo, fabric)
         raise err from e
     summary.update(nvlink_check(result, topo, fabric, options.nvlink))
-    doctor = _doctor(topo, result, options, summary)
+    doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary)
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
 
 
-def _doctor(topo: Topology, result: RewriteResult, options: HookOptions, summary: dict[str, Any]) -> DoctorReport | None:
-    """Run the host-readiness checks (``pcitopo doctor``) for the devices just placed; findings
-    go into the log summary. Under ``doctor: require`` a failed check raises DoctorError (the
-    VM does not start). ``unknown`` (the unprivileged sidecar cannot read ACS/ATS) never stops a
-    VM, and a doctor that cannot run at all is logged, not fatal."""
+def _doctor(topo: Topology, bdfs: list[Bdf], options: HookOptions, summary: dict[str, Any]) -> DoctorReport | None:
+    """Run the host-readiness checks (``pcitopo doctor``) for the VM's devices (``bdfs``, all on
+    the host); findings go into the log summary. Under ``doctor: require`` a failed check
+    raises DoctorError (the VM does not start). ``unknown`` (the unprivileged sidecar cannot
+    read ACS/ATS) never stops a VM, and a doctor that cannot run at all is logged, not fatal."""
     if options.doctor == "off":
         return None
-    placed = [d.host for d in result.report.placed]
     try:
-        report = run_checks(topo, placed)
+        report = run_checks(topo, bdfs)
     except PcitopoError as e:
         summary["doctor"] = {"error": f"{e.kind}: {e.reason}"}
         return None
     except Exception as e:  # a bug in the checks must not stop a VM the rewrite placed
-        summary["doctor"] = {"error": f"internal: {type(e).__name__}: {' '.join(str(e).split())[:300]}"}
+        err = InternalError.of(e)
+        summary["doctor"] = {"error": f"{err.kind}: {err.reason[:300]}"}
         return None
     summary["doctor"] = report.summary()
     summary["doctor_findings"] = [
@@ -141,34 +146,73 @@ def _doctor(topo: Topology, result: RewriteResult, options: HookOptions, summary
 
 
 def nvlink_check(result: RewriteResult, topo: Topology, fabric: FabricArg, policy: str) -> dict[str, Any]:
-    """The NVLink fabric check on a rewritten domain's NVIDIA GPUs. Returns the log fields;
-    under ``require`` a GPU set that will not get full NVLink raises NvlinkError (so does a
-    missing fabric file); under ``warn`` the verdict becomes a report note. Without a fabric
-    file and under ``warn`` nothing is said (the operator has not set the check up)."""
+    """The NVLink fabric check on a rewritten domain's NVIDIA GPUs (:func:`nvlink_fields`); the
+    verdict goes on the report (``xmlfix --explain`` predicts the guest's NVLink from it) and,
+    when it is a complaint, into the report's notes."""
+    fields, verdict = nvlink_fields(topo, fabric, policy, [d.host for d in result.report.placed if d.role == "gpu"])
+    result.report.nvlink = verdict
+    if "nvlink_reason" in fields:
+        result.report.notes.append(nvlink_note(fields))
+    return fields
+
+
+def nvlink_note(fields: dict[str, Any]) -> str:
+    """The one-line note (report, xmlfix's warning) for the NVLink log fields; a check that
+    could not run (``nvlink`` ``fabric-error``, ``internal-error``, ...) says so."""
+    checked = not str(fields.get("nvlink", "")).endswith("-error")
+    return f"NVLink: {'' if checked else 'not checked: '}{fields['nvlink_reason']}"
+
+
+def nvlink_fields(topo: Topology, fabric: FabricArg, policy: str, bdfs: list[Bdf]) -> tuple[dict[str, Any], Any]:
+    """The NVLink check on the NVIDIA GPUs among ``bdfs``: the log fields and the verdict
+    (``topology.partitions.NvlinkVerdict``, None when the check did not run). Under ``require``
+    a GPU set that will not get full NVLink raises NvlinkError (so does a missing fabric file),
+    and a fabric file that cannot be read, or a bug, raises too; under ``warn`` they become the
+    fields. Without a fabric file and under ``warn`` nothing is said (the operator has not set
+    the check up)."""
     if policy == "off" or (fabric is None and policy == "warn"):
-        return {}  # nothing to check or say: and no import on the sidecar's common path
+        return {}, None  # nothing to check or say: and no import on the sidecar's common path
     from topology.partitions import check_gpu_set, nvidia_gpus
 
     try:
         fab = fabric() if callable(fabric) else fabric
-    except FabricError as e:
+        verdict = check_gpu_set(fab, nvidia_gpus(topo, bdfs))
+    except Exception as e:
+        err = e if isinstance(e, PcitopoError) else InternalError.of(e, "NVLink check")
         if policy == "require":
-            raise
-        result.report.notes.append(f"NVLink: not checked: {e.reason}")
-        return {"nvlink": "fabric-error", "nvlink_reason": e.reason}
-    gpus = nvidia_gpus(topo, [d.host for d in result.report.placed if d.role == "gpu"])
-    verdict = check_gpu_set(fab, gpus)
-    result.report.nvlink = verdict  # xmlfix --explain predicts the guest's NVLink from it
+            raise err from (None if err is e else e)
+        return {"nvlink": f"{err.kind}-error", "nvlink_reason": err.reason}, None
     if verdict.nvlink_ok:
-        return {"nvlink": verdict.status} if fab is not None and verdict.status == "ok" else {}
+        return ({"nvlink": verdict.status} if fab is not None and verdict.status == "ok" else {}), verdict
     if policy == "require":
         raise NvlinkError(verdict.message)
     if verdict.status == "no-fabric":
-        return {}
-    result.report.notes.append(f"NVLink: {verdict.message}")
-    return {"nvlink": verdict.status, "nvlink_reason": verdict.message}
+        return {}, verdict
+    return {"nvlink": verdict.status, "nvlink_reason": verdict.message}, verdict
 
 
-def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions) -> HookOutcome:
-    return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", {"error": err.kind}, vmi, options)
-
+def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions,
+                 topo: Topology | None, fabric: FabricArg) -> HookOutcome:
+    """``on-error: passthrough``: the input back unchanged, with the reason. The NVLink and
+    doctor checks still run, on the domain's hostdev sources the host has: their ``require``
+    stops the VM whatever ``on-error`` says."""
+    summary: dict[str, Any] = {"error": err.kind}
+    doctor = None
+    if options.nvlink == "off" and options.doctor == "off":
+        return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options)
+    present, why = None, err  # without a host model the devices cannot be checked
+    if topo is not None:
+        try:
+            present = [b for b in readable_hostdev_sources(domain_xml) if topo.find(b) is not None]
+        except Exception as e:  # the host model failing on its own devices (or a bug): one line
+            why = e if isinstance(e, PcitopoError) else InternalError.of(e)
+    if present is None:
+        if options.nvlink == "require":
+            raise NvlinkError(f"cannot check the GPUs' NVLink (annotation {annotation('nvlink')} is require): "
+                              f"{why.kind}: {why.reason}")
+        if options.doctor != "off":
+            summary["doctor"] = {"error": f"{why.kind}: {why.reason[:300]}"}
+    else:
+        summary.update(nvlink_fields(topo, fabric, options.nvlink, present)[0])
+        doctor = _doctor(topo, present, options, summary)
+    return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options, doctor=doctor)

@@ -368,6 +368,23 @@ class DomainView:
         return out
 
 
+def readable_hostdev_sources(data: bytes) -> list[Bdf]:
+    """The source BDFs of a domain's PCI hostdevs, skipping what cannot be read (a malformed
+    domain has none, a hostdev without a valid source is left out): for checks that run on a
+    domain the rewrite refused (``on-error: passthrough``)."""
+    try:
+        hostdevs = DomainView(parse_domain(data)).pci_hostdevs()
+    except DomainError:
+        return []
+    out = []
+    for h in hostdevs:
+        try:
+            out.append(h.source)
+        except DomainError:
+            continue
+    return out
+
+
 # Linux's largest NR_CPUS; no cpu or node list can name more.
 MAX_CPUSET_MEMBERS = 8192
 

@@ -81,3 +81,22 @@ class NvlinkError(PcitopoError):
     """``pcitopo.kubevirt.io/nvlink: require`` and the VM's GPU set will not get NVLink."""
 
     kind = "nvlink"
+
+
+class VmiError(ConfigError):
+    """The VMI JSON handed to the hook is malformed (not JSON, or not shaped like a VMI)."""
+
+    kind = "vmi"
+
+
+class InternalError(PcitopoError):
+    """An unexpected exception inside the hook's rewrite or its checks (a bug of ours), as a
+    one-line error, so the operator's ``on-error``/``nvlink`` policy still decides and no door
+    shows a traceback."""
+
+    kind = "internal"
+
+    @classmethod
+    def of(cls, e: BaseException, where: str = "") -> "InternalError":
+        """Wrap an unexpected exception: ``[where: ]TypeName: message``."""
+        return cls(f"{where + ': ' if where else ''}{type(e).__name__}: {e}")

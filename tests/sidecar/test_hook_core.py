@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from testkit import REPO
 from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
 from sidecar.config import PREFIX
 from sidecar.core import InternalError, handle_define_domain
@@ -104,3 +105,110 @@ def test_a_bug_becomes_a_one_line_internal_error_under_the_same_policy():
     assert isinstance(ei.value, PcitopoError) and ei.value.kind == "internal" and "\n" not in str(ei.value)
     out = handle_define_domain(dom, vmi_json(dom, PASSTHROUGH), lambda: object())
     assert out.outcome == "passthrough" and out.xml == dom and out.reason.startswith("internal: ")
+
+
+# -- on-error: passthrough does not switch off nvlink/doctor: require (the docs say "whatever
+#    on-error says"): the checks run on the domain's hostdev sources the host has -------------
+
+H100_FOREIGN = fixture_domain("hgx-h100").replace(b'bus="0x18" slot="0x00"', b'bus="0x77" slot="0x00"', 1)
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return open_host(fixture_sysfs("hgx-h100"))
+
+
+@pytest.fixture(scope="module")
+def h100_fabric(h100):
+    from topology.fabric import load_fabric
+
+    # no active partition: the seven GPUs the host has get no NVLink
+    return load_fabric(str(REPO / "fixtures" / "hgx-h100" / "fabric" / "fmpm-l.json"), None, h100)
+
+
+def test_nvlink_require_stops_a_passthrough(h100, h100_fabric):
+    from topology.errors import NvlinkError
+
+    ann = {**PASSTHROUGH, f"{PREFIX}nvlink": "require"}
+    with pytest.raises(NvlinkError, match="no fabric partition") as ei:
+        handle_define_domain(H100_FOREIGN, vmi_json(H100_FOREIGN, ann), h100, h100_fabric)
+    assert "0000:2a:00.0" in ei.value.reason and "0000:77:00.0" not in ei.value.reason  # only GPUs the host has
+    with pytest.raises(NvlinkError, match="no fabric file"):  # require without a fabric file, as after a rewrite
+        handle_define_domain(H100_FOREIGN, vmi_json(H100_FOREIGN, ann), h100, None)
+
+
+def test_nvlink_warn_on_a_passthrough_logs_the_verdict(h100, h100_fabric):
+    ann = {**PASSTHROUGH, f"{PREFIX}nvlink": "warn", f"{PREFIX}doctor": "off"}
+    out = handle_define_domain(H100_FOREIGN, vmi_json(H100_FOREIGN, ann), h100, h100_fabric)
+    assert out.outcome == "passthrough" and out.xml == H100_FOREIGN
+    assert out.summary["nvlink"] == "not-a-partition" and "no fabric partition" in out.summary["nvlink_reason"]
+
+
+def test_doctor_require_stops_a_passthrough():
+    from topology.doctor import DoctorError
+
+    faults = open_host(fixture_sysfs("hgx-h100-faults"))
+    ann = {**PASSTHROUGH, f"{PREFIX}doctor": "require"}
+    with pytest.raises(DoctorError, match=r"host not ready \(annotation pcitopo.kubevirt.io/doctor is require\)"):
+        handle_define_domain(H100_FOREIGN, vmi_json(H100_FOREIGN, ann), faults)
+    out = handle_define_domain(H100_FOREIGN, vmi_json(H100_FOREIGN, PASSTHROUGH), faults)  # warn: logged
+    assert out.outcome == "passthrough" and out.summary["doctor"]["fail"] >= 11 and out.doctor is not None
+    checked = {f.bdf for f in out.doctor.findings if f.check == "vfio-driver"}
+    assert len(checked) == 19 and "0000:77:00.0" not in {str(b) for b in checked}
+
+
+def test_doctor_require_passes_a_passthrough_of_a_ready_host(h100):
+    ann = {**PASSTHROUGH, f"{PREFIX}doctor": "require"}
+    one = fixture_domain("hgx-h100", "one-pair").replace(b'bus="0x18" slot="0x00"', b'bus="0x77" slot="0x00"', 1)
+    out = handle_define_domain(one, vmi_json(one, ann), h100)
+    assert out.outcome == "passthrough" and out.summary["doctor"]["fail"] == 0
+
+
+def test_require_on_a_passthrough_whose_host_cannot_be_read():
+    """Nothing to check the GPUs against: nvlink: require cannot confirm NVLink, so it stops the
+    VM (one line naming why); doctor: require logs that it could not run, as after a rewrite."""
+    from topology.errors import NvlinkError
+
+    dom = fixture_domain("hgx-h100")
+    host = lambda: open_host("/nonexistent/sysfs")  # noqa: E731
+    with pytest.raises(NvlinkError, match=r"cannot check the GPUs' NVLink .*: sysfs: "):
+        handle_define_domain(dom, vmi_json(dom, {**PASSTHROUGH, f"{PREFIX}nvlink": "require"}), host)
+    out = handle_define_domain(dom, vmi_json(dom, {**PASSTHROUGH, f"{PREFIX}doctor": "require"}), host)
+    assert out.outcome == "passthrough" and out.summary["doctor"]["error"].startswith("sysfs: ")
+
+
+def test_a_bug_in_the_nvlink_check_is_one_line_and_require_decides(h100):
+    """A fabric door (a callable) failing with something that is not one of our typed errors:
+    under require an InternalError (the VM stops, one line), under warn a logged
+    ``internal-error`` and the VM starts, after a rewrite and after a passthrough alike."""
+    def broken_fabric():
+        raise RuntimeError("fabric\nreader broke")
+
+    dom = fixture_domain("hgx-h100")
+    for doc, extra in ((dom, {}), (H100_FOREIGN, PASSTHROUGH)):
+        with pytest.raises(InternalError) as ei:
+            handle_define_domain(doc, vmi_json(doc, {**extra, f"{PREFIX}nvlink": "require"}), h100, broken_fabric)
+        assert ei.value.kind == "internal" and str(ei.value) == "NVLink check: RuntimeError: fabric reader broke"
+        out = handle_define_domain(doc, vmi_json(doc, {**extra, f"{PREFIX}nvlink": "warn"}), h100, broken_fabric)
+        assert out.summary["nvlink"] == "internal-error" and out.summary["nvlink_reason"].startswith("NVLink check: RuntimeError")
+    assert out.outcome == "passthrough"
+
+
+def test_a_host_model_that_is_not_one_still_passes_through_under_doctor_warn():
+    dom = fixture_domain("hgx-h100")
+    out = handle_define_domain(dom, vmi_json(dom, PASSTHROUGH), lambda: object())
+    assert out.outcome == "passthrough" and out.summary["doctor"]["error"].startswith("internal: AttributeError")
+    from topology.errors import NvlinkError
+
+    with pytest.raises(NvlinkError, match="internal: AttributeError"):
+        handle_define_domain(dom, vmi_json(dom, {**PASSTHROUGH, f"{PREFIX}nvlink": "require"}), lambda: object())
+
+
+def test_the_hook_errors_live_in_topology_errors():
+    import sidecar.config
+    import sidecar.core
+    import topology.errors as errors
+
+    assert sidecar.core.InternalError is errors.InternalError and errors.InternalError.kind == "internal"
+    assert sidecar.config.VmiError is errors.VmiError and errors.VmiError.kind == "vmi"
+    assert issubclass(errors.VmiError, errors.ConfigError)
