@@ -3,7 +3,11 @@
     xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
 
 Exit 0 on success; 1 when --check finds that the guest will not see what the host has; 2 with
-one line on stderr for bad input. A passthrough or off outcome is always named on stderr.
+one line on stderr for bad input. A passthrough or off outcome is always named on stderr, and so
+is everything the hook would only log and boot anyway (``xmlfix: warning: ...``: a firmware
+warning, the NVLink verdict under ``nvlink: warn``, failed readiness checks under ``doctor:
+warn``). ``--fabric`` is read as the hook reads it, when the NVLink check runs: a bad file stops
+only ``nvlink: require``.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for a fabric file with placeholder BDFs '
                    "(default $PCITOPO_MODULE_MAP)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the rewritten domain here instead of stdout")
-    p.add_argument("--check", action="store_true", help="exit 1 unless the guest will see what the host has (every pair's class, every device's NUMA cell); reasons on stderr")
+    p.add_argument("--check", action="store_true", help="exit 1 unless the guest will see what the host has (every pair's class, every device's NUMA cell, "
+                   "no firmware warning, NVLink with --fabric); reasons on stderr")
     p.add_argument("--explain", action="store_true", help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
     p.add_argument("--dot", action="store_true", help="the explanation as a Graphviz picture: host and predicted guest trees in DOT (implies --explain; not with --json or --diff)")
     p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
@@ -84,18 +89,19 @@ def xmlfix(argv: Sequence[str]) -> int:
 
         vmi = vmi_as_json(vmi, args.vmi)
     host = open_host(args.sysfs)
-    fabric = None
-    if args.fabric:
-        from topology.fabric import load_fabric
+    fabric_file = None
+    if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
+        from topology.fabric import FabricFile
 
-        fabric = load_fabric(args.fabric, args.module_map, host)
+        fabric_file = FabricFile(args.fabric, args.module_map, host)
     elif args.module_map:
         raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
-    outcome = handle_define_domain(domain, vmi, host, fabric)
+    outcome = handle_define_domain(domain, vmi, host, fabric_file)
+    fabric = _loaded(fabric_file)
     result = outcome.result
     out = outcome.xml
-    if outcome.summary.get("nvlink_reason"):  # nvlink: warn boots, and says why here
-        print(f"xmlfix: warning: NVLink: {outcome.summary['nvlink_reason']}", file=sys.stderr)
+    for line in _warnings(outcome):  # what the hook logs and boots anyway: never silent here
+        print(f"xmlfix: warning: {line}", file=sys.stderr)
 
     if args.json:
         _print_prediction(outcome, host, fabric)
@@ -128,6 +134,41 @@ def xmlfix(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
+def _loaded(fabric_file):
+    """The fabric for the explanation and the prediction: the file's, or None when there is
+    none or it cannot be read (a warning already said so if the check needed it)."""
+    from topology.errors import FabricError
+
+    if fabric_file is None:
+        return None
+    try:
+        return fabric_file()
+    except FabricError:
+        return None
+
+
+def _warnings(outcome) -> list[str]:
+    """One line per thing the hook would boot the VM with and only log: the rewrite's firmware
+    warnings, the NVLink verdict under ``nvlink: warn``, failed host-readiness checks under
+    ``doctor: warn`` (or a doctor that could not run)."""
+    from topology.predict import firmware_warnings
+
+    from .core import nvlink_note
+
+    out = firmware_warnings(outcome.result) if outcome.result is not None else []
+    if outcome.summary.get("nvlink_reason"):
+        out.append(nvlink_note(outcome.summary))
+    doctor = outcome.summary.get("doctor") or {}
+    if "error" in doctor:
+        out.append(f"doctor: not run: {doctor['error']}")
+    elif outcome.doctor is not None and outcome.doctor.failed:
+        failed = outcome.doctor.failed
+        shown = ", ".join(f"{f.check} {f.bdf or 'host'}" for f in failed[:3])
+        more = f", and {len(failed) - 3} more" if len(failed) > 3 else ""
+        out.append(f"doctor: {len(failed)} fail ({shown}{more}; `pcitopo doctor` explains each)")
+    return out
+
+
 def _one_document(args: argparse.Namespace) -> None:
     """What goes to stdout must read as one document: --json (finding 5) and --dot (finding 11)
     each print one, so neither mixes with another kind (--explain text, --diff, each other).
@@ -140,7 +181,7 @@ def _one_document(args: argparse.Namespace) -> None:
 
 def _check(outcome, host, fabric=None) -> int:
     """--check: exit 0 only if the guest will see what the host has (finding 2)."""
-    from topology.predict import check_problems, verdict
+    from topology.predict import beyond_pairs, check_problems, verdict
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
@@ -148,7 +189,9 @@ def _check(outcome, host, fabric=None) -> int:
     problems = check_problems(outcome.result, host, fabric)
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
-    print(f"xmlfix: check: {'failed' if problems else 'ok'}: {verdict(outcome.result, host, fabric)}", file=sys.stderr)
+    # the verdict counts pairs and cells; what else fails the check (NVLink, firmware) joins it
+    why = "; ".join([verdict(outcome.result, host, fabric)] + beyond_pairs(outcome.result, fabric))
+    print(f"xmlfix: check: {'failed' if problems else 'ok'}: {why}", file=sys.stderr)
     return EXIT_CHECK_FAILED if problems else EXIT_OK
 
 

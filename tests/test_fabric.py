@@ -80,7 +80,10 @@ def test_placeholder_bdfs_need_the_module_map_and_say_which_source(board, tmp_pa
 
 
 @pytest.mark.parametrize("path", HOSTILE, ids=lambda p: p.stem)
-def test_hostile_fabric_files_are_one_line_and_exit_2(path):
+def test_hostile_fabric_files_are_one_line_and_exit_2(path, tmp_path):
+    """pcitopo reads the file at once; xmlfix reads it as the hook does, when the NVLink check
+    runs: under nvlink: require a bad file stops the VM (exit 2, one line), under warn it is a
+    warning and the domain is rewritten ("NVLink: not checked")."""
     args = ["--fabric", str(path)]
     if path.stem.startswith("module-map"):
         args = ["--fabric", fabric("hgx-h100", "vfio"), "--module-map", str(path)]
@@ -89,8 +92,16 @@ def test_hostile_fabric_files_are_one_line_and_exit_2(path):
         line = one_line_error(r, " ".join(cmd))
         assert path.name in line
     dom = domain_with_modules("hgx-h100", {1, 3})
-    r = run("xmlfix", "--sysfs", "fixtures/hgx-h100", *args, "-", stdin=dom)
+    vmi = tmp_path / "vmi.json"
+    vmi.write_bytes(vmi_with("require"))
+    r = run("xmlfix", "--sysfs", "fixtures/hgx-h100", *args, "--vmi", str(vmi), "-", stdin=dom)
     assert path.name in one_line_error(r, "xmlfix") and not r.stdout
+    vmi.write_bytes(vmi_with("warn"))
+    r = run("xmlfix", "--sysfs", "fixtures/hgx-h100", *args, "--vmi", str(vmi), "-", stdin=dom)
+    err = r.stderr.decode()
+    assert r.returncode == 0 and r.stdout.startswith(b"<domain") and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if "NVLink" in line] == [
+        line for line in err.splitlines() if line.startswith("xmlfix: warning: NVLink: not checked: ") and path.name in line] != []
 
 
 def test_a_bdf_the_host_lacks_is_named():
@@ -238,6 +249,9 @@ def test_json_prediction_and_check_follow_the_fabric(tmp_path):
     assert "check: NVLink" not in ok.stderr.decode()
     bad = xmlfix_nvlink(tmp_path, "hgx-h100", {1, 2}, "warn", extra=("--check",))
     assert bad.returncode == 1 and "xmlfix: check: NVLink: GPUs" in bad.stderr.decode(), bad.stderr
+    # the closing failure line says NVLink is why (the pairs alone would read as fine)
+    last = bad.stderr.decode().strip().splitlines()[-1]
+    assert last.startswith("xmlfix: check: failed: ") and "; NVLink: GPUs" in last and "no fabric partition" in last
     assert "no fabric partition" in bad.stderr.decode()
 
 
@@ -318,3 +332,29 @@ def test_check_gpu_set_verdicts_in_process():
     assert g.count(host.function(bdf(1)), host.function(bdf(3))) == 18
     assert check_gpu_set(fab, [bdf(2), bdf(4)]).guest_nvlink(fab) is None
     assert len(compute_nics(host)) == 10  # 8 compute + 2 storage CX-7 (dual-port: one each)
+
+
+@pytest.mark.parametrize("annotations,said", [
+    ({}, "not checked"),  # the default, nvlink: warn
+    ({"pcitopo.kubevirt.io/nvlink": "off"}, None),
+    ({"pcitopo.kubevirt.io/mode": "off"}, None),
+])
+def test_xmlfix_reads_a_bad_fabric_file_only_when_the_check_runs(tmp_path, capsys, annotations, said):
+    """As the hook (topology.fabric.FabricFile): a fabric file that cannot be read fails only
+    `nvlink: require`; otherwise xmlfix's dry run boots like the hook (exit 0)."""
+    from sidecar.cli import xmlfix_main
+
+    bad = tmp_path / "fabric.json"
+    bad.write_text("not JSON")
+    vmi = tmp_path / "vmi.json"
+    vmi.write_text(json.dumps({"metadata": {"annotations": annotations}}))
+    dom = tmp_path / "domain.xml"
+    dom.write_bytes(domain_with_modules("hgx-h100", {1, 3}))
+    assert xmlfix_main(["--sysfs", str(REPO / "fixtures/hgx-h100"), "--fabric", str(bad), "--vmi", str(vmi), str(dom)]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("<domain")
+    nvlink = [line for line in out.err.splitlines() if "NVLink" in line]
+    if said is None:
+        assert nvlink == []
+    else:
+        assert len(nvlink) == 1 and nvlink[0].startswith(f"xmlfix: warning: NVLink: {said}: fabric file {bad}: not JSON")

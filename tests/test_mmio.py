@@ -243,6 +243,51 @@ def test_two_large_bars_below_one_switch_under_seabios_warn_subject_to_on_error(
     assert not rewrite_domain(with_efi(seabios), b200, host_phys_bits=46).report.warnings
 
 
+def _seabios_fixture(tmp_path) -> str:
+    """fixtures/hgx-b200's domain without its EFI loader: KubeVirt's default SeaBIOS."""
+    root = etree.fromstring((ROOT / "fixtures" / "hgx-b200" / "domain.xml").read_bytes())
+    os_el = root.find("os")
+    for loader in os_el.findall("loader"):
+        os_el.remove(loader)
+    os_el.attrib.pop("firmware", None)
+    path = tmp_path / "domain.xml"
+    path.write_bytes(etree.tostring(root))
+    return str(path)
+
+
+def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
+    """Under on-error: passthrough the SeaBIOS warning boots the rewritten domain; xmlfix says so
+    on stderr, --check fails on it and --json carries it in the notes."""
+    from sidecar.cli import xmlfix_main
+
+    dom = _seabios_fixture(tmp_path)
+    vmi = tmp_path / "vmi.json"
+    vmi.write_bytes(_vmi(on_error="passthrough", doctor="off"))
+    base = ["--sysfs", str(ROOT / "fixtures" / "hgx-b200"), "--vmi", str(vmi), dom]
+    assert xmlfix_main(base) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("<domain")
+    assert [line[:40] for line in out.err.splitlines()] == ["xmlfix: warning: mmio-firmware: SeaBIOS "]
+    assert xmlfix_main(["--check", *base]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "xmlfix: check: mmio-firmware: SeaBIOS 1.16.3" in "\n".join(err)
+    assert err[-1].startswith("xmlfix: check: failed: NCCL: 190/190 pairs as on the host") and "; mmio-firmware: " in err[-1]
+    assert xmlfix_main(["--json", *base]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert [n for n in notes if n.startswith("mmio-firmware: SeaBIOS 1.16.3")] != []
+
+
+def test_check_problems_and_prediction_carry_the_firmware_warning(b200):
+    from topology.predict import check_problems, prediction
+
+    seabios = _domain(b200, gpus_and_nics(b200))
+    r = rewrite_domain(seabios, b200, host_phys_bits=46)
+    assert [p for p in check_problems(r, b200) if p.startswith("mmio-firmware: ")] != []
+    assert prediction(r, b200)["notes"][-1].startswith("mmio-firmware: ")
+    efi = rewrite_domain(with_efi(seabios), b200, host_phys_bits=46)
+    assert not [p for p in check_problems(efi, b200) if "mmio-firmware" in p]
+
+
 def test_mmio_off_annotation_reaches_the_rewrite(b200):
     out = handle_define_domain(_domain(b200, gpus_and_nics(b200)), _vmi(mmio="off"), b200)
     assert out.outcome == "rewritten" and _root(out.xml).find("cpu/maxphysaddr") is None

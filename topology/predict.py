@@ -136,8 +136,9 @@ def verdict(result: RewriteResult, host: Topology, fabric=None) -> str:
 def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[str]:
     """Everything that keeps the guest from seeing what the host has, one line each; empty
     when it will. The only accepted difference is the documented Broadcom flattening
-    (nvidia-smi PXB → PIX where NCCL already says PIX on the host). With a fabric file, GPUs
-    that will not get NVLink (the NVLink check's verdict) are one more problem."""
+    (nvidia-smi PXB → PIX where NCCL already says PIX on the host). A firmware warning (a GPU
+    whose BARs the guest firmware will not assign) and, with a fabric file, GPUs that will not
+    get NVLink (the NVLink check's verdict) are problems too (:func:`beyond_pairs`)."""
     views = pair_views(result, host, fabric)
     groups: dict[str, list[PairView]] = {}
     for v in views:
@@ -155,6 +156,19 @@ def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[s
         )
     if not result.report.numa_map and len({d.host_node for d in result.report.placed if d.host_node >= 0}) > 1:
         out.append(KUBEVIRT_NUMA_ADVICE)
+    return out + beyond_pairs(result, fabric)
+
+
+def firmware_warnings(result: RewriteResult) -> list[str]:
+    """The rewrite's typed warnings (``topology.mmio.FirmwareWarning``: BARs the guest firmware
+    will leave unassigned whatever the domain sets), one ``kind: reason`` line each."""
+    return [f"{w.kind}: {w.reason}" for w in result.report.warnings]
+
+
+def beyond_pairs(result: RewriteResult, fabric=None) -> list[str]:
+    """The problems the verdict line does not show: firmware warnings, and with a fabric file
+    GPUs that will not get NVLink (the NVLink check's verdict)."""
+    out = firmware_warnings(result)
     nv = result.report.nvlink
     if fabric is not None and nv is not None and not nv.nvlink_ok:
         out.append(f"NVLink: {nv.message}")
@@ -162,7 +176,8 @@ def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[s
 
 
 def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
-    """The predicted guest, keyed by host BDF: what ``pcitopo verify --expect`` checks."""
+    """The predicted guest, keyed by host BDF: what ``pcitopo verify --expect`` checks. Its notes
+    are the report's, then the firmware warnings."""
 
     report = result.report
     labels = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in report.placed])}
@@ -187,4 +202,4 @@ def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
         }
         for p in report.pairs
     ]
-    return {"devices": devices, "pairs": pairs, "notes": list(report.notes)}
+    return {"devices": devices, "pairs": pairs, "notes": list(report.notes) + firmware_warnings(result)}

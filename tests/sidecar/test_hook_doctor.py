@@ -133,3 +133,19 @@ def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
     section = out[out.index("Host readiness of the placed devices (pcitopo doctor):"):]
     assert "FAIL    acs         downstream-port above NIC0 0000:17:01.0" in section
     assert section.rstrip().endswith("(1 fail, 0 warn, 0 unknown, 19 ok)")
+
+
+def test_xmlfix_check_names_failed_doctor_checks_on_stderr(capsys):
+    """doctor: warn (the default): --check stays about the topology (exit 0) but says, in one
+    warning line, that checks failed and which."""
+    from sidecar.cli import xmlfix_main
+
+    domain = REPO / "fixtures" / "hgx-h100" / "domain.xml"
+    assert xmlfix_main(["--check", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("xmlfix: check: ok: ")
+    doctor = [line for line in err if "doctor" in line]
+    failed = handle_define_domain(DOMAIN, None, open_host(fixture_sysfs("hgx-h100-faults"))).doctor.failed
+    first = failed[0]
+    assert len(doctor) == 1 and doctor[0].startswith(f"xmlfix: warning: doctor: {len(failed)} fail ({first.check} {first.bdf}, ")
+    assert f"and {len(failed) - 3} more" in doctor[0]
