@@ -17,7 +17,9 @@ silently slow VM.
 ``--fabric FILE``, the VM's NVIDIA GPUs must be exactly one active Fabric Manager partition with
 all links. ``require`` fails the VM start with one line when they are not (whatever
 ``on-error`` says: booting without NVLink is what the operator asked us to prevent); ``warn``
-boots and says why in the report and the log line; ``off`` skips the check.
+boots and says why in the report and the log line; ``off`` skips the check. Under
+``on-error: passthrough`` a domain the rewrite refused is checked on its hostdevs that are NVIDIA
+GPUs of the host, and ``doctor`` (below) on its hostdevs the host has (sidecar/core.py).
 
 ``doctor`` runs the host-readiness checks of ``pcitopo doctor`` for the devices the hook places
 and puts the findings in the log line: ``warn`` only reports, ``require`` stops the VM start

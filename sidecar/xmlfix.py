@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
     p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
                    help="NVLink fabric partitions: the output of `fmpm -l` (default $PCITOPO_FABRIC); enables the "
-                   "pcitopo.kubevirt.io/nvlink check and the fabric's NV# in --explain")
+                   "pcitopo.kubevirt.io/nvlink check and the fabric's NV# in --explain; read, as by the hook, only when the "
+                   "check runs: a bad file exits 2 under nvlink: require, is a warning under warn")
     p.add_argument("--module-map", metavar="FILE", default=os.environ.get("PCITOPO_MODULE_MAP") or None,
                    help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for a fabric file with placeholder BDFs '
                    "(default $PCITOPO_MODULE_MAP)")
