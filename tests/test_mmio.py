@@ -323,3 +323,13 @@ def test_seabios_reserves_large_bars_even_when_the_width_suffices(h100):
     assert {p["pref64-reserve"].value for p in properties(root).values()} == {str(384 * GiB)}
     nics = [b for b in gpus_and_nics(h100) if h100.role(b).value == "nic"][:2]
     assert properties(_root(rewrite_domain(_domain(h100, nics), h100).xml)) == {}  # 32 MiB BARs: nothing
+
+
+def test_mmio_errors_live_in_topology_errors():
+    """House rule: typed errors are defined in topology/errors.py (mmio.py only raises them)."""
+    from topology import errors
+
+    assert MmioError is errors.MmioError and MmioError.__module__ == "topology.errors"
+    assert FirmwareWarning is errors.FirmwareWarning and FirmwareWarning.__module__ == "topology.errors"
+    assert (MmioError.kind, FirmwareWarning.kind) == ("mmio", "mmio-firmware")
+    assert issubclass(MmioError, errors.PcitopoError) and issubclass(FirmwareWarning, errors.PcitopoError)

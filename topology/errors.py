@@ -81,3 +81,15 @@ class NvlinkError(PcitopoError):
     """``pcitopo.kubevirt.io/nvlink: require`` and the VM's GPU set will not get NVLink."""
 
     kind = "nvlink"
+
+
+class MmioError(PcitopoError):
+    """The guest cannot map the assigned devices' BARs (even the host's width is too small)."""
+
+    kind = "mmio"
+
+
+class FirmwareWarning(PcitopoError):
+    """A firmware limit the settings cannot repair: the VM boots, some BARs stay unassigned."""
+
+    kind = "mmio-firmware"

@@ -39,7 +39,7 @@ from lxml import etree
 
 from .bars import device_bars
 from .domain import OUR_ALIAS_PREFIX, ROOT_PORT, UPSTREAM, PciController, append_child, parse_int
-from .errors import PcitopoError
+from .errors import FirmwareWarning, MmioError, PcitopoError
 from .model import Bdf, Topology
 from .overrides import Property, set_properties
 
@@ -54,18 +54,6 @@ PREF64_RESERVE = "pref64-reserve"
 PASSTHROUGH_CPU_MODES = frozenset({"host-passthrough", "maximum"})
 CPUINFO_ENV = "PCITOPO_CPUINFO"
 FEATURE_1G_PAGES = "pdpe1gb"
-
-
-class MmioError(PcitopoError):
-    """The guest cannot map the assigned devices' BARs (even the host's width is too small)."""
-
-    kind = "mmio"
-
-
-class FirmwareWarning(PcitopoError):
-    """A firmware limit the settings cannot repair: the VM boots, some BARs stay unassigned."""
-
-    kind = "mmio-firmware"
 
 
 def pow2ceil(n: int) -> int:
