@@ -30,14 +30,13 @@ through, and for SeaBIOS ``pref64-reserve`` on exactly our root ports (by alias,
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from lxml import etree
 
 from .bars import device_bars
+from .cpuinfo import CPUINFO_ENV, HostWidth, local_width
 from .domain import OUR_ALIAS_PREFIX, ROOT_PORT, UPSTREAM, PciController, append_child, parse_int
 from .errors import FirmwareWarning, MmioError, PcitopoError
 from .model import Bdf, Topology
@@ -52,7 +51,6 @@ OVMF_MIN_DYNAMIC_BITS = 41  # OVMF sizes the window from the width only above 40
 SEABIOS_1163_ALIGN = 32 * GiB
 PREF64_RESERVE = "pref64-reserve"
 PASSTHROUGH_CPU_MODES = frozenset({"host-passthrough", "maximum"})
-CPUINFO_ENV = "PCITOPO_CPUINFO"
 FEATURE_1G_PAGES = "pdpe1gb"
 
 
@@ -65,34 +63,11 @@ def bits_for(end: int) -> int:
     return max(1, (end - 1).bit_length())
 
 
-CPUINFO_MAX_BYTES = 64 * KiB  # the first processor's block, where "address sizes" is, is < 4 KiB
-
-
 def host_phys_bits(path: str | None = None) -> int | None:
-    """The host CPU's physical-address width: the ``address sizes : NN bits physical`` line of
-    ``/proc/cpuinfo`` (or ``$PCITOPO_CPUINFO``, or ``path``). None when it cannot be read.
-    Read once per path (the CPU does not change), at most 64 KiB, never following a symlink."""
-    return _phys_bits(path or os.environ.get(CPUINFO_ENV) or "/proc/cpuinfo")
-
-
-@functools.lru_cache(maxsize=4)
-def _phys_bits(path: str) -> int | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, CPUINFO_MAX_BYTES)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    for line in data.decode("utf-8", "replace").splitlines():
-        if line.startswith("address sizes"):
-            words = line.split(":", 1)[-1].split()
-            if len(words) >= 3 and words[1] == "bits" and words[0].isdigit():
-                return int(words[0])
-    return None
+    """This machine's physical-address width (``/proc/cpuinfo``, or ``$PCITOPO_CPUINFO``, or
+    ``path``; None when it cannot be read). The width of the host a sysfs source describes is
+    ``Topology.host_width()`` (topology/cpuinfo.py): a capture carries its own."""
+    return local_width(path).bits
 
 
 # -- facts from the domain ----------------------------------------------------------------------
@@ -158,6 +133,7 @@ class MmioBudget:
     ports: list[PortBudget] = field(default_factory=list)
     other: int = 0  # 64-bit prefetchable space of devices not below one of our root ports
     host_bits: int | None = None
+    host_bits_from: str = "not given"  # where host_bits came from (HostWidth.origin)
     seabios_bits: int | None = None  # None: QEMU's default width is enough
     ovmf_bits: int | None = None
     applied: list[str] = field(default_factory=list)
@@ -299,9 +275,11 @@ def port_budgets(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf
 
 
 def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int | None]],
-           controllers: list[PciController], host_bits: int | None) -> MmioBudget:
+           controllers: list[PciController], host_bits: int | HostWidth | None) -> MmioBudget:
     ctrls = snapshot(controllers)
-    b = MmioBudget(firmware_of(root), cpu_mode_of(root), guest_ram(root), host_bits=host_bits)
+    width = as_width(host_bits)
+    b = MmioBudget(firmware_of(root), cpu_mode_of(root), guest_ram(root), host_bits=width.bits,
+                   host_bits_from=width.origin)
     b.ports, b.other, b.notes = port_budgets(host, ctrls, hostdevs)
     windows = [p.window for p in b.ports] + ([pow2ceil(b.other)] if b.other else [])
     b.seabios_bits = seabios_bits(b.ram, windows)
@@ -311,19 +289,27 @@ def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int |
 
 # -- what goes into the domain ------------------------------------------------------------------
 
+def as_width(host_bits: int | HostWidth | None) -> HostWidth:
+    """A caller's width: a HostWidth as is (``Topology.host_width()``), a bare number or None as
+    given by the caller (tests, the e2e tier, library users)."""
+    if isinstance(host_bits, HostWidth):
+        return host_bits
+    return HostWidth(host_bits, "given by the caller" if host_bits is not None else "not given")
+
+
 def check_host(b: MmioBudget) -> None:
     """MmioError when the guest needs more address bits than the host CPU has."""
     need = b.bits
     if need is None:
         return
     if b.host_bits is None:
-        b.notes.append(f"host CPU address width unknown ({CPUINFO_ENV} or /proc/cpuinfo unreadable): "
+        b.notes.append(f"host CPU address width unknown ({b.host_bits_from}): "
                        f"asking for {need} bits unchecked")
         return
     if need > b.host_bits:
         raise MmioError(
             f"the assigned devices need {fmt_size(b.total)} of 64-bit MMIO space: {need}-bit guest addresses "
-            f"under {b.firmware}, but the host CPU has {b.host_bits} (address sizes in /proc/cpuinfo)"
+            f"under {b.firmware}, but the host CPU has {b.host_bits} ({b.host_bits_from})"
         )
 
 
@@ -419,7 +405,7 @@ __all__ = ["FirmwareWarning", "MmioBudget", "MmioError", "PortBudget", "apply", 
 # -- the one call the rewrite makes ---------------------------------------------------------------
 
 def apply_mmio_settings(root: etree._Element, host: Topology, hostdevs: list, controllers: list[PciController],
-                        *, mmio: bool, p2p_clique: bool, host_bits: int | None):
+                        *, mmio: bool, p2p_clique: bool, host_bits: int | HostWidth | None):
     """Budget + settings (``mmio``) and P2P cliques (``p2p_clique``) on an already placed domain.
     ``hostdevs``: the domain's ``PciHostdev`` views. Returns (MmioBudget | None, CliquePlan | None);
     raises MmioError when even the host's address width is too small."""
@@ -448,6 +434,7 @@ def budget_lines(b: MmioBudget | None, cliques=None) -> list[str]:
         out = ["64-bit MMIO: not managed (mmio: off)"]
     else:
         host = f"{b.host_bits} bits" if b.host_bits else "unknown"
+        host += f", {b.host_bits_from}"
         out = [f"64-bit MMIO budget ({b.firmware}, CPU {b.cpu_mode}, guest RAM {fmt_size(b.ram)}, host width {host}):"]
         for p in b.ports:
             out.append(f"  {p.alias}: window {fmt_size(p.window)} (largest BAR {fmt_size(p.largest_bar)}, "
