@@ -36,8 +36,22 @@ from typing import NamedTuple
 from lxml import etree
 
 from .bars import device_bars
-from .cpuinfo import CPUINFO_ENV, HostWidth, local_width
-from .domain import OUR_ALIAS_PREFIX, ROOT_PORT, UPSTREAM, PciController, append_child, parse_int
+from .cpuinfo import HostWidth, local_width
+from .domain import (
+    FEATURE_OFF_POLICIES,
+    OUR_ALIAS_PREFIX,
+    ROOT_PORT,
+    UPSTREAM,
+    PciController,
+    cpu_feature_policies,
+    cpu_has_model,
+    cpu_mode_of,
+    ensure_cpu,
+    firmware_of,
+    guest_ram,
+    require_cpu_feature,
+    set_maxphysaddr,
+)
 from .errors import FirmwareWarning, MmioError, PcitopoError
 from .model import Bdf, Topology
 from .overrides import Property, set_properties
@@ -71,45 +85,6 @@ def host_phys_bits(path: str | None = None) -> int | None:
 
 
 # -- facts from the domain ----------------------------------------------------------------------
-
-def firmware_of(root: etree._Element) -> str:
-    """``ovmf`` when ``<os>`` boots UEFI (firmware='efi', or a pflash/OVMF/edk2 loader), else
-    ``seabios`` (KubeVirt boots OVMF only with spec.domain.firmware.bootloader.efi)."""
-    os_el = root.find("os")
-    if os_el is None:
-        return "seabios"
-    if (os_el.get("firmware") or "").lower() == "efi":
-        return "ovmf"
-    loader = os_el.find("loader")
-    if loader is not None:
-        text = (loader.text or "").lower()
-        if loader.get("type") == "pflash" or any(k in text for k in ("ovmf", "edk2", "efi", "aavmf")):
-            return "ovmf"
-    return "seabios"
-
-
-def cpu_mode_of(root: etree._Element) -> str:
-    cpu = root.find("cpu")
-    if cpu is None:
-        return "none"
-    return cpu.get("mode") or "custom"
-
-
-_UNITS = {"b": 1, "bytes": 1, "k": KiB, "kib": KiB, "kb": 1000, "m": MiB, "mib": MiB, "mb": 10**6,
-          "g": GiB, "gib": GiB, "gb": 10**9, "t": TiB, "tib": TiB, "tb": 10**12}
-
-
-def guest_ram(root: etree._Element) -> int:
-    """Guest RAM in bytes (``<maxMemory>`` if larger: hotplugged DIMMs sit above RAM too)."""
-    best = 0
-    for tag in ("memory", "maxMemory"):
-        el = root.find(tag)
-        if el is None or not (el.text or "").strip():
-            continue
-        unit = _UNITS.get((el.get("unit") or "KiB").lower(), KiB)
-        best = max(best, parse_int(el.text, f"<{tag}>") * unit)
-    return best
-
 
 # -- the budget ---------------------------------------------------------------------------------
 
@@ -338,55 +313,25 @@ def apply(root: etree._Element, b: MmioBudget) -> None:
         b.applied.append(f"pref64-reserve on {len(reserve)} root port(s)")
     if bits is None:
         return
-    cpu = root.find("cpu")
-    if cpu is None:
-        cpu = etree.Element("cpu")
-        append_child(root, cpu)
+    cpu = ensure_cpu(root)
     passthrough = b.cpu_mode in PASSTHROUGH_CPU_MODES
-    _set_maxphysaddr(cpu, None if passthrough else bits)
+    set_maxphysaddr(cpu, None if passthrough else bits)
     b.applied.append("<maxphysaddr mode='passthrough'/>" if passthrough else f"<maxphysaddr mode='emulate' bits='{bits}'/>")
     if b.firmware == "ovmf" and not passthrough:
         _require_feature(cpu, FEATURE_1G_PAGES, b)
 
 
-def _set_maxphysaddr(cpu: etree._Element, bits: int | None) -> None:
-    old = cpu.find("maxphysaddr")
-    el = etree.Element("maxphysaddr")
-    el.set("mode", "passthrough" if bits is None else "emulate")
-    if bits is not None:
-        el.set("bits", str(bits))
-    if old is not None:
-        el.tail = old.tail
-        cpu.replace(old, el)
-        return
-    # libvirt's order: model, vendor, topology, cache, maxphysaddr, feature, numa
-    after = None
-    for tag in ("model", "vendor", "topology", "cache"):
-        found = cpu.find(tag)
-        if found is not None:
-            after = found
-    if after is None and len(cpu):
-        cpu[0].addprevious(el)
-        el.tail = cpu.text
-        return
-    append_child(cpu, el, after=after)
-
-
 def _require_feature(cpu: etree._Element, name: str, b: MmioBudget) -> None:
-    existing = [f for f in cpu.findall("feature") if f.get("name") == name]
-    if any(f.get("policy") in ("disable", "forbid") for f in existing):
+    policies = cpu_feature_policies(cpu, name)
+    if any(p in FEATURE_OFF_POLICIES for p in policies):
         b.notes.append(f"<cpu> disables {name}: OVMF keeps its {fmt_size(OVMF_DEFAULT_APERTURE)} 64-bit window")
         return
-    if existing:
+    if policies:
         return
-    if cpu.find("model") is None and b.cpu_mode not in ("host-model",):
+    if not cpu_has_model(cpu) and b.cpu_mode not in ("host-model",):
         b.notes.append(f"<cpu mode='{b.cpu_mode}'> has no model: cannot require {name} (OVMF needs it)")
         return
-    el = etree.Element("feature")
-    el.set("policy", "require")
-    el.set("name", name)
-    feats = cpu.findall("feature")
-    append_child(cpu, el, after=feats[-1] if feats else cpu.find("maxphysaddr"))
+    require_cpu_feature(cpu, name)
     b.applied.append(f"<feature policy='require' name='{name}'/>")
 
 
