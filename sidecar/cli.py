@@ -109,6 +109,8 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
         file=sys.stderr,
     )
+    if summary.host_bits is not None:  # the MMIO check's host width travels with the capture
+        print(f"recorded the host CPU's physical-address width: {summary.host_bits} bits", file=sys.stderr)
     for s in summary.skipped:
         print(f"warning: skipped {s}", file=sys.stderr)
     return EXIT_OK

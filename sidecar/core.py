@@ -34,7 +34,6 @@ from typing import Any, Callable, Literal, Union
 from topology.doctor import DoctorError, DoctorReport, run_checks
 from topology.domain import readable_hostdev_sources
 from topology.errors import DomainError, FabricError, InternalError, NvlinkError, PcitopoError
-from topology.mmio import host_phys_bits
 from topology.model import Bdf, Topology
 from topology.rewrite import RewriteResult, rewrite_domain
 
@@ -91,9 +90,9 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
     topo: Topology | None = None
     try:
         topo = host() if callable(host) else host
-        # issue 11: MMIO settings and P2P cliques by option; the host's address width from cpuinfo
+        # issue 11: MMIO settings and P2P cliques by option; the host's address width from its source
         result = rewrite_domain(domain_xml, topo, mmio=options.mmio == "auto", p2p_clique=options.p2p_clique == "auto",
-                                host_phys_bits=host_phys_bits() if options.mmio == "auto" else None)
+                                host_phys_bits=topo.host_width() if options.mmio == "auto" else None)
         if result.report.warnings and options.on_error == "fail":
             raise result.report.warnings[0]  # a firmware limit (typed warning): loud under on-error: fail
         xml = result.xml

@@ -147,3 +147,31 @@ def test_no_reference_to_documents_outside_the_repository():
         if outside.search(line)
     ]
     assert hits == []
+
+
+# Calls that spell XML (paths, tags): topology/domain.py's business, not a computing module's.
+XML_CALLS = frozenset({"find", "findall", "iterfind", "findtext", "xpath", "Element", "SubElement"})
+
+
+def xml_spellings(source: str, name: str) -> list[str]:
+    """Every call of an lxml spelling method (``x.find("cpu")``, ``etree.Element("feature")``)."""
+    out = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in XML_CALLS:
+            out.append(f"{name}:{node.lineno} .{node.func.attr}()")
+    return out
+
+
+def test_the_measure_sees_an_xml_spelling():
+    assert xml_spellings("cpu = root.find('cpu')\nel = etree.Element('feature')\n", "t.py") == [
+        "t.py:1 .find()", "t.py:2 .Element()"]
+    assert xml_spellings("d = {}.get('x')\n", "t.py") == []
+
+
+def test_mmio_computes_domain_spells():
+    """topology/mmio.py decides what the MMIO budget needs; the <os>/<cpu>/<memory> spellings it
+    reads and writes (and the memory-unit table) live in topology/domain.py."""
+    path = ROOT / "topology" / "mmio.py"
+    text = path.read_text()
+    assert xml_spellings(text, "topology/mmio.py") == []
+    assert "_UNITS" not in text and '"kib"' not in text

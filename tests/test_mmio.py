@@ -368,3 +368,79 @@ def test_seabios_reserves_large_bars_even_when_the_width_suffices(h100):
     assert {p["pref64-reserve"].value for p in properties(root).values()} == {str(384 * GiB)}
     nics = [b for b in gpus_and_nics(h100) if h100.role(b).value == "nic"][:2]
     assert properties(_root(rewrite_domain(_domain(h100, nics), h100).xml)) == {}  # 32 MiB BARs: nothing
+
+
+def test_mmio_errors_live_in_topology_errors():
+    """House rule: typed errors are defined in topology/errors.py (mmio.py only raises them)."""
+    from topology import errors
+
+    assert MmioError is errors.MmioError and MmioError.__module__ == "topology.errors"
+    assert FirmwareWarning is errors.FirmwareWarning and FirmwareWarning.__module__ == "topology.errors"
+    assert (MmioError.kind, FirmwareWarning.kind) == ("mmio", "mmio-firmware")
+    assert issubclass(MmioError, errors.PcitopoError) and issubclass(FirmwareWarning, errors.PcitopoError)
+
+
+# -- the host width comes from the host's source (a capture records it) ----------------------
+
+def _cpuinfo(tmp_path, bits: int):
+    p = tmp_path / f"cpuinfo-{bits}"
+    p.write_text(f"processor\t: 0\naddress sizes\t: {bits} bits physical, 57 bits virtual\n")
+    return str(p)
+
+
+def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatch):
+    """An operator's dry run: `pcitopo capture` on the node (46 bits), `xmlfix --sysfs node.tar.gz`
+    on a laptop whose CPU has 39 bits: the node's MMIO is judged with the node's width."""
+    from topology.capture import capture
+    from topology.cpuinfo import ADDRESS_SIZES_MEMBER
+    from topology.sysfs import MemoryTree
+
+    node = tmp_path / "node.tar.gz"
+    monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 46))  # the node's /proc/cpuinfo
+    assert capture(ROOT / "fixtures" / "hgx-h100", node).host_bits == 46
+    recorded = MemoryTree.from_tarball(node).read(ADDRESS_SIZES_MEMBER)
+    assert recorded == b"address sizes\t: 46 bits physical, 57 bits virtual\n"
+    monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 39))  # the laptop
+    host = open_host(node)
+    width = host.host_width()
+    assert width.bits == 46 and "recorded in" in width.origin and ADDRESS_SIZES_MEMBER in width.origin
+    assert host.host_width() is width  # read once per host
+    out = handle_define_domain(_domain(host, _gpus(host)), None, host)  # the door's one call
+    assert out.outcome == "rewritten" and out.result.report.mmio.host_bits == 46
+    # the same fixture read as a directory stands for this machine (today's behaviour for fixtures)
+    fixture = open_host(ROOT / "fixtures" / "hgx-h100")
+    assert fixture.host_width().bits == 39
+    with pytest.raises(MmioError, match="host CPU has 39"):
+        handle_define_domain(_domain(fixture, _gpus(fixture)), None, fixture)
+
+
+def test_capture_without_the_record_is_unknown_not_this_machine(tmp_path, monkeypatch):
+    from topology.capture import capture
+
+    old = tmp_path / "old.tar.gz"
+    monkeypatch.setenv("PCITOPO_CPUINFO", str(tmp_path / "absent"))
+    summary = capture(ROOT / "fixtures" / "hgx-h100", old)
+    assert summary.host_bits is None and any("address width unknown" in s for s in summary.skipped)
+    monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 39))
+    host = open_host(old)
+    assert host.host_width().bits is None and "not recorded" in host.host_width().origin
+    out = handle_define_domain(_domain(host, _gpus(host)), None, host)  # not judged by 39 bits
+    assert any("width unknown" in n and "not recorded" in n for n in out.result.report.mmio.notes)
+
+
+def test_explain_says_where_the_width_came_from(tmp_path, monkeypatch, capsys):
+    from sidecar.xmlfix import xmlfix
+    from topology.capture import capture
+
+    node = tmp_path / "node.tar.gz"
+    monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 46))
+    capture(ROOT / "fixtures" / "hgx-h100", node)
+    monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 39))
+    dom = tmp_path / "domain.xml"
+    dom.write_bytes(_domain(h100_host := open_host(node), _gpus(h100_host)))
+    assert xmlfix(["--sysfs", str(node), "--explain", str(dom)]) == 0
+    text = capsys.readouterr().out
+    assert f"host width 46 bits, recorded in {node}" in text
+    # a fixture directory stands for this machine; the error says so
+    with pytest.raises(MmioError, match=r"host CPU has 39 \(\$PCITOPO_CPUINFO=.*cpuinfo-39 on this machine\)"):
+        xmlfix(["--sysfs", str(ROOT / "fixtures" / "hgx-h100"), "--explain", str(dom)])

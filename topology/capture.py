@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from .cpuinfo import ADDRESS_SIZES_MEMBER
 from .errors import SysfsError
 from .sysfs import (
     CAPTURED_ATTRS,
@@ -28,6 +29,7 @@ from .sysfs import (
     Unreadable,
     open_source,
     resolve,
+    source_width,
 )
 
 
@@ -37,6 +39,7 @@ class CaptureSummary:
     numa_nodes: int
     entries: int
     skipped: tuple[str, ...]
+    host_bits: int | None = None  # the CPU's physical-address width recorded (None: not recorded)
 
 
 def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
@@ -80,7 +83,19 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
             data = source.read(f"{NODE_DIR}/{n}/{attr}")
             if isinstance(data, bytes):
                 tree.add_file(f"{NODE_DIR}/{n}/{attr}", data)
-    return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped))
+    width = _capture_width(source, tree, skipped)
+    return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped), width)
+
+
+def _capture_width(source: Source, tree: MemoryTree, skipped: list[str]) -> int | None:
+    """The host CPU's ``address sizes`` line (the MMIO check's host width, topology/cpuinfo.py),
+    so a capture replayed on another machine is judged with its own host's width."""
+    width = source_width(source)
+    if width.bits is None:
+        skipped.append(f"{ADDRESS_SIZES_MEMBER}: host CPU address width unknown ({width.origin})")
+        return None
+    tree.add_file(ADDRESS_SIZES_MEMBER, f"{width.line or f'address sizes : {width.bits} bits physical'}\n")
+    return width.bits
 
 
 def _capture_mgmt_signals(source: Source, tree: MemoryTree, real: str) -> None:

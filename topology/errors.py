@@ -100,3 +100,13 @@ class InternalError(PcitopoError):
     def of(cls, e: BaseException, where: str = "") -> "InternalError":
         """Wrap an unexpected exception: ``[where: ]TypeName: message``."""
         return cls(f"{where + ': ' if where else ''}{type(e).__name__}: {e}")
+class MmioError(PcitopoError):
+    """The guest cannot map the assigned devices' BARs (even the host's width is too small)."""
+
+    kind = "mmio"
+
+
+class FirmwareWarning(PcitopoError):
+    """A firmware limit the settings cannot repair: the VM boots, some BARs stay unassigned."""
+
+    kind = "mmio-firmware"

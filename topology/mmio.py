@@ -30,16 +30,29 @@ through, and for SeaBIOS ``pref64-reserve`` on exactly our root ports (by alias,
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from lxml import etree
 
 from .bars import device_bars
-from .domain import OUR_ALIAS_PREFIX, ROOT_PORT, UPSTREAM, PciController, append_child, parse_int
-from .errors import PcitopoError
+from .cpuinfo import HostWidth, local_width
+from .domain import (
+    FEATURE_OFF_POLICIES,
+    OUR_ALIAS_PREFIX,
+    ROOT_PORT,
+    UPSTREAM,
+    PciController,
+    cpu_feature_policies,
+    cpu_has_model,
+    cpu_mode_of,
+    ensure_cpu,
+    firmware_of,
+    guest_ram,
+    require_cpu_feature,
+    set_maxphysaddr,
+)
+from .errors import FirmwareWarning, MmioError, PcitopoError
 from .model import Bdf, Topology
 from .overrides import Property, set_properties
 
@@ -52,20 +65,7 @@ OVMF_MIN_DYNAMIC_BITS = 41  # OVMF sizes the window from the width only above 40
 SEABIOS_1163_ALIGN = 32 * GiB
 PREF64_RESERVE = "pref64-reserve"
 PASSTHROUGH_CPU_MODES = frozenset({"host-passthrough", "maximum"})
-CPUINFO_ENV = "PCITOPO_CPUINFO"
 FEATURE_1G_PAGES = "pdpe1gb"
-
-
-class MmioError(PcitopoError):
-    """The guest cannot map the assigned devices' BARs (even the host's width is too small)."""
-
-    kind = "mmio"
-
-
-class FirmwareWarning(PcitopoError):
-    """A firmware limit the settings cannot repair: the VM boots, some BARs stay unassigned."""
-
-    kind = "mmio-firmware"
 
 
 def pow2ceil(n: int) -> int:
@@ -77,76 +77,14 @@ def bits_for(end: int) -> int:
     return max(1, (end - 1).bit_length())
 
 
-CPUINFO_MAX_BYTES = 64 * KiB  # the first processor's block, where "address sizes" is, is < 4 KiB
-
-
 def host_phys_bits(path: str | None = None) -> int | None:
-    """The host CPU's physical-address width: the ``address sizes : NN bits physical`` line of
-    ``/proc/cpuinfo`` (or ``$PCITOPO_CPUINFO``, or ``path``). None when it cannot be read.
-    Read once per path (the CPU does not change), at most 64 KiB, never following a symlink."""
-    return _phys_bits(path or os.environ.get(CPUINFO_ENV) or "/proc/cpuinfo")
-
-
-@functools.lru_cache(maxsize=4)
-def _phys_bits(path: str) -> int | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, CPUINFO_MAX_BYTES)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    for line in data.decode("utf-8", "replace").splitlines():
-        if line.startswith("address sizes"):
-            words = line.split(":", 1)[-1].split()
-            if len(words) >= 3 and words[1] == "bits" and words[0].isdigit():
-                return int(words[0])
-    return None
+    """This machine's physical-address width (``/proc/cpuinfo``, or ``$PCITOPO_CPUINFO``, or
+    ``path``; None when it cannot be read). The width of the host a sysfs source describes is
+    ``Topology.host_width()`` (topology/cpuinfo.py): a capture carries its own."""
+    return local_width(path).bits
 
 
 # -- facts from the domain ----------------------------------------------------------------------
-
-def firmware_of(root: etree._Element) -> str:
-    """``ovmf`` when ``<os>`` boots UEFI (firmware='efi', or a pflash/OVMF/edk2 loader), else
-    ``seabios`` (KubeVirt boots OVMF only with spec.domain.firmware.bootloader.efi)."""
-    os_el = root.find("os")
-    if os_el is None:
-        return "seabios"
-    if (os_el.get("firmware") or "").lower() == "efi":
-        return "ovmf"
-    loader = os_el.find("loader")
-    if loader is not None:
-        text = (loader.text or "").lower()
-        if loader.get("type") == "pflash" or any(k in text for k in ("ovmf", "edk2", "efi", "aavmf")):
-            return "ovmf"
-    return "seabios"
-
-
-def cpu_mode_of(root: etree._Element) -> str:
-    cpu = root.find("cpu")
-    if cpu is None:
-        return "none"
-    return cpu.get("mode") or "custom"
-
-
-_UNITS = {"b": 1, "bytes": 1, "k": KiB, "kib": KiB, "kb": 1000, "m": MiB, "mib": MiB, "mb": 10**6,
-          "g": GiB, "gib": GiB, "gb": 10**9, "t": TiB, "tib": TiB, "tb": 10**12}
-
-
-def guest_ram(root: etree._Element) -> int:
-    """Guest RAM in bytes (``<maxMemory>`` if larger: hotplugged DIMMs sit above RAM too)."""
-    best = 0
-    for tag in ("memory", "maxMemory"):
-        el = root.find(tag)
-        if el is None or not (el.text or "").strip():
-            continue
-        unit = _UNITS.get((el.get("unit") or "KiB").lower(), KiB)
-        best = max(best, parse_int(el.text, f"<{tag}>") * unit)
-    return best
-
 
 # -- the budget ---------------------------------------------------------------------------------
 
@@ -170,6 +108,7 @@ class MmioBudget:
     ports: list[PortBudget] = field(default_factory=list)
     other: int = 0  # 64-bit prefetchable space of devices not below one of our root ports
     host_bits: int | None = None
+    host_bits_from: str = "not given"  # where host_bits came from (HostWidth.origin)
     seabios_bits: int | None = None  # None: QEMU's default width is enough
     ovmf_bits: int | None = None
     applied: list[str] = field(default_factory=list)
@@ -311,9 +250,11 @@ def port_budgets(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf
 
 
 def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int | None]],
-           controllers: list[PciController], host_bits: int | None) -> MmioBudget:
+           controllers: list[PciController], host_bits: int | HostWidth | None) -> MmioBudget:
     ctrls = snapshot(controllers)
-    b = MmioBudget(firmware_of(root), cpu_mode_of(root), guest_ram(root), host_bits=host_bits)
+    width = as_width(host_bits)
+    b = MmioBudget(firmware_of(root), cpu_mode_of(root), guest_ram(root), host_bits=width.bits,
+                   host_bits_from=width.origin)
     b.ports, b.other, b.notes = port_budgets(host, ctrls, hostdevs)
     windows = [p.window for p in b.ports] + ([pow2ceil(b.other)] if b.other else [])
     b.seabios_bits = seabios_bits(b.ram, windows)
@@ -323,19 +264,27 @@ def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int |
 
 # -- what goes into the domain ------------------------------------------------------------------
 
+def as_width(host_bits: int | HostWidth | None) -> HostWidth:
+    """A caller's width: a HostWidth as is (``Topology.host_width()``), a bare number or None as
+    given by the caller (tests, the e2e tier, library users)."""
+    if isinstance(host_bits, HostWidth):
+        return host_bits
+    return HostWidth(host_bits, "given by the caller" if host_bits is not None else "not given")
+
+
 def check_host(b: MmioBudget) -> None:
     """MmioError when the guest needs more address bits than the host CPU has."""
     need = b.bits
     if need is None:
         return
     if b.host_bits is None:
-        b.notes.append(f"host CPU address width unknown ({CPUINFO_ENV} or /proc/cpuinfo unreadable): "
+        b.notes.append(f"host CPU address width unknown ({b.host_bits_from}): "
                        f"asking for {need} bits unchecked")
         return
     if need > b.host_bits:
         raise MmioError(
             f"the assigned devices need {fmt_size(b.total)} of 64-bit MMIO space: {need}-bit guest addresses "
-            f"under {b.firmware}, but the host CPU has {b.host_bits} (address sizes in /proc/cpuinfo)"
+            f"under {b.firmware}, but the host CPU has {b.host_bits} ({b.host_bits_from})"
         )
 
 
@@ -364,55 +313,25 @@ def apply(root: etree._Element, b: MmioBudget) -> None:
         b.applied.append(f"pref64-reserve on {len(reserve)} root port(s)")
     if bits is None:
         return
-    cpu = root.find("cpu")
-    if cpu is None:
-        cpu = etree.Element("cpu")
-        append_child(root, cpu)
+    cpu = ensure_cpu(root)
     passthrough = b.cpu_mode in PASSTHROUGH_CPU_MODES
-    _set_maxphysaddr(cpu, None if passthrough else bits)
+    set_maxphysaddr(cpu, None if passthrough else bits)
     b.applied.append("<maxphysaddr mode='passthrough'/>" if passthrough else f"<maxphysaddr mode='emulate' bits='{bits}'/>")
     if b.firmware == "ovmf" and not passthrough:
         _require_feature(cpu, FEATURE_1G_PAGES, b)
 
 
-def _set_maxphysaddr(cpu: etree._Element, bits: int | None) -> None:
-    old = cpu.find("maxphysaddr")
-    el = etree.Element("maxphysaddr")
-    el.set("mode", "passthrough" if bits is None else "emulate")
-    if bits is not None:
-        el.set("bits", str(bits))
-    if old is not None:
-        el.tail = old.tail
-        cpu.replace(old, el)
-        return
-    # libvirt's order: model, vendor, topology, cache, maxphysaddr, feature, numa
-    after = None
-    for tag in ("model", "vendor", "topology", "cache"):
-        found = cpu.find(tag)
-        if found is not None:
-            after = found
-    if after is None and len(cpu):
-        cpu[0].addprevious(el)
-        el.tail = cpu.text
-        return
-    append_child(cpu, el, after=after)
-
-
 def _require_feature(cpu: etree._Element, name: str, b: MmioBudget) -> None:
-    existing = [f for f in cpu.findall("feature") if f.get("name") == name]
-    if any(f.get("policy") in ("disable", "forbid") for f in existing):
+    policies = cpu_feature_policies(cpu, name)
+    if any(p in FEATURE_OFF_POLICIES for p in policies):
         b.notes.append(f"<cpu> disables {name}: OVMF keeps its {fmt_size(OVMF_DEFAULT_APERTURE)} 64-bit window")
         return
-    if existing:
+    if policies:
         return
-    if cpu.find("model") is None and b.cpu_mode not in ("host-model",):
+    if not cpu_has_model(cpu) and b.cpu_mode not in ("host-model",):
         b.notes.append(f"<cpu mode='{b.cpu_mode}'> has no model: cannot require {name} (OVMF needs it)")
         return
-    el = etree.Element("feature")
-    el.set("policy", "require")
-    el.set("name", name)
-    feats = cpu.findall("feature")
-    append_child(cpu, el, after=feats[-1] if feats else cpu.find("maxphysaddr"))
+    require_cpu_feature(cpu, name)
     b.applied.append(f"<feature policy='require' name='{name}'/>")
 
 
@@ -431,7 +350,7 @@ __all__ = ["FirmwareWarning", "MmioBudget", "MmioError", "PortBudget", "apply", 
 # -- the one call the rewrite makes ---------------------------------------------------------------
 
 def apply_mmio_settings(root: etree._Element, host: Topology, hostdevs: list, controllers: list[PciController],
-                        *, mmio: bool, p2p_clique: bool, host_bits: int | None):
+                        *, mmio: bool, p2p_clique: bool, host_bits: int | HostWidth | None):
     """Budget + settings (``mmio``) and P2P cliques (``p2p_clique``) on an already placed domain.
     ``hostdevs``: the domain's ``PciHostdev`` views. Returns (MmioBudget | None, CliquePlan | None);
     raises MmioError when even the host's address width is too small."""
@@ -460,6 +379,7 @@ def budget_lines(b: MmioBudget | None, cliques=None) -> list[str]:
         out = ["64-bit MMIO: not managed (mmio: off)"]
     else:
         host = f"{b.host_bits} bits" if b.host_bits else "unknown"
+        host += f", {b.host_bits_from}"
         out = [f"64-bit MMIO budget ({b.firmware}, CPU {b.cpu_mode}, guest RAM {fmt_size(b.ram)}, host width {host}):"]
         for p in b.ports:
             out.append(f"  {p.alias}: window {fmt_size(p.window)} (largest BAR {fmt_size(p.largest_bar)}, "

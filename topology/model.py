@@ -15,6 +15,7 @@ from typing import Iterable, Mapping, NamedTuple, Protocol
 
 from .bars import Bar
 from .buses import MAX_SLOT
+from .cpuinfo import HostWidth, local_width
 from .errors import MalformedBdfError, SysfsError, UnknownDeviceError
 
 # The one BDF pattern: [DDDD:]BB:DD.F, hex, as lspci and sysfs print it (shorter fields accepted).
@@ -211,6 +212,18 @@ class Topology:
         topology/nvswitch_mgmt.py), read once; None where the loader has no such reader."""
         read = getattr(self._loader, f"read_{what}", None)
         return None if read is None else self.memo(("extra", what, bdf), lambda: read(bdf))
+
+    def host_width(self) -> HostWidth:
+        """The physical-address width of this host's CPU and where it came from
+        (topology/cpuinfo.py ``HostWidth``): the loader's (a capture records it), else this
+        machine's /proc/cpuinfo. Read once per topology (the hook keeps one per process)."""
+        def compute():
+            read = getattr(self._loader, "host_width", None)
+            if read is not None:
+                return read()
+            return local_width()
+
+        return self.memo(("host_width",), compute)
 
     @property
     def loader(self) -> FunctionLoader:

@@ -13,6 +13,7 @@ from enum import StrEnum
 from lxml import etree
 
 from .classify import PairClass, classify, nccl_device, nccl_path, pairs
+from .cpuinfo import HostWidth
 from .domain import (
     DOWNSTREAM,
     PCIE_ROOT,
@@ -238,10 +239,10 @@ def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
 
 
 def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_clique: bool = True,
-                   host_phys_bits: int | None = None) -> RewriteResult:
+                   host_phys_bits: int | HostWidth | None = None) -> RewriteResult:
     """``mmio``/``p2p_clique``: the hook options of the same names (``auto`` = True);
-    ``host_phys_bits``: the host CPU's address width (``topology.mmio.host_phys_bits()``; None:
-    unknown, not checked)."""
+    ``host_phys_bits``: the host CPU's address width (``host.host_width()``, which says where it
+    came from, or a bare number; None: unknown, not checked)."""
     tree = parse_domain(domain_xml)
     view = DomainView(tree)
     view.check_q35()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from .bars import Bar, parse_resource
+from .cpuinfo import ADDRESS_SIZES_MEMBER, HostWidth, local_width, recorded_width
 from .errors import MalformedBdfError, SysfsError
 from .model import Bdf, Link, NumaNode, PciFunction, Topology, is_bdf
 
@@ -193,6 +194,9 @@ class MemoryTree:
 
     def __init__(self, name: str = "<memory>"):
         self.name = name
+        # Whether this machine's CPU stands for the tree's host when the tree records no width
+        # (topology/cpuinfo.py): True for synthetic hosts and fixtures, False for a capture file.
+        self.cpu_is_local = True
         self._entries: dict[str, _File | _Link | _Dir] = {}
         self._children: dict[str, set[str]] = {"": set()}
 
@@ -402,7 +406,9 @@ def open_source(path: str | os.PathLike = "/sys") -> Source:
             return MemoryTree.from_tarball(tarball)
         raise SysfsError(f"{p}: no {PCI_DEVICES_DIR} here, and no sysfs.tar.gz or sysfs/ inside")
     if os.path.isfile(p):
-        return MemoryTree.from_tarball(p)
+        tree = MemoryTree.from_tarball(p)
+        tree.cpu_is_local = False  # a capture from another host: its width is the recorded one
+        return tree
     raise SysfsError(f"{p}: no such sysfs directory or capture")
 
 
@@ -526,6 +532,11 @@ class SysfsReader:
             bars=self._bars(f"{base}/resource"),
         )
 
+    def host_width(self) -> HostWidth:
+        """The width of the host this source describes (see topology/cpuinfo.py); the caller
+        (``Topology.host_width``) keeps it."""
+        return source_width(self.source)
+
     def read_vpd(self, bdf: "Bdf") -> bytes | None:
         """The function's VPD image, or None when absent or unreadable (not root)."""
         data = self.source.read(f"{resolve(self, f'{PCI_DEVICES_DIR}/{bdf}')}/{VPD_ATTR}")
@@ -555,6 +566,19 @@ class SysfsReader:
             if n.startswith("node") and n[4:].isdigit():
                 nodes[int(n[4:])] = NumaNode(int(n[4:]), self._text(f"{NODE_DIR}/{n}/cpulist", False))
         return dict(sorted(nodes.items()))
+
+
+def source_width(source: Source) -> HostWidth:
+    """Recorded in the source (a capture) → that; a capture file without it → unknown; else this
+    machine's /proc/cpuinfo or $PCITOPO_CPUINFO (a live /sys, a sysfs directory, a fixture)."""
+    data = source.read(ADDRESS_SIZES_MEMBER)
+    if isinstance(data, bytes):
+        return recorded_width(data, source.name)
+    if isinstance(data, Unreadable):
+        return HostWidth(None, f"{source.name}: {ADDRESS_SIZES_MEMBER} {data.why}")
+    if not getattr(source, "cpu_is_local", True):
+        return HostWidth(None, f"not recorded in {source.name} (taken by an older pcitopo capture; capture again to record it): the MMIO check is skipped")
+    return local_width()
 
 
 def open_host(path: str | os.PathLike = "/sys") -> "Topology":
