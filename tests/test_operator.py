@@ -116,6 +116,16 @@ def test_f2_passthrough_is_never_silent(tmp_path):
     assert r.returncode == 1 and b"0000:77:00.0" in r.stderr and b"would not rewrite" in r.stderr
 
 
+def test_f2_operator_guide_shows_the_real_passthrough_line(tmp_path):
+    """docs/OPERATOR.md quotes the line xmlfix prints for a hostdev the host lacks (it once
+    showed an ``unknown-device: ...`` line the command never prints)."""
+    d = edited(H100 / "domain.xml", tmp_path / "missing.xml", _missing_bdf)
+    r = run("xmlfix", "--vmi", str(_passthrough_vmi(tmp_path)), "--sysfs", "fixtures/hgx-h100", str(d))
+    line = r.stderr.decode().strip()
+    assert line.startswith("xmlfix: domain left unchanged (passthrough): domain: hostdev ")
+    assert line in (ROOT / "docs" / "OPERATOR.md").read_text().splitlines()
+
+
 # -- finding 3: --explain opens with a verdict, groups reasons, NVLink pairs are not PCIe diffs --
 
 def test_f3_explain_verdict_and_grouped_reasons():

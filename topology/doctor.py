@@ -29,7 +29,7 @@ from .configspace import (
     ConfigUnknown,
     acs_flags,
 )
-from .errors import PcitopoError
+from .errors import DoctorError, PcitopoError, SysfsError
 from .labels import label_devices
 from .model import Bdf, PciFunction, Role, Topology, is_bdf
 from .report import default_devices
@@ -49,12 +49,6 @@ MELLANOX = 0x15B3
 TRANSLATED_GROUP_TYPES = ("DMA", "DMA-FQ")
 BAR_SLOTS = range(6)  # BAR0-5; the ROM and SR-IOV BARs are not the device's working BARs
 _ROOT_FIX = "run pcitopo doctor as root (config space past 64 bytes needs CAP_SYS_ADMIN)"
-
-
-class DoctorError(PcitopoError):
-    """``doctor: require`` and a check failed: the VM must not start on this host as it is."""
-
-    kind = "doctor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +138,7 @@ def host_source(topo: Topology) -> Source:
     """The sysfs source a host model reads from (the doctor reads more files there)."""
     source = getattr(topo.loader, "source", None)
     if source is None:
-        raise PcitopoError(f"{topo.name}: not read from sysfs; the doctor needs a sysfs tree")
+        raise SysfsError(f"{topo.name}: not read from sysfs; the doctor needs a sysfs tree")
     return source
 
 

@@ -81,3 +81,17 @@ class NvlinkError(PcitopoError):
     """``pcitopo.kubevirt.io/nvlink: require`` and the VM's GPU set will not get NVLink."""
 
     kind = "nvlink"
+
+
+# -- the doctor and its fleet outputs (moved here from topology/doctor.py and topology/fleet.py) --
+
+class DoctorError(PcitopoError):
+    """``doctor: require`` and a check failed: the VM must not start on this host as it is."""
+
+    kind = "doctor"
+
+
+class OutputError(PcitopoError):
+    """An output file (``--prometheus-out``, ``--nfd-out``) cannot be written."""
+
+    kind = "output"
