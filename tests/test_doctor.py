@@ -446,6 +446,22 @@ def test_the_readme_sample_run_is_what_the_command_prints(capsys):
         assert capsys.readouterr().out == shown.rstrip("\n") + "\n", cmd
 
 
+def test_labels_are_host_wide_whichever_devices_are_named():
+    """A device's label is its number among all the host's GPUs/NICs (as `pcitopo topo` and
+    `partitions` print it), not its rank among the BDFs given: 0000:9a:00.0 is GPU4 either way."""
+    from topology.labels import label_devices
+    from topology.model import Bdf
+    from topology.report import default_devices
+
+    topo = open_host(str(FIXTURES / "hgx-h100-faults"))
+    topo_labels = {str(lab.function.bdf): lab.label for lab in label_devices(topo, default_devices(topo))}
+    assert topo_labels["0000:9a:00.0"] == "GPU4"
+    for named in (None, ["0000:9a:00.0"], ["0000:ba:00.0", "0000:29:00.0", "0000:9a:00.0"]):
+        report = run_checks(topo, [Bdf.parse(b) for b in named] if named else None)
+        got = {f.bdf: f.label for f in report.findings if f.bdf in topo_labels}
+        assert got and all(topo_labels[b] == lab for b, lab in got.items()), named
+
+
 def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
     tree = build_tree(parse_topo(textwrap.dedent(pair()), "t.topo"))
     gpu = resolve(tree, "bus/pci/devices/0000:18:00.0")

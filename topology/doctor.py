@@ -30,7 +30,7 @@ from .configspace import (
     acs_flags,
 )
 from .errors import DoctorError, PcitopoError, SysfsError
-from .labels import label_devices
+from .labels import Labeled, label_devices
 from .model import Bdf, PciFunction, Role, Topology, is_bdf
 from .report import default_devices
 from .sysfs import (
@@ -351,10 +351,23 @@ def select_targets(topo: Topology, bdfs: Sequence[Bdf] | None) -> list[Target]:
     named = bdfs is not None
     chosen = list(dict.fromkeys(topo.function(b).bdf for b in bdfs)) if named else default_devices(topo)
     labeled = label_devices(topo, chosen)
+    host = host_labels(topo)
     # Named devices are all strict, so the pair classification is needed only for the default set.
     gdr = set() if named else _gdr_nics(topo, (lab.function for lab in labeled))
-    return [Target(lab.function, lab.label, lab.role,
+    return [Target(lab.function, host.get(lab.function.bdf) or _outside_label(lab), lab.role,
                    named or lab.role != Role.NIC or lab.function.bdf in gdr) for lab in labeled]
+
+
+def host_labels(topo: Topology) -> dict[Bdf, str]:
+    """GPU0.., NIC0.. over all the host's GPUs and NICs (as ``pcitopo topo`` and ``partitions``
+    number them), so a device's label does not depend on which others were named."""
+    return {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}
+
+
+def _outside_label(lab: Labeled) -> str:
+    """A named device outside the host's numbering (a VF, an NVMe drive, a switch-management
+    function): its kind and BDF, which no numbered label can collide with."""
+    return f"{lab.label.rstrip('0123456789')}@{lab.function.bdf}"
 
 
 def path_bridges(topo: Topology, targets: Sequence[Target]) -> list[tuple[PciFunction, str]]:
