@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .bars import parse_resource
 from .classify import Nccl, classify
 from .configspace import (
     ACS_CR,
@@ -29,7 +28,7 @@ from .configspace import (
     ConfigUnknown,
     acs_flags,
 )
-from .errors import DoctorError, PcitopoError, SysfsError
+from .errors import DoctorError, SysfsError
 from .labels import Labeled, label_devices
 from .model import Bdf, PciFunction, Role, Topology, is_bdf
 from .report import default_devices
@@ -117,7 +116,10 @@ class HostFiles:
         if data is None:
             raise ConfigUnknown("no config file")
         if isinstance(data, Unreadable):
-            raise ConfigUnknown(NEEDS_ROOT if "ermission" in data.why else f"config unreadable ({data.why})")
+            # Never "needs root" here: the kernel lets anyone read ``config`` and cuts it to 64
+            # bytes without CAP_SYS_ADMIN (drivers/pci/pci-sysfs.c, pci_read_config); ConfigSpace
+            # tells that case by its length. A file that cannot be read at all is something else.
+            raise ConfigUnknown(f"config unreadable ({data.why})")
         return ConfigSpace(bytes(data))
 
     def driver_override(self, bdf: Bdf) -> str | None:
@@ -283,15 +285,14 @@ def check_numa(topo: Topology, t: Target) -> Finding:
               "CPUs and memory on the wrong socket", fix)
 
 
-def check_bar(files: HostFiles, t: Target) -> Finding:
+def check_bar(topo: Topology, t: Target) -> Finding:
     f = t.function
-    data = files.raw(f.bdf, "resource")
-    if not isinstance(data, bytes):
-        return _f("bar", "unknown", f.bdf, t.label, "resource file " + ("missing" if data is None else f"unreadable ({data.why})"))
-    try:
-        bars = parse_resource(data.decode("ascii", "replace"))
-    except PcitopoError as e:
-        return _f("bar", "unknown", f.bdf, t.label, f"resource file malformed: {e}")
+    bars = f.bars  # the reader parsed ``resource`` already (topology/bars.py); None: absent or bad
+    if bars is None:
+        # The reader said why in a warning on that file; without one, there was no file.
+        tag = f"/{f.bdf}/resource: "
+        why = next((w.split(tag, 1)[1].removesuffix(", ignored") for w in topo.warnings if tag in w), None)
+        return _f("bar", "unknown", f.bdf, t.label, f"resource file not usable ({why})" if why else "resource file missing")
     bad = [b for b in bars if b.index in BAR_SLOTS and not b.assigned]
     if bad:
         what = ", ".join(f"BAR{b.index} ({_size(b.size)}{', 64-bit' if b.is_64bit else ''}"
@@ -396,7 +397,7 @@ def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source
             out.append(check_ats(files, t))
         out.append(check_link(t.function, t.label, t.role))
         out.append(check_numa(topo, t))
-        out.append(check_bar(files, t))
+        out.append(check_bar(topo, t))
     for bridge, label in path_bridges(topo, targets):
         out.append(check_acs(files, bridge, label))
         out.append(check_link(bridge, label, topo.role(bridge)))
