@@ -18,6 +18,7 @@ from sidecar.cli import pcitopo_main
 from testkit import FIXTURES
 from testkit import REPO as ROOT
 from testkit.synth import build_tree, parse_topo
+from testkit.synth_doctor import build_config
 from topology.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
 from topology.capture import capture
 from topology.configspace import (
@@ -27,7 +28,6 @@ from topology.configspace import (
     NEEDS_ROOT,
     ConfigSpace,
     ConfigUnknown,
-    build_config,
 )
 from topology.doctor import CHECKS, STATUSES, run_checks
 from topology.errors import SysfsError
