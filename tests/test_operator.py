@@ -191,6 +191,11 @@ def test_f5_verify_against_the_guest_derived_from_the_output():
     assert len(bad.problems) == 2
     assert "GPU0-NIC0 (host 0000:18:00.0-0000:19:00.0" in bad.problems[1] and "nvidia-smi PIX, predicted SYS" in bad.problems[1]
     assert "NIC1 (host 0000:29:00.0): predicted at guest 0000:01:1f.0, the guest has no such device" == bad.problems[0]
+    up = next(f for f in result.guest.topology.functions() if result.guest.topology.role(f).value == "upstream-port")
+    doc = prediction(result, host)
+    doc["devices"][0]["guest_bdf"] = str(up.bdf)
+    bad = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology)
+    assert f"predicted a gpu at guest {up.bdf}, the guest has an upstream-port (" in bad.problems[0]
 
 
 def test_f5_verify_door_and_bad_prediction_files(tmp_path):
