@@ -44,7 +44,7 @@ test-fast: setup-base
 
 # Opt-in: the slow e2e boots (OVMF under TCG, several minutes; see tests/e2e/README.md).
 test-slow: setup
-	$(BIN)/python -m pytest tests/e2e -m e2e_slow -v
+	PCITOPO_E2E_SLOW=1 $(BIN)/python -m pytest tests/e2e -m e2e_slow -v
 
 fixtures: setup-base
 	$(BIN)/python fixtures/generate.py

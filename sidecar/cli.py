@@ -29,6 +29,14 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     chosen = [f"--{name}" for name in ("json", "tree", "dot") if getattr(args, name)]
     if len(chosen) > 1:  # finding 12 (and 11's --dot): one output per run, never a silent choice
         raise ConfigError(f"{' and '.join(chosen)} are different outputs: give one of them")
+    if args.tree or args.dot:  # pictures of the PCIe tree: no NVLink in them, so no NVLink input
+        from_env = {"fabric": os.environ.get("PCITOPO_FABRIC") or None, "module_map": os.environ.get("PCITOPO_MODULE_MAP") or None}
+        unused = [f"--{n.replace('_', '-')}" for n in ("fabric", "module_map", "nvlink_table")
+                  if getattr(args, n) and getattr(args, n) != from_env.get(n)]  # a node-wide default is no mistake
+        if unused:
+            raise ConfigError(f"{' and '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with {chosen[0]}"
+                              " (the picture shows PCIe only): drop it")
+        args.fabric = args.module_map = args.nvlink_table = None
     topo = open_host(args.sysfs)
     if args.fabric:
         if args.nvlink_table:
@@ -75,7 +83,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 def _cmd_partitions(args: argparse.Namespace) -> int:
     from topology.fabric import load_fabric
     from topology.partitions import partition_rows, partitions_json, partitions_text
-    from topology.report import default_devices, label_devices
+    from topology.labels import label_devices
+    from topology.report import default_devices
     from topology.sysfs import open_host
 
     if not args.fabric:

@@ -133,18 +133,15 @@ _GRPC_CODE = {
     # issue 11: the host's address width cannot hold the BARs; a firmware limit under on-error: fail
     "mmio": "FAILED_PRECONDITION",
     "mmio-firmware": "FAILED_PRECONDITION",
+    "output": "FAILED_PRECONDITION",  # doctor --prometheus-out/--nfd-out: the host's file system refuses the write
+    # The base class raised as is: a failure no subclass names is our bug, not the caller's input.
+    "error": "INTERNAL",
 }
 
 
 def status_name(err: PcitopoError) -> str:
     """The gRPC status code (its name) a failure of this kind ends the call with."""
     return _GRPC_CODE.get(err.kind, "UNKNOWN")
-
-
-def grpc_code(err: PcitopoError) -> grpc.StatusCode:
-    import grpc
-
-    return grpc.StatusCode[status_name(err)]
 
 
 def error_details(err: PcitopoError) -> str:

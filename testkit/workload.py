@@ -8,7 +8,7 @@ import json
 
 from sidecar.config import PREFIX
 from sidecar.core import handle_define_domain
-from sidecar.server import error_details, grpc_code
+from sidecar.server import error_details, status_name
 from topology.errors import PcitopoError
 from topology.model import Topology
 
@@ -53,4 +53,4 @@ def expected_answer(host: Topology, domain: bytes, vmi: bytes) -> Answer:
     try:
         return ("ok", handle_define_domain(domain, vmi, host).xml)
     except PcitopoError as e:
-        return (grpc_code(e).name, error_details(e))
+        return (status_name(e), error_details(e))

@@ -128,3 +128,22 @@ def test_a_bdf_named_twice_is_one_device():
     r = run("pcitopo", "topo", "--json", "--sysfs", "fixtures/hgx-h100", "18:00.0", "0000:18:00.0", "19:00.0")
     data = json.loads(r.stdout)
     assert [d["bdf"] for d in data["devices"]] == ["0000:18:00.0", "0000:19:00.0"] and len(data["pairs"]) == 1
+
+
+@pytest.mark.parametrize("picture", ["--tree", "--dot"])
+def test_tree_and_dot_refuse_nvlink_inputs_they_would_ignore(picture):
+    """The pictures show PCIe only: a --fabric, --module-map or --nvlink-table given with them was
+    loaded and silently ignored; now it is one line and exit 2. The same file as a node-wide
+    default ($PCITOPO_FABRIC) is no mistake and is not even read."""
+    import os
+
+    fab = "fixtures/hgx-h100/fabric/fmpm-l-vfio.json"
+    r = run("pcitopo", "topo", picture, "--sysfs", "fixtures/hgx-h100", "--fabric", fab)
+    assert r.returncode == 2 and r.stdout == b""
+    assert r.stderr.decode() == f"pcitopo topo: --fabric has no effect with {picture} (the picture shows PCIe only): drop it\n"
+    r = run("pcitopo", "topo", picture, "--sysfs", "fixtures/hgx-h100", "--nvlink-table", "missing.json")
+    assert r.returncode == 2 and b"--nvlink-table has no effect" in r.stderr
+    env = dict(os.environ, PCITOPO_FABRIC="/nonexistent/fabric.json")
+    r = subprocess.run([str(BIN / "pcitopo"), "topo", picture, "--sysfs", "fixtures/hgx-h100"], cwd=ROOT, env=env,
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr

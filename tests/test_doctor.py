@@ -18,6 +18,7 @@ from sidecar.cli import pcitopo_main
 from testkit import FIXTURES
 from testkit import REPO as ROOT
 from testkit.synth import build_tree, parse_topo
+from testkit.synth_doctor import build_config
 from topology.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
 from topology.capture import capture
 from topology.configspace import (
@@ -27,13 +28,12 @@ from topology.configspace import (
     NEEDS_ROOT,
     ConfigSpace,
     ConfigUnknown,
-    build_config,
 )
 from topology.doctor import CHECKS, STATUSES, run_checks
 from topology.errors import SysfsError
 from topology.fleet import nfd_text, pix_facts, prometheus_text
 from topology.model import Topology
-from topology.sysfs import DOCTOR_ATTRS, MemoryTree, SysfsReader, open_host, resolve
+from topology.sysfs import DOCTOR_ATTRS, MemoryTree, SysfsReader, Unreadable, open_host, resolve
 
 
 # What fixtures/hgx-h100-faults plants (its README lists the same): (check, bdf) of every fail.
@@ -446,6 +446,58 @@ def test_the_readme_sample_run_is_what_the_command_prints(capsys):
         assert capsys.readouterr().out == shown.rstrip("\n") + "\n", cmd
 
 
+def test_labels_are_host_wide_whichever_devices_are_named():
+    """A device's label is its number among all the host's GPUs/NICs (as `pcitopo topo` and
+    `partitions` print it), not its rank among the BDFs given: 0000:9a:00.0 is GPU4 either way."""
+    from topology.labels import label_devices
+    from topology.model import Bdf
+    from topology.report import default_devices
+
+    topo = open_host(str(FIXTURES / "hgx-h100-faults"))
+    topo_labels = {str(lab.function.bdf): lab.label for lab in label_devices(topo, default_devices(topo))}
+    assert topo_labels["0000:9a:00.0"] == "GPU4"
+    for named in (None, ["0000:9a:00.0"], ["0000:ba:00.0", "0000:29:00.0", "0000:9a:00.0"]):
+        report = run_checks(topo, [Bdf.parse(b) for b in named] if named else None)
+        got = {f.bdf: f.label for f in report.findings if f.bdf in topo_labels}
+        assert got and all(topo_labels[b] == lab for b, lab in got.items()), named
+
+
+class _CountingTree(MemoryTree):
+    """A real in-memory tree that counts reads per file and can refuse one path the way a
+    directory source refuses a file it may not open (an Unreadable with the errno's text)."""
+
+    def __init__(self, tree: MemoryTree, refuse: str | None = None):
+        self.__dict__.update(tree.__dict__)
+        self.reads: dict[str, int] = {}
+        self.refuse = refuse
+
+    def read(self, rel):
+        self.reads[rel] = self.reads.get(rel, 0) + 1
+        if self.refuse is not None and rel == self.refuse:
+            return Unreadable("Permission denied")
+        return super().read(rel)
+
+
+def test_the_bar_check_uses_the_readers_bars_and_reads_resource_once():
+    """The reader parses ``resource`` into PciFunction.bars; the doctor uses that, not a second
+    read and parse of its own (the two could disagree)."""
+    tree = _CountingTree(build_tree(parse_topo(textwrap.dedent(pair(gpu="fault=bar-unassigned")), "t.topo")))
+    report = run_checks(Topology(SysfsReader(tree)), None)
+    assert by_check(report, "bar", "0000:18:00.0")[0].status == "fail"
+    resources = {p: n for p, n in tree.reads.items() if p.endswith("/resource")}
+    assert any(p.endswith("/0000:18:00.0/resource") for p in resources) and set(resources.values()) == {1}
+
+
+def test_an_unreadable_config_is_not_called_needs_root():
+    """Anyone may read ``config``; without CAP_SYS_ADMIN the kernel returns 64 bytes, and that
+    length alone means "needs root". A file that cannot be opened says its own reason."""
+    base = build_tree(parse_topo(textwrap.dedent(pair()), "t.topo"))
+    ds = resolve(base, "bus/pci/devices/0000:17:00.0")
+    report = run_checks(Topology(SysfsReader(_CountingTree(base, refuse=f"{ds}/config"))), None)
+    acs = by_check(report, "acs", "0000:17:00.0")[0]
+    assert (acs.status, acs.message, acs.fix) == ("unknown", "ACS control unknown (config unreadable (Permission denied))", None)
+
+
 def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
     tree = build_tree(parse_topo(textwrap.dedent(pair()), "t.topo"))
     gpu = resolve(tree, "bus/pci/devices/0000:18:00.0")
@@ -458,7 +510,8 @@ def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
     from topology.model import Bdf
 
     report = run_checks(Topology(SysfsReader(tree)), None)
-    assert by_check(report, "bar", "0000:18:00.0")[0].status == "unknown"
+    bar = by_check(report, "bar", "0000:18:00.0")[0]
+    assert bar.status == "unknown" and "not 'start end flags' in hex" in bar.message
     assert by_check(report, "acs", "0000:17:00.0")[0].status == "unknown"
     ats = by_check(report, "ats", "0000:19:00.0")[0]
     assert ats.status == "unknown" and "does not respond" in ats.message

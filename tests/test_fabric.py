@@ -278,11 +278,18 @@ def test_partitions_json_contract(board):
         assert p["all_pix"] is True
 
 
-def test_partitions_without_bdfs_are_not_all_pix_and_without_fabric_is_an_error():
+def test_partitions_without_bdfs_say_unknown_and_without_fabric_is_an_error():
+    """Placeholder BDFs and no module map: nobody knows which GPU a module is, so ``all_pix`` is
+    null (not a false "no") and the text says to give --module-map."""
     r = run("pcitopo", "partitions", "--sysfs", "fixtures/hgx-h100", "--fabric", fabric("hgx-h100", "vfio"), "--json")
+    assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["bdf_source"] == SOURCE_NONE
-    assert all(not p["all_pix"] and all(g["bdf"] is None and g["nic"] is None for g in p["gpus"]) for p in doc["partitions"])
+    assert all(p["all_pix"] is None and all(g["bdf"] is None and g["nic"] is None for g in p["gpus"]) for p in doc["partitions"])
+    text = run("pcitopo", "partitions", "--sysfs", "fixtures/hgx-h100", "--fabric", fabric("hgx-h100", "vfio")).stdout.decode()
+    assert "give --module-map FILE" in text.splitlines()[1]
+    assert "PIX to its own NIC: no" not in text and "no compute NIC" not in text
+    assert text.count("every GPU PIX to its own NIC: unknown") == 15
     line = one_line_error(run("pcitopo", "partitions", "--sysfs", "fixtures/hgx-h100"), "pcitopo partitions")
     assert "--fabric FILE" in line
 

@@ -175,3 +175,42 @@ def test_mmio_computes_domain_spells():
     text = path.read_text()
     assert xml_spellings(text, "topology/mmio.py") == []
     assert "_UNITS" not in text and '"kib"' not in text
+# -- nothing in the library or the doors that only tests use -------------------------------------
+
+# Public names the product code does not call but that are deliberate API, with why.
+TEST_ONLY_OK = {
+    "describe_options": "sidecar/config.py: the options table the docs are checked against",
+}
+
+
+def unused_names(sources: dict[str, str], also: str = "") -> list[str]:
+    """Top-level public functions, classes and constants of ``sources`` that no product code
+    (``sources`` themselves, ``also``) names beyond their definition; ``__all__`` lists aside."""
+    import re
+
+    text = "\n".join(re.sub(r"__all__\s*=\s*\[.*?\]", "", t, flags=re.S) for t in sources.values()) + also
+    out = []
+    for name, source in sources.items():
+        for node in ast.parse(source, name).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined = [node.name]
+            elif isinstance(node, ast.Assign):
+                defined = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            else:
+                defined = []
+            out += [f"{name}: {n}" for n in defined
+                    if not n.startswith("_") and len(re.findall(rf"\b{re.escape(n)}\b", text)) <= 1]
+    return out
+
+
+def test_the_unused_name_finder_sees_one():
+    assert unused_names({"a.py": "X = 1\ndef f():\n    return Y\nY = 2\n"}) == ["a.py: X", "a.py: f"]
+
+
+def test_no_test_only_code_in_the_library_or_the_doors():
+    """Test helpers live in testkit/ (e.g. build_config in testkit/synth_doctor.py), dead
+    constants go: the product's modules hold only what the product uses."""
+    sources = {str(p.relative_to(ROOT)): p.read_text() for d in ("topology", "sidecar") for p in (ROOT / d).glob("*.py")}
+    entry_points = (ROOT / "pyproject.toml").read_text()
+    found = [u for u in unused_names(sources, entry_points) if u.split(": ")[1] not in TEST_ONLY_OK]
+    assert found == []

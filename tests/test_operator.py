@@ -116,6 +116,16 @@ def test_f2_passthrough_is_never_silent(tmp_path):
     assert r.returncode == 1 and b"0000:77:00.0" in r.stderr and b"would not rewrite" in r.stderr
 
 
+def test_f2_operator_guide_shows_the_real_passthrough_line(tmp_path):
+    """docs/OPERATOR.md quotes the line xmlfix prints for a hostdev the host lacks (it once
+    showed an ``unknown-device: ...`` line the command never prints)."""
+    d = edited(H100 / "domain.xml", tmp_path / "missing.xml", _missing_bdf)
+    r = run("xmlfix", "--vmi", str(_passthrough_vmi(tmp_path)), "--sysfs", "fixtures/hgx-h100", str(d))
+    line = r.stderr.decode().strip()
+    assert line.startswith("xmlfix: domain left unchanged (passthrough): domain: hostdev ")
+    assert line in (ROOT / "docs" / "OPERATOR.md").read_text().splitlines()
+
+
 # -- finding 3: --explain opens with a verdict, groups reasons, NVLink pairs are not PCIe diffs --
 
 def test_f3_explain_verdict_and_grouped_reasons():
@@ -181,6 +191,11 @@ def test_f5_verify_against_the_guest_derived_from_the_output():
     assert len(bad.problems) == 2
     assert "GPU0-NIC0 (host 0000:18:00.0-0000:19:00.0" in bad.problems[1] and "nvidia-smi PIX, predicted SYS" in bad.problems[1]
     assert "NIC1 (host 0000:29:00.0): predicted at guest 0000:01:1f.0, the guest has no such device" == bad.problems[0]
+    up = next(f for f in result.guest.topology.functions() if result.guest.topology.role(f).value == "upstream-port")
+    doc = prediction(result, host)
+    doc["devices"][0]["guest_bdf"] = str(up.bdf)
+    bad = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology)
+    assert f"predicted a gpu at guest {up.bdf}, the guest has an upstream-port (" in bad.problems[0]
 
 
 def test_f5_verify_door_and_bad_prediction_files(tmp_path):

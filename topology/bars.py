@@ -19,14 +19,12 @@ from dataclasses import dataclass
 
 from .errors import SysfsError
 
-IORESOURCE_IO = 0x100
 IORESOURCE_MEM = 0x200
 IORESOURCE_PREFETCH = 0x2000
 IORESOURCE_MEM_64 = 0x100000
 
 # Lines of `resource` that are the function's own BARs (6 .. : ROM, bridge windows, VF BARs).
 STANDARD_BARS = 6
-ROM_INDEX = 6
 # A real `resource` file has at most 17 lines (6 BARs, ROM, 6 IOV BARs, 4 bridge windows).
 MAX_RESOURCE_LINES = 64
 
@@ -101,6 +99,6 @@ def device_bars(bars: tuple[Bar, ...] | None) -> tuple[Bar, ...]:
 
 
 __all__ = [
-    "Bar", "IORESOURCE_IO", "IORESOURCE_MEM", "IORESOURCE_MEM_64", "IORESOURCE_PREFETCH",
+    "Bar", "IORESOURCE_MEM", "IORESOURCE_MEM_64", "IORESOURCE_PREFETCH",
     "device_bars", "format_resource", "parse_resource",
 ]

@@ -121,27 +121,3 @@ class ConfigSpace:
     def ats_control(self) -> int | None:
         """The ATS control register, None when the function has no ATS capability."""
         return self._register16(EXT_CAP_ATS, ATS_CTRL)
-
-
-# -- writing (synthetic hosts, tests) ------------------------------------------------------------
-
-def build_config(vendor: int, device: int, class_code: int, *, bridge: bool,
-                 sub_vendor: int = 0, sub_device: int = 0,
-                 ext_caps: list[tuple[int, int, bytes]] = ()) -> bytes:
-    """A 4096-byte PCIe config space: the type 0/1 header and extended capabilities given as
-    (offset, id, body after the 4-byte header), linked in the order given."""
-    data = bytearray(PCIE_BYTES)
-    data[0:4] = (vendor | device << 16).to_bytes(4, "little")
-    data[6:8] = (0x0010).to_bytes(2, "little")  # status: capability list present
-    data[8:12] = (class_code << 8).to_bytes(4, "little")  # revision 0
-    data[0x0E] = 0x01 if bridge else 0x00
-    if not bridge:
-        data[0x2C:0x30] = (sub_vendor | sub_device << 16).to_bytes(4, "little")
-    data[0x34] = 0x40  # capabilities pointer: a PCI Express capability at 0x40
-    data[0x40:0x44] = (0x10 | 0x0002 << 16).to_bytes(4, "little")  # cap id 0x10, version 2
-    caps = list(ext_caps)
-    for i, (off, cap_id, body) in enumerate(caps):
-        nxt = caps[i + 1][0] if i + 1 < len(caps) else 0
-        data[off:off + 4] = (cap_id | 1 << 16 | nxt << 20).to_bytes(4, "little")
-        data[off + 4:off + 4 + len(body)] = body
-    return bytes(data)

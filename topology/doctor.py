@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .bars import parse_resource
 from .classify import Nccl, classify
 from .configspace import (
     ACS_CR,
@@ -29,8 +28,8 @@ from .configspace import (
     ConfigUnknown,
     acs_flags,
 )
-from .errors import PcitopoError
-from .labels import label_devices
+from .errors import DoctorError, SysfsError
+from .labels import Labeled, label_devices
 from .model import Bdf, PciFunction, Role, Topology, is_bdf
 from .report import default_devices
 from .sysfs import (
@@ -49,12 +48,6 @@ MELLANOX = 0x15B3
 TRANSLATED_GROUP_TYPES = ("DMA", "DMA-FQ")
 BAR_SLOTS = range(6)  # BAR0-5; the ROM and SR-IOV BARs are not the device's working BARs
 _ROOT_FIX = "run pcitopo doctor as root (config space past 64 bytes needs CAP_SYS_ADMIN)"
-
-
-class DoctorError(PcitopoError):
-    """``doctor: require`` and a check failed: the VM must not start on this host as it is."""
-
-    kind = "doctor"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +116,10 @@ class HostFiles:
         if data is None:
             raise ConfigUnknown("no config file")
         if isinstance(data, Unreadable):
-            raise ConfigUnknown(NEEDS_ROOT if "ermission" in data.why else f"config unreadable ({data.why})")
+            # Never "needs root" here: the kernel lets anyone read ``config`` and cuts it to 64
+            # bytes without CAP_SYS_ADMIN (drivers/pci/pci-sysfs.c, pci_read_config); ConfigSpace
+            # tells that case by its length. A file that cannot be read at all is something else.
+            raise ConfigUnknown(f"config unreadable ({data.why})")
         return ConfigSpace(bytes(data))
 
     def driver_override(self, bdf: Bdf) -> str | None:
@@ -144,7 +140,7 @@ def host_source(topo: Topology) -> Source:
     """The sysfs source a host model reads from (the doctor reads more files there)."""
     source = getattr(topo.loader, "source", None)
     if source is None:
-        raise PcitopoError(f"{topo.name}: not read from sysfs; the doctor needs a sysfs tree")
+        raise SysfsError(f"{topo.name}: not read from sysfs; the doctor needs a sysfs tree")
     return source
 
 
@@ -289,15 +285,14 @@ def check_numa(topo: Topology, t: Target) -> Finding:
               "CPUs and memory on the wrong socket", fix)
 
 
-def check_bar(files: HostFiles, t: Target) -> Finding:
+def check_bar(topo: Topology, t: Target) -> Finding:
     f = t.function
-    data = files.raw(f.bdf, "resource")
-    if not isinstance(data, bytes):
-        return _f("bar", "unknown", f.bdf, t.label, "resource file " + ("missing" if data is None else f"unreadable ({data.why})"))
-    try:
-        bars = parse_resource(data.decode("ascii", "replace"))
-    except PcitopoError as e:
-        return _f("bar", "unknown", f.bdf, t.label, f"resource file malformed: {e}")
+    bars = f.bars  # the reader parsed ``resource`` already (topology/bars.py); None: absent or bad
+    if bars is None:
+        # The reader said why in a warning on that file; without one, there was no file.
+        tag = f"/{f.bdf}/resource: "
+        why = next((w.split(tag, 1)[1].removesuffix(", ignored") for w in topo.warnings if tag in w), None)
+        return _f("bar", "unknown", f.bdf, t.label, f"resource file not usable ({why})" if why else "resource file missing")
     bad = [b for b in bars if b.index in BAR_SLOTS and not b.assigned]
     if bad:
         what = ", ".join(f"BAR{b.index} ({_size(b.size)}{', 64-bit' if b.is_64bit else ''}"
@@ -357,10 +352,23 @@ def select_targets(topo: Topology, bdfs: Sequence[Bdf] | None) -> list[Target]:
     named = bdfs is not None
     chosen = list(dict.fromkeys(topo.function(b).bdf for b in bdfs)) if named else default_devices(topo)
     labeled = label_devices(topo, chosen)
+    host = host_labels(topo)
     # Named devices are all strict, so the pair classification is needed only for the default set.
     gdr = set() if named else _gdr_nics(topo, (lab.function for lab in labeled))
-    return [Target(lab.function, lab.label, lab.role,
+    return [Target(lab.function, host.get(lab.function.bdf) or _outside_label(lab), lab.role,
                    named or lab.role != Role.NIC or lab.function.bdf in gdr) for lab in labeled]
+
+
+def host_labels(topo: Topology) -> dict[Bdf, str]:
+    """GPU0.., NIC0.. over all the host's GPUs and NICs (as ``pcitopo topo`` and ``partitions``
+    number them), so a device's label does not depend on which others were named."""
+    return {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}
+
+
+def _outside_label(lab: Labeled) -> str:
+    """A named device outside the host's numbering (a VF, an NVMe drive, a switch-management
+    function): its kind and BDF, which no numbered label can collide with."""
+    return f"{lab.label.rstrip('0123456789')}@{lab.function.bdf}"
 
 
 def path_bridges(topo: Topology, targets: Sequence[Target]) -> list[tuple[PciFunction, str]]:
@@ -389,7 +397,7 @@ def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source
             out.append(check_ats(files, t))
         out.append(check_link(t.function, t.label, t.role))
         out.append(check_numa(topo, t))
-        out.append(check_bar(files, t))
+        out.append(check_bar(topo, t))
     for bridge, label in path_bridges(topo, targets):
         out.append(check_acs(files, bridge, label))
         out.append(check_link(bridge, label, topo.role(bridge)))

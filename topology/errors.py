@@ -100,6 +100,8 @@ class InternalError(PcitopoError):
     def of(cls, e: BaseException, where: str = "") -> "InternalError":
         """Wrap an unexpected exception: ``[where: ]TypeName: message``."""
         return cls(f"{where + ': ' if where else ''}{type(e).__name__}: {e}")
+
+
 class MmioError(PcitopoError):
     """The guest cannot map the assigned devices' BARs (even the host's width is too small)."""
 
@@ -110,3 +112,17 @@ class FirmwareWarning(PcitopoError):
     """A firmware limit the settings cannot repair: the VM boots, some BARs stay unassigned."""
 
     kind = "mmio-firmware"
+
+
+# -- the doctor and its fleet outputs (moved here from topology/doctor.py and topology/fleet.py) --
+
+class DoctorError(PcitopoError):
+    """``doctor: require`` and a check failed: the VM must not start on this host as it is."""
+
+    kind = "doctor"
+
+
+class OutputError(PcitopoError):
+    """An output file (``--prometheus-out``, ``--nfd-out``) cannot be written."""
+
+    kind = "output"

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from .classify import Nccl, Nvml, classify
 from .doctor import CHECKS, STATUSES, DoctorReport, Target
-from .errors import PcitopoError
+from .errors import OutputError
 from .model import Role, Topology
 
 STATUS_CODE = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
@@ -135,12 +135,6 @@ def nfd_text(report: DoctorReport, pix: PixFacts) -> str:
     lines = ["# pcitopo doctor: host readiness for GPUDirect RDMA in VMs (Node Feature Discovery local features)"]
     lines += [f"{NFD_PREFIX}{k}={v}" for k, v in features.items()]
     return "\n".join(lines) + "\n"
-
-
-class OutputError(PcitopoError):
-    """An output file cannot be written."""
-
-    kind = "output"
 
 
 def write_atomic(path: str, text: str) -> None:

@@ -174,7 +174,8 @@ class GpuRow:
 class PartitionRow:
     partition: Partition
     gpus: tuple[GpuRow, ...]
-    all_pix: bool
+    # None: some GPU's BDF is unknown (placeholder BDFs, no module map), so nobody can say.
+    all_pix: bool | None
 
 
 def compute_nics(host: Topology) -> list[PciFunction]:
@@ -229,7 +230,8 @@ def partition_rows(host: Topology, fabric: Fabric, labels: dict[Bdf, str]) -> li
             nic = matched.get(g.bdf) or (ranked[g.bdf][0][2] if ranked[g.bdf] else None)
             cls = classify(host, g.bdf, nic).nccl.value if nic is not None else None
             out.append(GpuRow(g.module, g.bdf, labels.get(g.bdf), nic, labels.get(nic) if nic else None, cls))
-        all_pix = bool(out) and all(r.bdf in matched for r in out)
+        unknown = any(r.bdf is None or r.bdf not in ranked for r in out)
+        all_pix = None if unknown else bool(out) and all(r.bdf in matched for r in out)
         rows.append(PartitionRow(p, tuple(out), all_pix))
     return rows
 
@@ -254,17 +256,25 @@ def partitions_json(fabric: Fabric, rows: list[PartitionRow]) -> dict:
     }
 
 
+MAPPING_UNKNOWN = ("NICs unknown: the fabric's GPU BDFs are placeholders; give --module-map FILE (module ID -> BDF) "
+                   "to see each GPU's NIC and whether every GPU is PIX to its own NIC")
+
+
 def partitions_text(fabric: Fabric, rows: list[PartitionRow]) -> str:
     lines = [f"Fabric {fabric.path}: {len(rows)} partitions, {fabric.bdf_origin}", ""]
+    if any(r.all_pix is None for r in rows):
+        lines.insert(1, MAPPING_UNKNOWN)
     for r in rows:
         p = r.partition
+        pix = "unknown" if r.all_pix is None else "yes" if r.all_pix else "no"
         lines.append(
             f"Partition {p.id:<3} {'active  ' if p.active else 'inactive'}  modules {p.modules_text():<19} "
-            f"every GPU PIX to its own NIC: {'yes' if r.all_pix else 'no'}"
+            f"every GPU PIX to its own NIC: {pix}"
         )
         for g in r.gpus:
             gpu = f"{g.label or '?'} {g.bdf or 'unmapped'}"
-            nic = f"{g.nic_label or '?'} {g.nic} {g.nic_class}" if g.nic else "no compute NIC"
+            nic = (f"{g.nic_label or '?'} {g.nic} {g.nic_class}" if g.nic else
+                   "NIC unknown (GPU BDF unknown)" if g.bdf is None else "no compute NIC")
             lines.append(f"    module {g.module}  {gpu:<18}  {nic}")
     lines += ["", "NIC classes are NCCL's (GPUDirect RDMA needs PXB or closer); each GPU gets a NIC of its own where one is PIX."]
     return "\n".join(lines) + "\n"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .classify import classify
 from .errors import ConfigError, PcitopoError
-from .model import Bdf, Topology
+from .model import Bdf, Role, Topology
 
 MAX_EXPECT_BYTES = 16 * 1024 * 1024
 CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -113,6 +113,13 @@ def load_expectation(data: bytes, name: str) -> Expectation:
     return Expectation(tuple(devices), tuple(out_pairs))
 
 
+def _a(kind: str) -> str:
+    """A role's value with its article: "a gpu", "an upstream-port", "an unclassified device"."""
+    if kind == Role.OTHER.value:
+        return "an unclassified device"
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
 def _check_device(guest: Topology, d: ExpectedDevice, v: Verification) -> bool:
     who = f"{d.label} (host {d.host_bdf})"
     if d.guest_bdf is None:
@@ -126,7 +133,7 @@ def _check_device(guest: Topology, d: ExpectedDevice, v: Verification) -> bool:
     v.devices_checked += 1
     role = guest.role(f).value
     if role != d.kind:
-        v.problems.append(f"{who}: predicted a {d.kind} at guest {d.guest_bdf}, the guest has a {role} ({f.ids}) there")
+        v.problems.append(f"{who}: predicted {_a(d.kind)} at guest {d.guest_bdf}, the guest has {_a(role)} ({f.ids}) there")
         return False
     if f.numa_node != d.numa:
         v.problems.append(f"{who} at guest {d.guest_bdf}: numa_node {f.numa_node}, predicted {d.numa}")

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from .libvirtd import PrivateLibvirtd
-from .paths import SetupMissing, find_kernel
+from .paths import SetupMissing, find_kernel, slow_tier_on
 
 REQUIRED_TOOLS = ("qemu-system-x86_64", "libvirtd", "virsh", "busybox", "lspci", "unshare")
 
@@ -27,11 +27,11 @@ def _missing() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """``e2e_slow`` boots (OVMF under TCG, minutes each) run only when asked for: ``-m e2e_slow``
-    (``make test-slow``) or ``PCITOPO_E2E_SLOW=1``."""
-    if "e2e_slow" in (config.option.markexpr or "") or os.environ.get("PCITOPO_E2E_SLOW"):
+    """``e2e_slow`` boots (OVMF under TCG, minutes each) run only when asked for:
+    ``PCITOPO_E2E_SLOW=1`` (``make test-slow`` sets it); see :func:`paths.slow_tier_on`."""
+    if slow_tier_on():
         return
-    skip = pytest.mark.skip(reason="slow OVMF boot: run with -m e2e_slow (make test-slow)")
+    skip = pytest.mark.skip(reason="slow OVMF boot: run with PCITOPO_E2E_SLOW=1 (make test-slow)")
     for item in items:
         if item.get_closest_marker("e2e_slow"):
             item.add_marker(skip)

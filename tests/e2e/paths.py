@@ -8,6 +8,16 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+SLOW_SWITCH = "PCITOPO_E2E_SLOW"
+
+
+def slow_tier_on(env: dict[str, str] | None = None) -> bool:
+    """Whether the ``e2e_slow`` boots run: only ``PCITOPO_E2E_SLOW=1`` (``make test-slow`` sets
+    it). Exact on purpose: ``0``, an empty value or a marker expression such as
+    ``-m 'not e2e_slow'`` never turns minutes-long boots on."""
+    return (os.environ if env is None else env).get(SLOW_SWITCH) == "1"
+
+
 class SetupMissing(RuntimeError):
     """Something scripts/setup-debian.sh provides is not there."""
 

@@ -10,7 +10,7 @@ keeps. SeaBIOS is Debian's (1.16.2); KubeVirt's 1.16.3 is not in Debian 12.
 OVMF under TCG is slow at wide address widths: the 46-bit case (eight B200 with their NICs, four
 expander buses) takes over a minute to reach the kernel with Debian 12's 2022.11, so it carries
 the extra marker ``e2e_slow`` and runs only when asked: ``make test-slow``
-(``pytest tests/e2e -m e2e_slow``). The 43- and 44-bit OVMF cases run in the normal e2e tier.
+(``PCITOPO_E2E_SLOW=1 pytest tests/e2e -m e2e_slow``). The 43- and 44-bit OVMF cases run in the normal e2e tier.
 """
 
 from __future__ import annotations
