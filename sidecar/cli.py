@@ -21,10 +21,11 @@ from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
 # -- pcitopo topo ----------------------------------------------------------------------------
 
 def _cmd_topo(args: argparse.Namespace) -> int:
-    from topology.classify import NvlinkOracle, load_nvlink_table
-    from topology.model import Bdf
-    from topology.report import default_devices, topo_json, topo_text, tree_text
-    from topology.sysfs import open_host
+    from topology.paths.classify import NvlinkOracle, load_nvlink_table
+    from topology.model.tree import Bdf
+    from topology.model.labels import default_devices
+    from topology.views.report import topo_json, topo_text, tree_text
+    from topology.host.sysfs import open_host
 
     chosen = [f"--{name}" for name in ("json", "tree", "dot") if getattr(args, name)]
     if len(chosen) > 1:  # finding 12 (and 11's --dot): one output per run, never a silent choice
@@ -41,8 +42,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     if args.fabric:
         if args.nvlink_table:
             raise ConfigError("--fabric and --nvlink-table exclude each other (the fabric says what the table would guess)")
-        from topology.fabric import load_fabric
-        from topology.partitions import FabricNvlink
+        from topology.paths.fabric import load_fabric
+        from topology.paths.partitions import FabricNvlink
 
         oracle = FabricNvlink(load_fabric(args.fabric, args.module_map, topo))
     else:
@@ -54,8 +55,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
     if args.dot:  # issue 14 #11: host and predicted guest as one Graphviz picture
-        from topology.dot import topo_dot
-        from topology.vfs import group_vfs
+        from topology.views.dot import topo_dot
+        from topology.paths.vfs import group_vfs
 
         sys.stdout.write(topo_dot(topo, group_vfs(topo, bdfs).heads, live_root))
         return EXIT_OK
@@ -65,7 +66,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.tree:
         labels = {}
-        from topology.labels import label_devices
+        from topology.model.labels import label_devices
 
         for lab in label_devices(topo, bdfs):
             labels[lab.function.bdf] = lab.label
@@ -81,11 +82,10 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 
 
 def _cmd_partitions(args: argparse.Namespace) -> int:
-    from topology.fabric import load_fabric
-    from topology.partitions import partition_rows, partitions_json, partitions_text
-    from topology.labels import label_devices
-    from topology.report import default_devices
-    from topology.sysfs import open_host
+    from topology.paths.fabric import load_fabric
+    from topology.paths.partitions import partition_rows, partitions_json, partitions_text
+    from topology.model.labels import default_devices, label_devices
+    from topology.host.sysfs import open_host
 
     if not args.fabric:
         raise ConfigError("no fabric file: give --fabric FILE (the output of `fmpm -l`) or set PCITOPO_FABRIC")
@@ -110,7 +110,7 @@ def _fabric_args(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _cmd_capture(args: argparse.Namespace) -> int:
-    from topology.capture import capture
+    from topology.host.capture import capture
 
     summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # finding 4: -o - is stdout
     print(
@@ -128,10 +128,11 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 # -- pcitopo doctor (issue 13) ------------------------------------------------------------------
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from topology.doctor import run_checks
-    from topology.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
-    from topology.model import Bdf, Topology
-    from topology.sysfs import SysfsReader, open_source
+    from topology.checks.doctor import run_checks
+    from topology.checks.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
+    from topology.model.tree import Bdf, Topology
+    from topology.host.sysfs import SysfsReader
+    from topology.host.sources import open_source
 
     source = open_source(args.sysfs)
     topo = Topology(SysfsReader(source))
@@ -173,8 +174,8 @@ def _add_doctor_parser(sub, default_sysfs: str) -> None:
 # -- pcitopo verify (issue 14, finding 5): the guest against xmlfix --json ------------------
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from topology.sysfs import open_host
-    from topology.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
+    from topology.host.sysfs import open_host
+    from topology.checks.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
 
     try:
         with open(args.expect, "rb") as fh:
@@ -201,7 +202,7 @@ def _cmd_serve(argv: Sequence[str]) -> int:
 
 
 def pcitopo_main(argv: Sequence[str] | None = None) -> int:
-    from topology.sysfs import default_sysfs
+    from topology.host.sources import default_sysfs
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":

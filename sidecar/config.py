@@ -13,7 +13,7 @@ be mirrored, and logs why; the default ``fail`` stops the VM start with our one-
 because an operator who attached this sidecar wants the topology or a loud failure, not a
 silently slow VM.
 
-``nvlink`` is the NVLink fabric check (topology/partitions.py): with the sidecar started with
+``nvlink`` is the NVLink fabric check (topology/paths/partitions.py): with the sidecar started with
 ``--fabric FILE``, the VM's NVIDIA GPUs must be exactly one active Fabric Manager partition with
 all links. ``require`` fails the VM start with one line when they are not (whatever
 ``on-error`` says: booting without NVLink is what the operator asked us to prevent); ``warn``
@@ -28,7 +28,7 @@ unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and neve
 
 ``mmio: auto`` sizes the guest's 64-bit MMIO space for the assigned devices' BARs (address
 width, 1 GiB pages for OVMF, SeaBIOS root-port reserves); ``p2p-clique: auto`` gives PCIe GPUs
-below one host switch a GPUDirect P2P clique id (topology/mmio.py, topology/cliques.py).
+below one host switch a GPUDirect P2P clique id (topology/guest/mmio.py, topology/guest/cliques.py).
 
 Values are exact, lower-case strings. An unknown annotation under the prefix is an error too
 (a typo such as ``pcitopo.kubevirt.io/on-eror`` must not silently fall back to a default).

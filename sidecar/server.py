@@ -48,8 +48,9 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from topology import __version__
 from topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
-from topology.model import Topology
-from topology.sysfs import default_sysfs, open_host
+from topology.model.tree import Topology
+from topology.host.sysfs import open_host
+from topology.host.sources import default_sysfs
 
 from . import core, wire
 from .config import parse_vmi
@@ -165,7 +166,7 @@ class Hooks:
 
     def __init__(self, host: Callable[[], Topology], log: JsonLog, stop: threading.Event, fabric: Callable | None = None):
         self.host = host
-        self.fabric = fabric  # topology.fabric.FabricFile, or None without --fabric
+        self.fabric = fabric  # topology.paths.fabric.FabricFile, or None without --fabric
         self.log = log
         self.stop = stop
         self._calls = 0
@@ -339,7 +340,7 @@ class HookServer:
         self.host = HostCache(sysfs)
         self.fabric = None
         if fabric:
-            from topology.fabric import FabricFile
+            from topology.paths.fabric import FabricFile
 
             self.fabric = FabricFile(fabric, module_map, self.host)
         self.hooks = Hooks(self.host, self.log, self.stop_event, self.fabric)

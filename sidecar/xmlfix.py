@@ -18,9 +18,9 @@ import sys
 from typing import Sequence
 
 from topology import __version__
-from topology.domain import MAX_DOMAIN_BYTES
+from topology.libvirt.domain import MAX_DOMAIN_BYTES
 from topology.errors import ConfigError, DomainError
-from topology.sysfs import default_sysfs
+from topology.host.sources import default_sysfs
 
 from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser
 
@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def xmlfix(argv: Sequence[str]) -> int:
     from .core import handle_define_domain
-    from topology.report import diff_text, explain_text
-    from topology.sysfs import open_host
+    from topology.views.report import diff_text, explain_text
+    from topology.host.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))
     _one_document(args)
@@ -92,7 +92,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     host = open_host(args.sysfs)
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
-        from topology.fabric import FabricFile
+        from topology.paths.fabric import FabricFile
 
         fabric_file = FabricFile(args.fabric, args.module_map, host)
     elif args.module_map:
@@ -107,7 +107,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     if args.json:
         _print_prediction(outcome, host, fabric)
     if args.dot:  # issue 14 #11: the explanation as a picture
-        from topology.dot import explain_dot
+        from topology.views.dot import explain_dot
 
         sys.stdout.write(explain_dot(result, host, outcome.reason))
     elif args.explain:
@@ -116,7 +116,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
-                from topology.fleet import doctor_text
+                from topology.checks.fleet import doctor_text
 
                 sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + doctor_text(outcome.doctor))
     if args.diff:  # finding 1: only what changed in meaning (both sides serialised alike)
@@ -152,7 +152,7 @@ def _warnings(outcome) -> list[str]:
     """One line per thing the hook would boot the VM with and only log: the rewrite's firmware
     warnings, the NVLink verdict under ``nvlink: warn``, failed host-readiness checks under
     ``doctor: warn`` (or a doctor that could not run)."""
-    from topology.predict import firmware_warnings
+    from topology.guest.predict import firmware_warnings
 
     from .core import nvlink_note
 
@@ -182,7 +182,7 @@ def _one_document(args: argparse.Namespace) -> None:
 
 def _check(outcome, host, fabric=None) -> int:
     """--check: exit 0 only if the guest will see what the host has (finding 2)."""
-    from topology.predict import beyond_pairs, check_problems, verdict
+    from topology.guest.predict import beyond_pairs, check_problems, verdict
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
@@ -200,7 +200,7 @@ def _print_prediction(outcome, host, fabric=None) -> None:
     """--json (finding 5): what `pcitopo verify --expect` checks in the guest."""
     import json
 
-    from topology.predict import prediction
+    from topology.guest.predict import prediction
 
     doc = prediction(outcome.result, host, fabric) if outcome.result is not None else {
         "devices": [], "pairs": [], "notes": [f"domain left unchanged ({outcome.outcome}): {outcome.reason}"]}

@@ -23,9 +23,9 @@ import time
 import pytest
 from lxml import etree
 
-from topology.model import Topology
-from topology.rewrite import RewriteResult, rewrite_domain
-from topology.sysfs import open_host
+from topology.model.tree import Topology
+from topology.guest.rewrite import RewriteResult, rewrite_domain
+from topology.host.sysfs import open_host
 
 from .golden_check import check_booted
 from .guestboot import GuestResult, boot

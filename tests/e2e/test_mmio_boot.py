@@ -21,9 +21,9 @@ from lxml import etree
 
 from testkit import REPO as ROOT
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
-from topology.model import Role
-from topology.rewrite import rewrite_domain
-from topology.sysfs import open_host
+from topology.model.tree import Role
+from topology.guest.rewrite import rewrite_domain
+from topology.host.sysfs import open_host
 
 from .guestboot import boot
 from .mmio_boot import GiB, KEEP_CPU, MiB, OVMF, count_bars, large_bar_standins, serial_text, strip_mmio_settings
