@@ -18,7 +18,7 @@ import sys
 from typing import Sequence
 
 from topology import __version__
-from topology.libvirt.domain import MAX_DOMAIN_BYTES
+from topology.libvirt.document import MAX_DOMAIN_BYTES
 from topology.errors import ConfigError, DomainError
 from topology.host.sources import default_sysfs
 

@@ -42,7 +42,7 @@ def test_f1_diff_shows_only_meaningful_changes(tmp_path):
     assert all('<address type="pci" domain="0x0000"' in x for x in removed)
     assert not any("></" in x for x in lines if x[:1] in "+-")
     # The diff is exact: applying it to the (re-serialised) input gives xmlfix's output.
-    from topology.libvirt.domain import parse_domain, serialize
+    from topology.libvirt.document import parse_domain, serialize
 
     src = (H100 / "domain.xml").read_bytes()
     base = tmp_path / "base.xml"

@@ -37,12 +37,9 @@ from lxml import etree
 
 from ..model.bars import device_bars
 from ..model.cpuinfo import HostWidth, local_width
-from ..libvirt.domain import (
+from ..libvirt.domain import OUR_ALIAS_PREFIX, PciController, ROOT_PORT, UPSTREAM
+from ..libvirt.machine import (
     FEATURE_OFF_POLICIES,
-    OUR_ALIAS_PREFIX,
-    ROOT_PORT,
-    UPSTREAM,
-    PciController,
     cpu_feature_policies,
     cpu_has_model,
     cpu_mode_of,

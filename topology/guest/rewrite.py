@@ -16,26 +16,29 @@ from ..paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 from ..model.cpuinfo import HostWidth
 from ..libvirt.domain import (
     DOWNSTREAM,
+    DomainView,
+    GuestAddress,
     PCIE_ROOT,
     PXB,
     ROOT_PORT,
     UPSTREAM,
-    DomainView,
-    GuestAddress,
+    pci_controller_element,
+    read_guest_address,
+    write_guest_address,
+)
+from ..libvirt.document import (
     append_child,
     indent_subtree,
     indent_unit,
     parse_domain,
-    pci_controller_element,
-    read_guest_address,
     remove_element,
     serialize,
-    write_guest_address,
 )
 from ..errors import DomainError
 from .tree import GuestView, guest_view
 from ..model.tree import Bdf, Role, Topology
-from .plan import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan, plan
+from .plan import plan
+from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan
 
 # issue 11 (MMIO budget, P2P cliques): logic in topology/guest/mmio.py and topology/guest/cliques.py
 from .cliques import CliquePlan

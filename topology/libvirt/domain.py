@@ -1,7 +1,10 @@
-"""Typed views over the few libvirt domain elements we read and write.
+"""Typed views over the PCI side of a libvirt domain: controllers, hostdevs, guest addresses,
+NUMA cells and pins, and the devices libvirt will place itself.
 
-XPath strings and attribute spellings live here and nowhere else. Parsing is hardened: no DTD,
-no entities, no network, bounded size.
+XPath strings and attribute spellings live in this room (``topology/libvirt/``) and nowhere
+else; the document itself (hardened parse, serialisation, indentation) is
+:mod:`topology.libvirt.document`'s, the ``<os>``/``<memory>``/``<cpu>`` spellings
+:mod:`topology.libvirt.machine`'s.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from lxml import etree
 from ..model.address import MAX_CONTROLLER_INDEX, address_in_range
 from ..errors import DomainError, quoted
 from ..model.tree import Bdf
+from .document import append_child, parse_domain
 
-MAX_DOMAIN_BYTES = 8 * 1024 * 1024  # a KubeVirt domain is a few KB; 8 MiB is generous
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 
 # Every controller we create carries an alias with this prefix; KubeVirt keeps controller
@@ -30,37 +33,6 @@ PCIE_ROOT = "pcie-root"
 
 # libvirt model → QEMU device, written explicitly because KubeVirt's re-parse drops it.
 QEMU_MODEL_NAME = {PXB: "pxb-pcie", ROOT_PORT: "pcie-root-port", UPSTREAM: "x3130-upstream", DOWNSTREAM: "xio3130-downstream"}
-
-
-def parse_domain(data: bytes) -> etree._ElementTree:
-    if not isinstance(data, (bytes, bytearray)):
-        raise DomainError("domain XML must be bytes")
-    if len(data) > MAX_DOMAIN_BYTES:
-        raise DomainError(f"domain XML is {len(data)} bytes, more than the {MAX_DOMAIN_BYTES} we accept")
-    if not data.strip():
-        raise DomainError("domain XML is empty")
-    parser = etree.XMLParser(
-        resolve_entities=False, no_network=True, load_dtd=False, dtd_validation=False, huge_tree=False
-    )
-    try:
-        tree = etree.fromstring(bytes(data), parser).getroottree()
-    except etree.XMLSyntaxError as e:
-        raise DomainError(f"malformed domain XML: {e.msg if hasattr(e, 'msg') else e}") from None
-    if tree.docinfo.doctype or tree.docinfo.internalDTD is not None:
-        # libvirt never writes a DOCTYPE; one here can only carry entity tricks (XXE, billion laughs).
-        raise DomainError("domain XML has a DOCTYPE; refusing (entities are not allowed)")
-    for _ in tree.iter(etree.Entity):
-        raise DomainError("domain XML uses entity references; refusing")
-    root = tree.getroot()
-    if root.tag != "domain":
-        raise DomainError(f"root element is <{root.tag}>, not <domain>")
-    return tree
-
-
-def serialize(tree: etree._ElementTree, original: bytes) -> bytes:
-    declaration = original.lstrip().startswith(b"<?xml")
-    out = etree.tostring(tree, encoding="utf-8", xml_declaration=declaration)
-    return out if out.endswith(b"\n") else out + b"\n"
 
 
 def parse_int(text: str | None, what: str) -> int:
@@ -149,64 +121,6 @@ def pci_controller_element(
     if address is not None:
         write_guest_address(el, address)
     return el
-
-
-def append_child(parent: etree._Element, child: etree._Element, after: etree._Element | None = None) -> None:
-    """Insert keeping the document's indentation style (KubeVirt indents with tabs)."""
-    indent, closing = _indent_of(parent)
-    if after is None:
-        after = parent[-1] if len(parent) else None
-    if after is None:
-        parent.text = "\n" + indent
-        child.tail = closing
-        parent.append(child)
-        return
-    child.tail = after.tail if after.tail is not None else closing
-    after.tail = "\n" + indent
-    after.addnext(child)
-
-
-def remove_element(el: etree._Element) -> None:
-    """Remove an element, keeping the indentation of what follows it."""
-    parent = el.getparent()
-    if parent is None:
-        return
-    prev = el.getprevious()
-    if el.getnext() is None:
-        # The last child's tail is the parent's closing indentation: hand it on.
-        if prev is not None:
-            prev.tail = el.tail
-        else:
-            parent.text = el.tail
-    parent.remove(el)
-
-
-def _indent_of(parent: etree._Element) -> tuple[str, str]:
-    if parent.text and parent.text.strip() == "" and "\n" in parent.text:
-        inner = parent.text.rsplit("\n", 1)[-1]
-        outer = (parent[-1].tail or "\n").rsplit("\n", 1)[-1] if len(parent) else inner[: -1]
-        return inner, "\n" + outer
-    depth = len(list(parent.iterancestors())) + 1
-    unit = indent_unit(parent.getroottree())
-    return unit * depth, "\n" + unit * (depth - 1)
-
-
-def indent_subtree(el: etree._Element, level: int, unit: str) -> None:
-    """Pretty-print an element we built, to sit at ``level`` in a document indented by ``unit``."""
-    if len(el):
-        el.text = "\n" + unit * (level + 1)
-        for i, child in enumerate(el):
-            indent_subtree(child, level + 1, unit)
-            child.tail = "\n" + unit * (level + 1 if i < len(el) - 1 else level)
-
-
-def indent_unit(tree: etree._ElementTree) -> str:
-    text = tree.getroot().text or ""
-    if "\n" in text:
-        tail = text.rsplit("\n", 1)[-1]
-        if tail:
-            return tail
-    return "\t"
 
 
 # -- views ------------------------------------------------------------------------------------
@@ -449,135 +363,3 @@ def parse_cpuset(text: str) -> set[int]:
         except ValueError:
             raise DomainError(f"cannot read cpu/node list {text[:60]!r}: want ids 0-{MAX_CPUSET_MEMBERS - 1}") from None
     return out - excluded
-
-
-# -- a sketch domain: every named device passed through (pcitopo topo --dot, issue 14 #11) -------
-
-# -- <os>, <memory>, <cpu>: what the MMIO budget reads and writes (topology/guest/mmio.py computes) --
-
-CPU = "cpu"
-MAXPHYSADDR = "maxphysaddr"
-CPU_FEATURE = "feature"
-# libvirt's order of <cpu> children: <maxphysaddr> goes after these, before <feature> and <numa>
-CPU_CHILDREN_BEFORE_MAXPHYSADDR = ("model", "vendor", "topology", "cache")
-FEATURE_OFF_POLICIES = ("disable", "forbid")
-_KiB, _MiB, _GiB, _TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
-# libvirt's memory units (formatdomain.html "Memory Allocation": unit, default KiB)
-MEMORY_UNITS = {"b": 1, "bytes": 1, "k": _KiB, "kib": _KiB, "kb": 1000, "m": _MiB, "mib": _MiB, "mb": 10**6,
-                "g": _GiB, "gib": _GiB, "gb": 10**9, "t": _TiB, "tib": _TiB, "tb": 10**12}
-
-
-def firmware_of(root: etree._Element) -> str:
-    """``ovmf`` when ``<os>`` boots UEFI (firmware='efi', or a pflash/OVMF/edk2 loader), else
-    ``seabios`` (KubeVirt boots OVMF only with spec.domain.firmware.bootloader.efi)."""
-    os_el = root.find("os")
-    if os_el is None:
-        return "seabios"
-    if (os_el.get("firmware") or "").lower() == "efi":
-        return "ovmf"
-    loader = os_el.find("loader")
-    if loader is not None:
-        text = (loader.text or "").lower()
-        if loader.get("type") == "pflash" or any(k in text for k in ("ovmf", "edk2", "efi", "aavmf")):
-            return "ovmf"
-    return "seabios"
-
-
-def cpu_mode_of(root: etree._Element) -> str:
-    """``<cpu mode>`` (libvirt's default ``custom``), ``none`` without ``<cpu>``."""
-    cpu = root.find(CPU)
-    if cpu is None:
-        return "none"
-    return cpu.get("mode") or "custom"
-
-
-def guest_ram(root: etree._Element) -> int:
-    """Guest RAM in bytes (``<maxMemory>`` if larger: hotplugged DIMMs sit above RAM too)."""
-    best = 0
-    for tag in ("memory", "maxMemory"):
-        el = root.find(tag)
-        if el is None or not (el.text or "").strip():
-            continue
-        unit = MEMORY_UNITS.get((el.get("unit") or "KiB").lower(), _KiB)
-        best = max(best, parse_int(el.text, f"<{tag}>") * unit)
-    return best
-
-
-def ensure_cpu(root: etree._Element) -> etree._Element:
-    """The domain's ``<cpu>``, appended (in the document's indentation) when absent."""
-    cpu = root.find(CPU)
-    if cpu is None:
-        cpu = etree.Element(CPU)
-        append_child(root, cpu)
-    return cpu
-
-
-def set_maxphysaddr(cpu: etree._Element, bits: int | None) -> None:
-    """``<maxphysaddr mode='passthrough'/>`` (bits None) or ``mode='emulate' bits='N'``,
-    replacing one already there, else in libvirt's order."""
-    old = cpu.find(MAXPHYSADDR)
-    el = etree.Element(MAXPHYSADDR)
-    el.set("mode", "passthrough" if bits is None else "emulate")
-    if bits is not None:
-        el.set("bits", str(bits))
-    if old is not None:
-        el.tail = old.tail
-        cpu.replace(old, el)
-        return
-    after = None
-    for tag in CPU_CHILDREN_BEFORE_MAXPHYSADDR:
-        found = cpu.find(tag)
-        if found is not None:
-            after = found
-    if after is None and len(cpu):
-        cpu[0].addprevious(el)
-        el.tail = cpu.text
-        return
-    append_child(cpu, el, after=after)
-
-
-def cpu_feature_policies(cpu: etree._Element, name: str) -> list[str | None]:
-    """The policies of ``<feature name=NAME>`` under ``<cpu>`` (empty: not named)."""
-    return [f.get("policy") for f in cpu.findall(CPU_FEATURE) if f.get("name") == name]
-
-
-def cpu_has_model(cpu: etree._Element) -> bool:
-    return cpu.find("model") is not None
-
-
-def require_cpu_feature(cpu: etree._Element, name: str) -> None:
-    """Append ``<feature policy='require' name=NAME/>`` after the last feature (else after
-    ``<maxphysaddr>``)."""
-    el = etree.Element(CPU_FEATURE)
-    el.set("policy", "require")
-    el.set("name", name)
-    feats = cpu.findall(CPU_FEATURE)
-    append_child(cpu, el, after=feats[-1] if feats else cpu.find(MAXPHYSADDR))
-
-
-def sketch_domain(devices: list[Bdf], host_nodes: list[int]) -> bytes:
-    """A minimal q35 domain that passes ``devices`` through, with ACPI and one guest cell per
-    host NUMA node in ``host_nodes`` (cell i backed by node host_nodes[i] through
-    ``<numatune><memnode>``, as KubeVirt's guestMappingPassthrough writes it). It is never
-    started: it lets ``pcitopo topo --dot`` predict the guest of a VM given all those devices."""
-    root = etree.Element("domain", type="kvm")
-    etree.SubElement(root, "name").text = "pcitopo-sketch"
-    etree.SubElement(root, "memory", unit="GiB").text = str(max(1, len(host_nodes)))
-    etree.SubElement(root, "vcpu").text = str(max(1, len(host_nodes)))
-    os_el = etree.SubElement(root, "os")
-    etree.SubElement(os_el, "type", arch="x86_64", machine="q35").text = "hvm"
-    etree.SubElement(etree.SubElement(root, "features"), "acpi")
-    if host_nodes:
-        numa = etree.SubElement(etree.SubElement(root, CPU), "numa")
-        tune = etree.SubElement(root, "numatune")
-        for cell, node in enumerate(host_nodes):
-            etree.SubElement(numa, "cell", id=str(cell), cpus=str(cell), memory="1", unit="GiB")
-            etree.SubElement(tune, "memnode", cellid=str(cell), mode="strict", nodeset=str(node))
-    devs = etree.SubElement(root, "devices")
-    for b in devices:
-        hd = etree.SubElement(devs, "hostdev", mode="subsystem", type="pci", managed="no")
-        etree.SubElement(
-            etree.SubElement(hd, "source"), "address",
-            domain=f"0x{b.domain:04x}", bus=f"0x{b.bus:02x}", slot=f"0x{b.slot:02x}", function=f"0x{b.function:x}",
-        )
-    return etree.tostring(root, pretty_print=True)

@@ -39,8 +39,6 @@ def label_devices(topo: Topology, bdfs: Iterable[Bdf]) -> list[Labeled]:
 def default_devices(topo: Topology, include_vfs: bool = False) -> list[Bdf]:
     """GPUs and compute NICs of the host (physical functions only unless asked); ConnectX
     functions that manage NVLink switch chips are not NICs a workload uses (nvswitch_mgmt)."""
-    from ..model.nvswitch_mgmt import management_reason
-
     out = []
     for f in topo.functions():
         role = topo.role(f)

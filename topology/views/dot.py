@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..paths.classify import Nccl, classify
-from ..libvirt.domain import sketch_domain
+from ..libvirt.machine import sketch_domain
 from ..model.tree import Bdf, PciFunction, Role, Topology
 from ..host.names import part_name
 from ..model.labels import Labeled, label_devices

@@ -357,7 +357,7 @@ def diff_text(before: bytes, after: bytes, name: str) -> str:
     elements and attributes the rewrite added, removed or edited do."""
     import difflib
 
-    from ..libvirt.domain import parse_domain, serialize
+    from ..libvirt.document import parse_domain, serialize
 
     def norm(xml: bytes) -> list[str]:
         return serialize(parse_domain(xml), xml).decode("utf-8", "replace").splitlines(keepends=True)
