@@ -8,7 +8,7 @@ import json
 
 from sidecar.config import PREFIX
 from sidecar.core import handle_define_domain
-from sidecar.server import error_details, status_name
+from sidecar.hooks import error_details, status_name
 from topology.errors import PcitopoError
 from topology.model.tree import Topology
 

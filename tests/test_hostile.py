@@ -457,6 +457,7 @@ import json, os, sys, threading
 # not what the claims are about.
 import grpc
 from sidecar import server as srv
+from sidecar.hooks import JsonLog
 from sidecar.core import handle_define_domain
 from sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
 from topology.host.sysfs import open_host
@@ -478,7 +479,7 @@ events.clear()
 if mode == "library":
     handle_define_domain(domain, vmi.encode(), open_host(sysfs))
 else:
-    server = srv.HookServer(sock, sysfs, log=srv.JsonLog(open(os.devnull, "w")))
+    server = srv.HookServer(sock, sysfs, log=JsonLog(open(os.devnull, "w")))
     events.clear()
     server.start()
     with grpc.insecure_channel("unix:" + sock) as ch:

@@ -118,7 +118,7 @@ def test_a_doctor_that_cannot_run_is_logged_and_never_stops_the_vm(clean):
 
 
 def test_require_over_the_socket_is_failed_precondition():
-    from sidecar.server import status_name
+    from sidecar.hooks import status_name
 
     assert status_name(DoctorError("x")) == "FAILED_PRECONDITION"
 

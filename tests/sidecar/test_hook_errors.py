@@ -13,7 +13,7 @@ import pytest
 
 import sidecar
 import topology
-from sidecar.server import _GRPC_CODE, status_name
+from sidecar.hooks import _GRPC_CODE, status_name
 from topology.errors import PcitopoError
 
 DELIBERATE = {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL"}
