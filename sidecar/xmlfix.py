@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def xmlfix(argv: Sequence[str]) -> int:
     from .core import handle_define_domain
-    from topology.views.report import diff_text, explain_text
+    from topology.views.explain import diff_text, explain_text
     from topology.host.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))

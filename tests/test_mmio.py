@@ -347,7 +347,7 @@ def test_sxm_gpus_get_no_clique(h100, b200):
 
 
 def test_explain_shows_the_budget_per_root_port_and_firmware(h100):
-    from topology.views.report import explain_text
+    from topology.views.explain import explain_text
 
     r = rewrite_domain(_domain(h100, gpus_and_nics(h100), "host-model", efi=True), h100, host_phys_bits=46)
     text = explain_text(r, h100)
