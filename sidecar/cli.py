@@ -28,7 +28,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     from topology.host.sysfs import open_host
 
     chosen = [f"--{name}" for name in ("json", "tree", "dot") if getattr(args, name)]
-    if len(chosen) > 1:  # finding 12 (and 11's --dot): one output per run, never a silent choice
+    if len(chosen) > 1:  # one output per run, never a silent choice
         raise ConfigError(f"{' and '.join(chosen)} are different outputs: give one of them")
     if args.tree or args.dot:  # pictures of the PCIe tree: no NVLink in them, so no NVLink input
         from_env = {"fabric": os.environ.get("PCITOPO_FABRIC") or None, "module_map": os.environ.get("PCITOPO_MODULE_MAP") or None}
@@ -54,7 +54,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     # Named devices in the order given, each once (a repeated BDF is not a second device).
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
-    if args.dot:  # issue 14 #11: host and predicted guest as one Graphviz picture
+    if args.dot:  # host and predicted guest as one Graphviz picture
         from topology.views.dot import topo_dot
         from topology.paths.vfs import group_vfs
 
@@ -112,7 +112,7 @@ def _fabric_args(p: argparse.ArgumentParser, what: str) -> None:
 def _cmd_capture(args: argparse.Namespace) -> int:
     from topology.host.capture import capture
 
-    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # finding 4: -o - is stdout
+    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
         f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
@@ -125,7 +125,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- pcitopo doctor (issue 13) ------------------------------------------------------------------
+# -- pcitopo doctor -----------------------------------------------------------------------------
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from topology.checks.doctor import run_checks
@@ -171,7 +171,7 @@ def _add_doctor_parser(sub, default_sysfs: str) -> None:
     d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")
 
 
-# -- pcitopo verify (issue 14, finding 5): the guest against xmlfix --json ------------------
+# -- pcitopo verify: the guest against xmlfix --json ------------------------------------------
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     from topology.host.sysfs import open_host
@@ -208,7 +208,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "serve":
         return run_door("pcitopo serve", lambda: _cmd_serve(argv[1:]))
     parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
-    parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")  # finding 6
+    parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     t = sub.add_parser("topo", help="GPU/NIC matrix like `nvidia-smi topo -m`, or the tree")
     t.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")

@@ -83,7 +83,7 @@ class HookOptions(BaseModel):
         description="host-readiness checks for the placed devices: require (a failed check stops the VM start), "
         "warn (log only), off",
     )
-    # issue 11: the MMIO budget and P2P cliques
+    # The MMIO budget and P2P cliques: on by default, as large-BAR GPUs need them to work in the guest
     mmio: Literal["auto", "off"] = Field(
         "auto", description="size the guest's 64-bit MMIO space for the devices' BARs (address width, firmware settings)"
     )

@@ -90,7 +90,7 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
     topo: Topology | None = None
     try:
         topo = host() if callable(host) else host
-        # issue 11: MMIO settings and P2P cliques by option; the host's address width from its source
+        # MMIO settings and P2P cliques by option; the host's address width from its source
         result = rewrite_domain(domain_xml, topo, mmio=options.mmio == "auto", p2p_clique=options.p2p_clique == "auto",
                                 host_phys_bits=topo.host_width() if options.mmio == "auto" else None)
         if result.report.warnings and options.on_error == "fail":

@@ -78,11 +78,11 @@ _GRPC_CODE = {
     "unknown-device": "FAILED_PRECONDITION",
     "sysfs": "FAILED_PRECONDITION",
     "plan": "FAILED_PRECONDITION",
-    "doctor": "FAILED_PRECONDITION",  # pcitopo doctor (issue 13): doctor: require and a check failed
+    "doctor": "FAILED_PRECONDITION",  # doctor: require, and a check failed: the host is not ready
     "internal": "INTERNAL",
     "fabric": "FAILED_PRECONDITION",
     "nvlink": "FAILED_PRECONDITION",
-    # issue 11: the host's address width cannot hold the BARs; a firmware limit under on-error: fail
+    # The host's address width cannot hold the BARs; a firmware limit under on-error: fail
     "mmio": "FAILED_PRECONDITION",
     "mmio-firmware": "FAILED_PRECONDITION",
     "output": "FAILED_PRECONDITION",  # doctor --prometheus-out/--nfd-out: the host's file system refuses the write
@@ -144,7 +144,7 @@ class Hooks:
             reason = f"{type(e).__name__}: {e}"
             self.log(ON_DEFINE_DOMAIN, level="error", version=version, call=call, outcome="failed", error="internal", reason=reason, duration_ms=elapsed_ms(t0))
             raise CallFailed("INTERNAL", f"pcitopo: internal: {one_line(reason)}") from None
-        if len(out.xml) + wire.REPLY_FRAMING_BYTES > wire.MAX_REPLY_BYTES:  # issue 14 finding 12: a reply the client can read
+        if len(out.xml) + wire.REPLY_FRAMING_BYTES > wire.MAX_REPLY_BYTES:  # only a reply the client can read
             e = DomainError(
                 f"the {out.outcome} domain is {len(out.xml)} bytes: virt-launcher's gRPC client (grpc-go defaults) "
                 f"refuses replies over {wire.MAX_REPLY_BYTES} bytes, so the VM could not start with it"

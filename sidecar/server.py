@@ -327,7 +327,7 @@ def serve_main(argv: list[str]) -> int:
 
 
 def _hook_version_arg(value: str | None) -> str | None:
-    """``serve --version`` (issue 14 finding 6): None to print our version, "" when absent, the
+    """``serve --version``: None to print our version, "" when absent, the
     hook API version when one is named (accepted, ignored); anything else is a one-line error."""
     if value == "":
         return None

@@ -1,4 +1,4 @@
-"""GPUDirect P2P cliques for PCIe GPUs (issue 11).
+"""GPUDirect P2P cliques for PCIe GPUs.
 
 QEMU's vfio-pci property ``x-nv-gpudirect-clique=<0-15>`` (``hw/vfio/pci-quirks.c``,
 ``vfio_add_nv_gpudirect_cap``) adds a vendor capability telling NVIDIA's guest driver which

@@ -1,5 +1,5 @@
 """The guest's 64-bit MMIO space: what the assigned devices need, and what makes the firmware
-give it (issue 11).
+give it.
 
 A GPU's large BARs are 64-bit prefetchable (H100: 128 GiB + 32 MiB, B200: 256 GiB + 32 MiB). In
 the guest every bridge above a device opens a window holding its subtree's BARs; we size each

@@ -40,7 +40,7 @@ from ..model.tree import Bdf, Role, Topology
 from .plan import plan
 from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan
 
-# issue 11 (MMIO budget, P2P cliques): logic in topology/guest/mmio.py and topology/guest/cliques.py
+# The MMIO budget and P2P cliques are decided in their own modules; the rewrite only applies them.
 from .cliques import CliquePlan
 from .mmio import MmioBudget, apply_mmio_settings
 
@@ -105,7 +105,7 @@ class Report:
     pairs: list[PairReport] = field(default_factory=list)
     # The NVLink fabric verdict (topology.paths.partitions.NvlinkVerdict) when the door checked one.
     nvlink: object | None = None
-    # issue 11: the 64-bit MMIO budget and settings, P2P cliques, typed firmware warnings
+    # the 64-bit MMIO budget and settings, P2P cliques, typed firmware warnings
     mmio: MmioBudget | None = None
     cliques: CliquePlan | None = None
     warnings: list = field(default_factory=list)
@@ -135,7 +135,6 @@ class Report:
             "pairs_nvml_equal": sum(p.nvml_same for p in self.pairs),
             "fidelity_lost": len(self.fidelity_lost),
             "notes": list(self.notes),
-            # issue 11
             "mmio": self.mmio.summary() if self.mmio is not None else None,
             "p2p_cliques": len(self.cliques.members) if self.cliques is not None else 0,
             "warnings": [f"{w.kind}: {w.reason}" for w in self.warnings],
@@ -252,7 +251,7 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     facts = domain_facts(view)
     p = plan(host, facts)
     created, normalised = apply_plan(view, p)
-    # issue 11: MMIO settings and P2P cliques on the placed domain (topology/guest/mmio.py)
+    # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
     budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), view.pci_controllers(),
                                           mmio=mmio, p2p_clique=p2p_clique, host_bits=host_phys_bits)
     out = serialize(tree, domain_xml)
@@ -269,7 +268,7 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
             "NCCL's bandwidth estimate for paths from a switch up to the CPU is low (PIX paths, GPU to its own NIC, "
             "do not cross that link)"
         )
-    # issue 11: the MMIO budget replaces the old <pcihole64> note (which only sizes pcie.0's window)
+    # The MMIO budget replaces a <pcihole64> note: pcihole64 only sizes pcie.0's window
     report.mmio, report.cliques = budget, cliques
     if budget is not None:
         report.notes += budget.notes

@@ -66,7 +66,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
             if t is not None:
                 tree.add_link(f"{real}/{attr}", t)
         _capture_mgmt_signals(source, tree, real)
-    _capture_iommu(source, tree, skipped)  # pcitopo doctor (issue 13)
+    _capture_iommu(source, tree, skipped)  # the doctor's IOMMU checks, offline
     nodes = 0
     for n in sorted(source.listdir(NODE_DIR) or []):
         if not (n.startswith("node") and n[4:].isdigit()):
@@ -112,7 +112,7 @@ def _capture_mgmt_signals(source: Source, tree: MemoryTree, real: str) -> None:
 
 
 def _capture_iommu(source: Source, tree: MemoryTree, skipped: list[str]) -> None:
-    """pcitopo doctor (issue 13): the IOMMU groups (their type and member links) and the IOMMU
+    """For the doctor: the IOMMU groups (their type and member links) and the IOMMU
     units (class/iommu links), so a captured host can be doctored offline."""
     for g in sorted(source.listdir(IOMMU_GROUPS_DIR) or []):
         gdir = f"{IOMMU_GROUPS_DIR}/{g}"

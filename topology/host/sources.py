@@ -328,7 +328,7 @@ SYSFS_KINDS = "/sys, a directory laid out like sysfs, a capture .tar.gz from `pc
 
 
 def _not_a_capture(name: str, e: BaseException) -> str:
-    """One line for a --sysfs file that is not a capture (finding 8: tarfile's own message
+    """One line for a --sysfs file that is not a capture (tarfile's own message
     chains four decompressors' errors). Says what the file looks like when that is obvious."""
     import tarfile
 

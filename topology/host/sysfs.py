@@ -37,7 +37,7 @@ VPD_ATTR = "vpd"
 CLASS_DIRS = ("infiniband", "net")
 NODE_ATTRS = ("cpulist",)
 
-# -- pcitopo doctor (issue 13): what the host-readiness checks read, besides the above ---------
+# -- pcitopo doctor: what the host-readiness checks read, besides the above --------------------
 # Per function: config space (64 bytes unprivileged, 4096 as root), BARs, the driver override.
 DOCTOR_ATTRS = ("config", *RESOURCE_ATTRS, "driver_override")
 # kernel/iommu_groups/<N>/devices/<BDF> (links) and .../type; class/iommu/<unit> (links).

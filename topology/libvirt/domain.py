@@ -259,8 +259,6 @@ class DomainView:
                 out.append((parse_int(m.get("cellid"), "memnode cellid"), m.get("nodeset") or ""))
         return out
 
-    # (issue 11: has_64bit_mmio_window removed; the MMIO budget lives in topology/guest/mmio.py)
-
     def unplaced_pci_devices(self) -> tuple[int, int]:
         """(PCIe, conventional PCI) devices without a guest address: libvirt will place each
         PCIe one on a new root port of pcie-root, and the conventional ones behind a

@@ -1,4 +1,4 @@
-"""The host CPU's physical-address width and where it came from (issue 11's MMIO check).
+"""The host CPU's physical-address width and where it came from (the MMIO check).
 
 The width is the ``address sizes : NN bits physical`` line the kernel prints in /proc/cpuinfo
 (Linux ``arch/x86/kernel/cpu/proc.c``, ``show_cpuinfo``). It belongs to the host the sysfs tree

@@ -234,7 +234,7 @@ def load_nvlink_table(path: str | os.PathLike) -> NvlinkTable:
     try:
         with open(path, "rb") as fh:
             raw = _Table.model_validate(json.load(fh))
-    except ValidationError as e:  # name the field, not pydantic's model (issue 14, finding 8)
+    except ValidationError as e:  # name the field, not pydantic's model
         errs = e.errors()
         first = errs[0]
         where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in first["loc"]).lstrip(".") or "the table"

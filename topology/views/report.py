@@ -65,7 +65,7 @@ def device_legend(
     for r in rows:
         name = part_name(r.function, live_root) or r.function.ids
         vf = f", VF of {r.function.physfn}" if r.function.physfn else ""
-        vf += vf_summary(topo, groups.vfs_of(r.function.bdf)) if groups else ""  # issue 14 #9
+        vf += vf_summary(topo, groups.vfs_of(r.function.bdf)) if groups else ""  # VFs: one legend line under their PF
         lines.append(f"  {r.label}: {r.function.bdf}  {name}{vf}")
     return "\n".join(lines)
 
@@ -77,7 +77,7 @@ def topo_text(
     live_root: str | None = None,
     _gpus_checked: bool = False,
 ) -> str:
-    groups = group_vfs(topo, bdfs)  # issue 14 #9: VFs are legend lines under their PF, not rows
+    groups = group_vfs(topo, bdfs)  # VFs are legend lines under their PF, not rows
     rows = label_devices(topo, groups.heads)
     if rows and not _gpus_checked and not any(r.role == Role.GPU for r in rows):
         return _no_gpu_text(topo, bdfs, rows, nvlink, live_root, groups)
@@ -102,7 +102,7 @@ def _no_gpu_text(
     topo: Topology, bdfs: Sequence[Bdf], rows: Sequence[Labeled], nvlink: NvlinkOracle, live_root: str | None,
     groups: VfGroups,
 ) -> str:
-    """No GPU among the devices (issue 14, finding 8): say so, then still show the NICs: their
+    """No GPU among the devices: say so, then still show the NICs: their
     NUMA and CPU affinity, and their matrix when there is more than one."""
     head = [f"no GPUs found: {len(rows)} other device(s) shown ({', '.join(sorted({r.role.value for r in rows}))})", ""]
     if len(rows) > 1:
@@ -147,7 +147,7 @@ def device_json(topo: Topology, lab: Labeled) -> dict:
 
 
 def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict:
-    groups = group_vfs(topo, bdfs)  # issue 14 #9: VFs listed under their PF, pairs between heads
+    groups = group_vfs(topo, bdfs)  # VFs listed under their PF, pairs between heads
     rows = label_devices(topo, groups.heads)
     out_pairs = []
     for a, b in pairs([r.function.bdf for r in rows]):
