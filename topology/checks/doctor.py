@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..paths.classify import Nccl, classify
+from ..errors import DoctorError, SysfsError
 from ..host.configspace import (
     ACS_CR,
     ACS_DT,
@@ -28,11 +28,11 @@ from ..host.configspace import (
     ConfigUnknown,
     acs_flags,
 )
-from ..errors import DoctorError, SysfsError
+from ..host.sources import PCI_DEVICES_DIR, Source, Unreadable, resolve
+from ..host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
 from ..model.labels import Labeled, default_devices, label_devices
 from ..model.tree import Bdf, PciFunction, Role, Topology, is_bdf
-from ..host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
-from ..host.sources import PCI_DEVICES_DIR, Source, Unreadable, resolve
+from ..paths.classify import Nccl, classify
 
 CHECKS = ("iommu", "vfio-driver", "iommu-group", "acs", "ats", "link", "numa", "bar")
 STATUSES = ("ok", "warn", "fail", "unknown")

@@ -15,10 +15,10 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..paths.classify import Nccl, Nvml, classify
-from .doctor import CHECKS, STATUSES, DoctorReport, Target
 from ..errors import OutputError
 from ..model.tree import Role, Topology
+from ..paths.classify import Nccl, Nvml, classify
+from .doctor import CHECKS, STATUSES, DoctorReport, Target
 
 STATUS_CODE = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
 NFD_PREFIX = "pcitopo.kubevirt.io/"

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..paths.classify import classify
 from ..errors import ConfigError, PcitopoError
 from ..model.tree import Bdf, Role, Topology
+from ..paths.classify import classify
 
 MAX_EXPECT_BYTES = 16 * 1024 * 1024
 CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from lxml import etree
 
-from ..paths.classify import NvlinkOracle
-from ..model.tree import Bdf, Role, Topology
 from ..libvirt.overrides import Property, set_properties
+from ..model.tree import Bdf, Role, Topology
+from ..paths.classify import NvlinkOracle
 
 CLIQUE_PROPERTY = "x-nv-gpudirect-clique"
 MAX_CLIQUES = 16  # the property takes 0-15

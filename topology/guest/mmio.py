@@ -35,8 +35,7 @@ from typing import NamedTuple
 
 from lxml import etree
 
-from ..model.bars import device_bars
-from ..model.cpuinfo import HostWidth, local_width
+from ..errors import FirmwareWarning, MmioError, PcitopoError
 from ..libvirt.domain import OUR_ALIAS_PREFIX, PciController, ROOT_PORT, UPSTREAM
 from ..libvirt.machine import (
     FEATURE_OFF_POLICIES,
@@ -49,9 +48,10 @@ from ..libvirt.machine import (
     require_cpu_feature,
     set_maxphysaddr,
 )
-from ..errors import FirmwareWarning, MmioError, PcitopoError
-from ..model.tree import Bdf, Topology
 from ..libvirt.overrides import Property, set_properties
+from ..model.bars import device_bars
+from ..model.cpuinfo import HostWidth, local_width
+from ..model.tree import Bdf, Topology
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 QEMU_DEFAULT_BITS = 40  # QEMU's phys-bits for CPU models other than host/max

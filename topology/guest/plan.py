@@ -18,8 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from . import buses
-from ..paths.classify import nccl_switch_rep
+from ..errors import DomainError, PlanError, quoted
 from ..libvirt.domain import (
     DOWNSTREAM,
     OUR_ALIAS_PREFIX,
@@ -30,9 +29,10 @@ from ..libvirt.domain import (
     GuestAddress,
     parse_cpuset,
 )
-from ..errors import DomainError, PlanError, quoted
 from ..model.address import SLOTS_PER_BUS
 from ..model.tree import Bdf, PciFunction, Role, Topology, root_complex_sort_key
+from ..paths.classify import nccl_switch_rep
+from . import buses
 from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Placement, Plan
 
 

@@ -12,9 +12,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..paths.classify import NvlinkOracle
 from ..model.labels import label_devices
 from ..model.tree import Bdf, Topology
+from ..paths.classify import NvlinkOracle
 
 from .rewrite import Why
 

@@ -12,8 +12,15 @@ from enum import StrEnum
 
 from lxml import etree
 
-from ..paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
-from ..model.cpuinfo import HostWidth
+from ..errors import DomainError
+from ..libvirt.document import (
+    append_child,
+    indent_subtree,
+    indent_unit,
+    parse_domain,
+    remove_element,
+    serialize,
+)
 from ..libvirt.domain import (
     DOWNSTREAM,
     DomainView,
@@ -26,19 +33,12 @@ from ..libvirt.domain import (
     read_guest_address,
     write_guest_address,
 )
-from ..libvirt.document import (
-    append_child,
-    indent_subtree,
-    indent_unit,
-    parse_domain,
-    remove_element,
-    serialize,
-)
-from ..errors import DomainError
-from .tree import GuestView, guest_view
+from ..model.cpuinfo import HostWidth
 from ..model.tree import Bdf, Role, Topology
-from .plan import plan
+from ..paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan
+from .plan import plan
+from .tree import GuestView, guest_view
 
 # The MMIO budget and P2P cliques are decided in their own modules; the rewrite only applies them.
 from .cliques import CliquePlan

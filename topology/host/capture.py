@@ -10,8 +10,9 @@ import os
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from ..model.cpuinfo import ADDRESS_SIZES_MEMBER
 from ..errors import SysfsError
+from ..model.cpuinfo import ADDRESS_SIZES_MEMBER
+from .sources import MAX_ATTR_BYTES, MemoryTree, PCI_DEVICES_DIR, Source, Unreadable, open_source, resolve
 from .sysfs import (
     CAPTURED_ATTRS,
     CLASS_DIRS,
@@ -24,7 +25,6 @@ from .sysfs import (
     VPD_ATTR,
     source_width,
 )
-from .sources import MAX_ATTR_BYTES, MemoryTree, PCI_DEVICES_DIR, Source, Unreadable, open_source, resolve
 
 
 @dataclass(frozen=True, slots=True)

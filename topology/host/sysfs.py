@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 
+from ..errors import MalformedBdfError, SysfsError
 from ..model.bars import Bar, parse_resource
 from ..model.cpuinfo import ADDRESS_SIZES_MEMBER, HostWidth, local_width, recorded_width
-from ..errors import MalformedBdfError, SysfsError
 from ..model.tree import Bdf, Link, NumaNode, PciFunction, Topology, is_bdf
 from .sources import MAX_ATTR_BYTES, PCI_DEVICES_DIR, Source, Unreadable, open_source, resolve
 

@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 from lxml import etree
 
-from ..model.address import MAX_CONTROLLER_INDEX, address_in_range
 from ..errors import DomainError, quoted
+from ..model.address import MAX_CONTROLLER_INDEX, address_in_range
 from ..model.tree import Bdf
 from .document import append_child, parse_domain
 

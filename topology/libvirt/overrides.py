@@ -26,8 +26,8 @@ from typing import Callable, Mapping, Sequence
 
 from lxml import etree
 
-from .domain import QEMU_NS
 from .document import append_child, indent_subtree, indent_unit, remove_element
+from .domain import QEMU_NS
 
 Q = f"{{{QEMU_NS}}}"
 OVERRIDE = f"{Q}override"

@@ -13,10 +13,10 @@ from enum import Enum
 from functools import lru_cache
 from typing import Iterable, Mapping, NamedTuple, Protocol
 
-from .bars import Bar
-from .address import MAX_SLOT
-from .cpuinfo import HostWidth, local_width
 from ..errors import MalformedBdfError, SysfsError, UnknownDeviceError
+from .address import MAX_SLOT
+from .bars import Bar
+from .cpuinfo import HostWidth, local_width
 
 # The one BDF pattern: [DDDD:]BB:DD.F, hex, as lspci and sysfs print it (shorter fields accepted).
 BDF_RE = re.compile(r"^(?:([0-9a-fA-F]{1,4}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
+from ..model.nvswitch_mgmt import is_compute_nic
+from ..model.tree import NVIDIA, Bdf, PciFunction, Role, Topology
 from .classify import Nccl, Nvml, classify
 from .fabric import Fabric, Partition, modules_text
-from ..model.tree import NVIDIA, Bdf, PciFunction, Role, Topology
-from ..model.nvswitch_mgmt import is_compute_nic
 
 Status = Literal["ok", "no-gpus", "no-fabric", "unknown", "not-a-partition", "inactive", "failed-links"]
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from ..paths.classify import Nccl, classify
-from ..libvirt.machine import sketch_domain
-from ..model.tree import Bdf, PciFunction, Role, Topology
 from ..host.names import part_name
+from ..libvirt.machine import sketch_domain
 from ..model.labels import Labeled, label_devices
+from ..model.tree import Bdf, PciFunction, Role, Topology
+from ..paths.classify import Nccl, classify
 
 # Distinct fills that stay readable with black text (ColorBrewer Set3 / Pastel1 tones).
 PALETTE = (

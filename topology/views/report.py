@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..paths.classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
-from ..model.tree import Bdf, PciFunction, Role, Topology
-from ..model.labels import Labeled, label_devices
 from ..host.names import part_name
+from ..model.labels import Labeled, label_devices
+from ..model.tree import Bdf, PciFunction, Role, Topology
+from ..paths.classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
 from ..paths.vfs import VfGroups, group_vfs, vf_summary, with_vfs
 
 NVML_LEGEND = """Legend:
