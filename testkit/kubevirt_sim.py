@@ -373,7 +373,28 @@ def kubevirt_reparse(xml: bytes, decimal_bus: bool = False) -> bytes:
     # <qemu:commandline>.
     for el in root.findall("cpu/maxphysaddr") + root.findall(f"{{{QEMU_NS}}}override"):
         el.getparent().remove(el)
+    _fold_sysinfo(root)
     return to_kubevirt_bytes(root)
+
+
+def _fold_sysinfo(root: etree._Element) -> None:
+    """issue 19: api.DomainSpec has one ``SysInfo`` (type, system/bios/baseBoard/chassis
+    entries); Go's decoder folds every ``<sysinfo>`` into it, the last one's type winning, and
+    drops entries directly below ``<sysinfo>`` (where fw_cfg entries sit)."""
+    found = root.findall("sysinfo")
+    if not found:
+        return
+    merged = etree.Element("sysinfo", type=found[-1].get("type") or "")
+    for part in ("system", "bios", "baseBoard", "chassis"):
+        entries = [e for si in found for e in si.findall(f"{part}/entry")]
+        if entries:
+            sub = etree.SubElement(merged, part)
+            for e in entries:
+                sub.append(etree.fromstring(etree.tostring(e, with_tail=False)))
+    found[0].addprevious(merged)
+    merged.tail = found[0].tail
+    for si in found:
+        si.getparent().remove(si)
 
 
 def hook_calls(xml: bytes, rewrite, calls: int = 3, decimal_bus: bool = False) -> list[bytes]:
