@@ -416,6 +416,14 @@ class GuestResult:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def firmware(self) -> str:
+        """The firmware that booted the guest, as its SMBIOS tables name it (vendor and version
+        from ``/sys/class/dmi/id``): ``SeaBIOS 1.16.3-debian-1.16.3-2``,
+        ``Debian distribution of EDK II 2025.02-8+deb13u1``; empty if the guest had none."""
+        info = self.printout.info
+        return " ".join(v for v in (info.get("bios_vendor", ""), info.get("bios_version", "")) if v)
+
     def unmapped(self) -> list[StandIn]:
         """Stand-ins (with a guest address) that did not show up where the
         domain put them: their hierarchy vanished or moved."""

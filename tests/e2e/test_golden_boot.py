@@ -75,7 +75,7 @@ def _boot(libvirtd, label: str, xml: bytes) -> GuestResult:
     r = boot(xml, libvirtd=libvirtd, timeout=BOOT_TIMEOUT)
     t = r.timings
     _BOOTS.append((label, len(r.mapping), dict(t)))
-    if (line := libvirtd.versions().line()) not in _STACKS:
+    if (line := f"{libvirtd.versions().line()}; guest firmware {r.firmware}") not in _STACKS:
         _STACKS.append(line)
     print(
         f"\n[e2e] {label}: {len(r.mapping)} stand-ins, define {t['define']:.2f}s, "
