@@ -52,9 +52,9 @@ class StackVersions:
         """``QEMU 10.0.13, libvirt 11.3.0, SeaBIOS 1.16.3, OVMF 2025.02``."""
         return f"QEMU {self.qemu}, libvirt {self.libvirt}, SeaBIOS {self.seabios}, OVMF {self.ovmf}"
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, object]:
         return {"stack": self.stack, "qemu": self.qemu, "libvirt": self.libvirt,
-                "seabios": self.seabios, "ovmf": self.ovmf, **dict(self.packages)}
+                "seabios": self.seabios, "ovmf": self.ovmf, "packages": dict(self.packages)}
 
 
 # (package, what it is in StackVersions)
@@ -161,13 +161,25 @@ def _versions(stack: Stack) -> StackVersions:
                          tuple((p, pkgs[p]) for p, _ in _PACKAGES))
 
 
-def main() -> int:
-    """``python -m testkit.stack``: the "tested with" lines of every stack set up here."""
+def main(argv: list[str] | None = None) -> int:
+    """``python -m testkit.stack [--json]``: the "tested with" line (or JSON object) of every
+    stack set up here."""
+    import json
+    import sys
+
+    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
+    found: dict[str, dict[str, object]] = {}
     for name in STACKS:
         try:
-            print(stack_named(name).versions().line())
+            v = stack_named(name).versions()
         except StackMissing as e:
-            print(f"{name}: {e}")
+            print(f"{name}: {e}", file=sys.stderr)
+            continue
+        found[name] = v.as_dict()
+        if not as_json:
+            print(v.line())
+    if as_json:
+        print(json.dumps(found, indent=2))
     return 0
 
 
