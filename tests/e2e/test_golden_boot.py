@@ -90,9 +90,11 @@ def boot_time_summary(request):
     yield
     if not _BOOTS:
         return
-    lines = [f"[e2e] golden boots ({len(_BOOTS)}), seconds: define / start→end marker / total"]
+    lines = [f"[e2e] golden boots ({len(_BOOTS)}), seconds: define / start→end marker / total"
+             " / QEMU CPU"]
     for label, n, t in _BOOTS:
-        lines.append(f"  {label:<50} {n:>3} devs  {t['define']:5.2f} {t['run']:6.2f} {t['total']:6.2f}")
+        lines.append(f"  {label:<50} {n:>3} devs  {t['define']:5.2f} {t['run']:6.2f} {t['total']:6.2f}"
+                     f" {t.get('qemu_cpu', float('nan')):6.2f}")
     total = sum(t["total"] for _, _, t in _BOOTS)
     lines.append(f"  sum of boots {total:.1f}s; module wall time {time.monotonic() - start:.1f}s")
     lines += [f"  on {line}" for line in _STACKS]

@@ -78,7 +78,8 @@ def _boot(libvirtd, xml: bytes, sizes, label: str, efi: bool, timeout: float):
     want = [s for v in sizes.values() for s in v]
     c = count_bars(serial_text(r.serial_log), want)
     line = (f"[e2e mmio] {label}: {c}; define {r.timings['define']:.1f}s, start->end marker "
-            f"{r.timings['run']:.1f}s, total {r.timings['total']:.1f}s; guest firmware {r.firmware}")
+            f"{r.timings['run']:.1f}s, total {r.timings['total']:.1f}s, QEMU CPU "
+            f"{r.timings.get('qemu_cpu', float('nan')):.1f}s; guest firmware {r.firmware}")
     RESULTS.append(line)
     print("\n" + line)
     return c, r
