@@ -5,7 +5,8 @@ GPU hostdevs are replaced by ivshmem stand-ins with the GPU's 64-bit prefetchabl
 (``mmio_boot.large_bar_standins``): 128 GiB + 32 MiB per H100, 256 GiB + 32 MiB per B200, at the
 guest address the rewrite gave the GPU. The domain's CPU is ``custom`` (so the rewrite writes
 ``<maxphysaddr mode='emulate' bits='N'/>`` and, for OVMF, ``pdpe1gb``), which ``make_bootable``
-keeps. SeaBIOS is Debian's (1.16.2); KubeVirt's 1.16.3 is not in Debian 12.
+keeps. SeaBIOS and OVMF are the stack's: on the Debian 13 root (the default) SeaBIOS 1.16.3, as
+KubeVirt ships it, and OVMF 2025.02; each table line names the firmware the guest reported.
 
 OVMF under TCG is slow at wide address widths: the 46-bit case (eight B200 with their NICs, four
 expander buses) takes over a minute to reach the kernel with Debian 12's 2022.11, so it carries
