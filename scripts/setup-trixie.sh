@@ -29,8 +29,9 @@ DIR="${PCITOPO_TRIXIE:-$REPO_ROOT/.cache/trixie}"
 ROOT="$DIR/root"
 STAMP="$DIR/stamp"
 
-# What the e2e tier runs from the root. busybox-static, pciutils and pci.ids are the guest
-# userland of the initramfs; libxml2-utils is xmllint for virt-xml-validate.
+# What the e2e tier runs from the root: the monolithic libvirtd with its QEMU driver, virsh,
+# QEMU, both firmwares, and xmllint (virt-xml-validate's validator). The guest's userland
+# (busybox, lspci) and kernel stay the machine's: they are the guest, not the stack.
 INCLUDE=(
     qemu-system-x86
     libvirt-daemon
@@ -38,9 +39,6 @@ INCLUDE=(
     libvirt-clients
     seabios
     ovmf
-    busybox-static
-    pciutils
-    pci.ids
     libxml2-utils
 )
 # package=upstream version prefix the root must carry
@@ -51,7 +49,7 @@ PINS=(
     ovmf=2025.02-
 )
 # what the stamp records and every run prints
-REPORT=(qemu-system-x86 libvirt-daemon libvirt-clients seabios ovmf busybox-static pciutils libc6)
+REPORT=(qemu-system-x86 libvirt-daemon libvirt-clients seabios ovmf libc6)
 
 log() { printf 'setup-trixie: %s\n' "$*" >&2; }
 die() { log "$*"; exit 2; }
