@@ -14,7 +14,7 @@ it can be picked out of a serial log that also carries kernel messages::
     @@RES <BDF> <line> <start> <end> <flags>   (the function's `resource` file, issue 11)
     @@DMESG <kernel line about BARs and windows>
     @@NODE <N> <cpulist>
-    @@INFO <key> <value>           (acpi_tables, cmdline, kernel)
+    @@INFO <key> <value>           (acpi_tables, cmdline, kernel, physbits, bios_vendor, bios_version)
     @@LSPCI <one line of `lspci -tvnn`>
     @@FWCFG-SIZE <name> <bytes>    (each fw_cfg blob under opt/, issue 19)
     @@FWCFG <name> <hex>           (its bytes in hex, 1024 digits a line)
@@ -103,6 +103,8 @@ done
 echo "@@INFO acpi_tables $(ls /sys/firmware/acpi/tables 2>/dev/null | tr '\n' ' ')"
 echo "@@INFO cmdline $(cat /proc/cmdline)"
 echo "@@INFO kernel $(uname -r)"
+echo "@@INFO bios_vendor $(cat /sys/class/dmi/id/bios_vendor 2>/dev/null)"
+echo "@@INFO bios_version $(cat /sys/class/dmi/id/bios_version 2>/dev/null)"
 lspci -tvnn 2>&1 | while IFS= read -r line; do echo "@@LSPCI $line"; done
 # issue 19: the fw_cfg blobs the domain passed (sysfs needs the qemu_fw_cfg module), byte-exact in hex
 [ -e /lib/qemu_fw_cfg.ko ] && insmod /lib/qemu_fw_cfg.ko 2>/dev/null
