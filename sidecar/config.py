@@ -26,6 +26,10 @@ and puts the findings in the log line: ``warn`` only reports, ``require`` stops 
 when a check fails (whatever ``on-error`` says), ``off`` skips the checks. A check the
 unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and never stops a VM.
 
+``link: auto`` gives our root ports the host's link speed and width; ``nccl-topo: fwcfg`` passes
+NCCL's topology file for the guest through fw_cfg (topology/libvirt/links.py,
+topology/guest/ncclfile.py): together NCCL's bandwidth model in the guest is the host's.
+
 ``mmio: auto`` sizes the guest's 64-bit MMIO space for the assigned devices' BARs (address
 width, 1 GiB pages for OVMF, SeaBIOS root-port reserves); ``p2p-clique: auto`` gives PCIe GPUs
 below one host switch a GPUDirect P2P clique id (topology/guest/mmio.py, topology/guest/cliques.py).
@@ -89,6 +93,14 @@ class HookOptions(BaseModel):
     )
     p2p_clique: Literal["auto", "off"] = Field(
         "auto", description="give PCIe GPUs below one host switch a GPUDirect P2P clique (x-nv-gpudirect-clique)"
+    )
+    link: Literal["auto", "off"] = Field(
+        "auto", description="give each root port pcitopo creates the host link it stands for (x-speed/x-width; "
+        "32 and 64 GT/s need QEMU 9.0 or later)"
+    )
+    nccl_topo: Literal["fwcfg", "off"] = Field(
+        "fwcfg", description="pass NCCL's topology file for this guest (the host's link speeds at the guest's "
+        "addresses) through fw_cfg, for the guest to install on every boot"
     )
 
 
