@@ -22,9 +22,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topology.guest.ncclxml import FWCFG_NAME, DirSysfs, NcclTree, gt_s, parse, strtol
-from topology.model import Topology
-from topology.rewrite import RewriteResult
+from topology.model.tree import Bdf, Topology
+from topology.paths.ncclprice import host_link
+from topology.paths.ncclxml import FWCFG_NAME, DirSysfs, NcclTree, gt_s, parse, strtol
 
 from .guestboot import GuestResult
 from .paths import REPO_ROOT
@@ -57,8 +57,6 @@ def _guest_path(booted: GuestResult, bdf: str) -> list[str]:
 
 
 def check_root_ports(host: Topology, prediction: dict, booted: GuestResult, out: NcclCheck) -> None:
-    from topology.host.links import host_link  # the one rule of which host link a port stands for
-
     seen: set[str] = set()
     for d in prediction["devices"]:
         if d["guest_bdf"] is None:
@@ -68,7 +66,7 @@ def check_root_ports(host: Topology, prediction: dict, booted: GuestResult, out:
         if port is None or port in seen:
             continue
         seen.add(port)
-        want = host_link(host, host.function_at(d["host_bdf"]))
+        want = host_link(host, host.function(Bdf.parse(d["host_bdf"])))
         if want is None:
             continue
         attrs = booted.printout.functions[port].attrs
@@ -79,8 +77,7 @@ def check_root_ports(host: Topology, prediction: dict, booted: GuestResult, out:
             out.problems.append(f"root port {port} above {d['label']}: guest {got[0]} GT/s x{got[1]}, host {exp[0]} GT/s x{exp[1]}")
 
 
-def check_nccl(case: str, host_dir: Path, domain: Path, host: Topology, result: RewriteResult,
-               booted: GuestResult, work: Path) -> NcclCheck:
+def check_nccl(host_dir: Path, domain: Path, host: Topology, booted: GuestResult, work: Path) -> NcclCheck:
     out = NcclCheck()
     work.mkdir(parents=True, exist_ok=True)
     pred = _run("xmlfix", "--json", "--sysfs", host_dir, domain)

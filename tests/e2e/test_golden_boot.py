@@ -28,6 +28,7 @@ from topology.guest.rewrite import RewriteResult, rewrite_domain
 from topology.host.sysfs import open_host
 
 from .golden_check import check_booted
+from .nccl_check import check_nccl
 from .guestboot import GuestResult, boot
 from .paths import REPO_ROOT
 from .terminal import show_past_capture
@@ -47,6 +48,8 @@ BOOT_CASES = (
     "dgx-h100",
     "hgx-b200/cases/no-numa",
 )
+# Issue 19: the three goldens whose booted guests must price NCCL's paths as the host does.
+NCCL_CASES = ("hgx-b200", "hgx-h100", "dgx-h100")
 # Broken on purpose; the smallest case keeps these boots short.
 BREAK_BASE = "hgx-h100/cases/one-node"
 
@@ -56,6 +59,8 @@ BOOT_TIMEOUT = 240.0
 _BOOTS: list[tuple[str, int, dict[str, float]]] = []
 # the "tested with" line of the daemon(s) they booted on
 _STACKS: list[str] = []
+# the NCCL bandwidth line of each NCCL_CASES boot
+_NCCL: list[str] = []
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,6 +104,7 @@ def boot_time_summary(request):
     total = sum(t["total"] for _, _, t in _BOOTS)
     lines.append(f"  sum of boots {total:.1f}s; module wall time {time.monotonic() - start:.1f}s")
     lines += [f"  on {line}" for line in _STACKS]
+    lines += [f"  {line}" for line in _NCCL]
     show_past_capture(request.config, lines)
 
 
@@ -140,6 +146,12 @@ def test_golden_boots_as_promised(case, libvirtd, tmp_path):
     check.assert_ok()
     assert check.devices_checked == len(res.report.placed)
     assert check.pairs_checked == len(res.report.pairs)
+    if case in NCCL_CASES:  # issue 19: NCCL's bandwidth model in the booted guest (nccl_check.py)
+        nccl = check_nccl(FIXTURES / case.split("/")[0], FIXTURES / case / "domain.xml", host, booted, tmp_path / "nccl")
+        _NCCL.append(nccl.line(case))
+        print("\n" + nccl.line(case))
+        assert not nccl.problems, "\n".join(nccl.problems)
+        assert nccl.ports_checked and nccl.pairs and nccl.equal_with_file == nccl.pairs
 
 
 def _pxbs(root: etree._Element) -> list[etree._Element]:
