@@ -94,8 +94,7 @@ def test_guest_bandwidth_with_the_file_is_the_hosts(name):
     host, res = _golden(name)
     guest = res.guest.topology
     htree = nccl_tree(host)
-    gtree = ncclxml.NcclTree(__import__("topology.paths.ncclprice", fromlist=["x"]).TopologySysfs(guest),
-                             ncclxml.parse(res.nccl_topo.data))
+    gtree = nccl_tree(guest, ncclxml.parse(res.nccl_topo.data))
     placed = [d for d in res.report.placed if d.guest is not None]
     n = 0
     for i, a in enumerate(placed):

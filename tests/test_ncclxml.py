@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from topology.paths import ncclxml
+from topology.paths import ncclinstall, ncclxml, nccltree
+from topology.paths.nccltree import DirSysfs, NcclTree
 from topology.paths.ncclxml import NcclXmlError, bandwidth, parse, rate
 
 GOOD = b"""<system version="1">
@@ -119,10 +120,10 @@ def test_a_guest_switch_is_priced_at_its_emulated_link_unless_the_file_says(tmp_
         f"{rp}/{us}/{ds}": ("Unknown", "0", "0"),
         f"{rp}/{us}/{ds}/{gpu}": ("32.0 GT/s PCIe", "16", "0"),
     })
-    bare = ncclxml.NcclTree(ncclxml.DirSysfs(str(root)))
+    bare = NcclTree(DirSysfs(str(root)))
     assert bare.to_cpu(gpu) == pytest.approx(0.1875)
     assert [n.get("busid") for n in bare.chain(gpu)] == [gpu, us]
-    with_file = ncclxml.NcclTree(ncclxml.DirSysfs(str(root)), parse(GOOD))
+    with_file = NcclTree(DirSysfs(str(root)), parse(GOOD))
     assert with_file.to_cpu(gpu) == 48.0
     assert with_file.cpu_of(gpu) == "0"
 
@@ -141,9 +142,14 @@ def test_decode_offered_and_install(tmp_path):
 
 def test_guest_module_is_stdlib_only_python38():
     """The guest tool carries this module: standard library only, Python 3.8 syntax."""
-    src = Path(ncclxml.__file__).read_text()
+    for mod in (ncclxml, nccltree, ncclinstall):
+        _stdlib_only(Path(mod.__file__).read_text())
+
+
+def _stdlib_only(src: str) -> None:
     tree = ast.parse(src, feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
-    assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), "no imports of the package"
-    assert imported <= {"base64", "binascii", "os", "re", "typing"}, imported
+    relative = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
+    assert relative <= {"ncclxml"}, relative  # only the guest modules' own
+    assert imported <= {"argparse", "base64", "binascii", "os", "re", "subprocess", "sys", "typing"}, imported

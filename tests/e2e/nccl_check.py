@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from topology.model.tree import Bdf, Topology
-from topology.paths.ncclprice import host_link
-from topology.paths.ncclxml import FWCFG_NAME, DirSysfs, NcclTree, gt_s, parse, strtol
+from topology.model.tree import Role
+from topology.paths.ncclprice import port_link
+from topology.paths.nccltree import DirSysfs, NcclTree
+from topology.paths.ncclxml import FWCFG_NAME, gt_s, parse, strtol
 
 from .guestboot import GuestResult
 from .paths import REPO_ROOT
@@ -66,9 +68,10 @@ def check_root_ports(host: Topology, prediction: dict, booted: GuestResult, out:
         if port is None or port in seen:
             continue
         seen.add(port)
-        want = host_link(host, host.function(Bdf.parse(d["host_bdf"])))
-        if want is None:
-            continue
+        anc = host.ancestry(host.function(Bdf.parse(d["host_bdf"])))
+        if not anc or host.role(anc[0]) != Role.ROOT_PORT:
+            continue  # a device on a host root bus: its guest root port stands for nothing
+        want = port_link(anc[0], anc[1] if len(anc) > 1 else None)
         attrs = booted.printout.functions[port].attrs
         got = (gt_s(attrs.get("max_link_speed", "")), strtol(attrs.get("max_link_width", "")))
         exp = (gt_s(want[0] or ""), strtol(want[1] or ""))

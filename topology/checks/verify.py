@@ -18,7 +18,8 @@ from ..errors import ConfigError, PcitopoError
 from ..model.tree import Bdf, Role, Topology
 from ..paths.classify import classify
 from ..paths.ncclprice import nccl_tree
-from ..paths.ncclxml import NcclTree, XmlNode
+from ..paths.nccltree import NcclTree
+from ..paths.ncclxml import XmlNode
 
 MAX_EXPECT_BYTES = 16 * 1024 * 1024
 CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")

@@ -7,7 +7,7 @@ libvirt (6.5 and later) turns each ``<entry name='opt/...'>VALUE</entry>`` into
 because the hook runs in another container than libvirt: a ``file=`` path would have to exist
 in the compute container. libvirt (9.0 and 11.3, measured) XML-escapes an inline value on its
 way to QEMU's command line, so ``<`` arrives in the guest as ``&lt;``: markup is carried
-base64-encoded (``ENCODING``), and the guest decodes it.
+base64-encoded, and the guest decodes it.
 
 KubeVirt's domain struct keeps a single ``<sysinfo>`` (its own ``smbios`` one): a second one is
 folded into it on the re-parse between hook calls and its entries are dropped. So the element
@@ -27,9 +27,6 @@ from .document import append_child, indent_subtree, indent_unit, remove_element
 SYSINFO = "sysinfo"
 FWCFG = "fwcfg"
 ENTRY = "entry"
-# fw_cfg file names are at most 55 characters; QEMU wants user blobs under opt/<reverse domain>/.
-MAX_NAME = 55
-ENCODING = "base64"
 
 
 def encode(data: bytes) -> str:

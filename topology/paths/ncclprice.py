@@ -14,12 +14,13 @@ from typing import Sequence
 
 from ..model.tree import Bdf, PciFunction, Role, Topology, component_bdf
 from . import ncclxml
+from .nccltree import NcclTree, SysfsView
 from .classify import nccl_device
 
 GPU_PATH_ROLES = (Role.GPU, Role.NIC)
 
 
-class TopologySysfs(ncclxml.SysfsView):
+class TopologySysfs(SysfsView):
     """A :class:`Topology` as NCCL reads sysfs: the realpath of a function, its attribute files."""
 
     def __init__(self, topo: Topology):
@@ -50,12 +51,12 @@ def _attr(f: PciFunction, name: str) -> str:
     return ""
 
 
-def nccl_tree(topo: Topology, system: ncclxml.XmlNode | None = None) -> ncclxml.NcclTree:
+def nccl_tree(topo: Topology, system: ncclxml.XmlNode | None = None) -> NcclTree:
     """NCCL's tree over ``topo`` (with a topology file's nodes when given); without a file, one
     per topology, kept with it like its other derived facts."""
     if system is not None:
-        return ncclxml.NcclTree(TopologySysfs(topo), system)
-    return topo.memo(("nccl_tree",), lambda: ncclxml.NcclTree(TopologySysfs(topo)))
+        return NcclTree(TopologySysfs(topo), system)
+    return topo.memo(("nccl_tree",), lambda: NcclTree(TopologySysfs(topo)))
 
 
 def nccl_busid(topo: Topology, f: PciFunction) -> str:
@@ -63,7 +64,7 @@ def nccl_busid(topo: Topology, f: PciFunction) -> str:
     return str(nccl_device(topo, f).bdf)
 
 
-def path_bandwidth(tree: ncclxml.NcclTree, topo: Topology, a: PciFunction, b: PciFunction | None) -> float | None:
+def path_bandwidth(tree: NcclTree, topo: Topology, a: PciFunction, b: PciFunction | None) -> float | None:
     """GB/s NCCL gives the path a–b (b None: a to its CPU), for GPU–GPU, GPU–NIC and GPU–CPU
     paths; None for any other pair."""
     roles = (topo.role(a), None if b is None else topo.role(b))
@@ -83,12 +84,3 @@ def port_link(rp: PciFunction, below: PciFunction | None) -> tuple[str | None, s
         return rp.link.max_speed, width
     return ncclxml.sysfs_link(below.link.max_speed or "", rp.link.max_speed or "",
                               "" if below.link.max_width is None else str(below.link.max_width), width or "")
-
-
-def host_link(host: Topology, f: PciFunction) -> tuple[str | None, str | None] | None:
-    """The host link the guest root port above device ``f`` stands for (:func:`port_link`);
-    None for a device on a root bus (its guest root port stands for nothing on the host)."""
-    ancestry = host.ancestry(f)
-    if not ancestry or host.role(ancestry[0]) != Role.ROOT_PORT:
-        return None
-    return port_link(ancestry[0], ancestry[1] if len(ancestry) > 1 else None)
