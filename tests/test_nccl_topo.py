@@ -175,3 +175,16 @@ def test_verify_names_every_path_whose_bandwidth_differs():
     bare = verify_guest(expect, guest, None)
     lines = [p for p in bare.problems if "NCCL bandwidth" in p]
     assert lines and all("GB/s in the guest" in p and "host 48" in p for p in lines), lines[:3]
+
+
+def test_a_domains_own_fwcfg_entries_are_kept_and_ours_join_them():
+    host = open_host(FIXTURES / "hgx-h100")
+    src = etree.fromstring((FIXTURES / "hgx-h100" / "domain.xml").read_bytes())
+    own = etree.SubElement(src, "sysinfo", type="fwcfg")
+    etree.SubElement(own, "entry", name="opt/com.example/config").text = "x"
+    out = rewrite_domain(rewrite_domain(etree.tostring(src), host).xml, host).xml
+    root = etree.fromstring(out)
+    assert [s.get("type") for s in root.iter("sysinfo")] == ["fwcfg"]
+    assert list(fwcfg.entries(root)) == ["opt/com.example/config", ncclxml.FWCFG_NAME]
+    off = rewrite_domain(out, host, nccl_topo=False).xml
+    assert list(fwcfg.entries(etree.fromstring(off))) == ["opt/com.example/config"]

@@ -51,6 +51,13 @@ def set_entries(root: etree._Element, owned: Callable[[str], bool], wanted: Mapp
     if not wanted:
         return
     unit = indent_unit(root.getroottree())
+    mine = root.find(f"{SYSINFO}[@type='{FWCFG}']")
+    if mine is not None:  # the domain's own fw_cfg blobs: ours join them (one element per type)
+        for name in sorted(wanted):
+            e = etree.Element(ENTRY, name=name)
+            e.text = wanted[name]
+            append_child(mine, e)
+        return
     si = etree.Element(SYSINFO, type=FWCFG)
     for name in sorted(wanted):
         e = etree.SubElement(si, ENTRY, name=name)
