@@ -34,7 +34,8 @@ from .guestboot import GuestResult, boot
 from .paths import REPO_ROOT
 from .terminal import show_past_capture
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(BOOT_TIMEOUT + 60)]
 
 FIXTURES = REPO_ROOT / "fixtures"
 
