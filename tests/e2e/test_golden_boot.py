@@ -35,6 +35,9 @@ from .paths import REPO_ROOT
 from .terminal import show_past_capture
 
 
+# seconds per boot; a loaded machine (many boots at once) may need more: PCITOPO_E2E_BOOT_TIMEOUT
+BOOT_TIMEOUT = float(os.environ.get("PCITOPO_E2E_BOOT_TIMEOUT") or 240.0)
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(BOOT_TIMEOUT + 60)]
 
 FIXTURES = REPO_ROOT / "fixtures"
@@ -55,8 +58,6 @@ NCCL_CASES = ("hgx-b200", "hgx-h100", "dgx-h100")
 # Broken on purpose; the smallest case keeps these boots short.
 BREAK_BASE = "hgx-h100/cases/one-node"
 
-# seconds per boot; a loaded machine (many boots at once) may need more: PCITOPO_E2E_BOOT_TIMEOUT
-BOOT_TIMEOUT = float(os.environ.get("PCITOPO_E2E_BOOT_TIMEOUT") or 240.0)
 
 # (label, devices, timings) of every boot of this module, summed up at its end.
 _BOOTS: list[tuple[str, int, dict[str, float]]] = []
