@@ -188,9 +188,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for line in v.problems:
         print(f"pcitopo verify: {line}", file=sys.stderr)
     verdict = "differs from the prediction" if v.problems else "as predicted"
+    if v.bandwidths_checked:
+        print(f"pcitopo verify: NCCL bandwidth: {v.bandwidths_equal}/{v.bandwidths_checked} GPU paths as on the host "
+              f"(NCCL topology file: {nccl_file or 'none'})", file=sys.stderr)
     print(f"pcitopo verify: {verdict}: {v.devices_checked}/{len(expect.devices)} devices, "
-          f"{v.pairs_checked}/{len(expect.pairs)} pairs checked, {v.bandwidths_checked} NCCL bandwidths "
-          f"(NCCL topology file: {nccl_file or 'none'}), {len(v.problems)} difference(s)", file=sys.stderr)
+          f"{v.pairs_checked}/{len(expect.pairs)} pairs checked, {len(v.problems)} difference(s)", file=sys.stderr)
     return EXIT_CHECK_FAILED if v.problems else EXIT_OK
 
 

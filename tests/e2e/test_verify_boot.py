@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from topology.paths.ncclxml import FWCFG_NAME
+
 from .guestboot import boot
 from .paths import REPO_ROOT
 
@@ -43,11 +45,20 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     expect = tmp_path / "predicted.json"
     expect.write_bytes(pred.stdout)
 
-    r = _run("pcitopo", "verify", "--expect", str(expect), "--sysfs", str(tree))
+    # issue 19: the guest installs NCCL's topology file the domain passed through fw_cfg
+    raw = tmp_path / "nccl-topo.b64"
+    raw.write_bytes(booted.printout.fwcfg[FWCFG_NAME])
+    installed = tmp_path / "run" / "nvidia-topologyd" / "virtualTopology.xml"
+    r = _run("pcitopo", "guest", "install-nccl-topo", "--from", str(raw), "--dest", str(installed))
+    assert r.returncode == 0, r.stderr.decode()
+    r = _run("pcitopo", "verify", "--expect", str(expect), "--sysfs", str(tree), "--nccl-topo", str(installed))
     assert r.returncode == 0, r.stderr.decode()
     doc = json.loads(pred.stdout)
     n, m = len(doc["devices"]), len(doc["pairs"])
     assert f"as predicted: {n}/{n} devices, {m}/{m} pairs checked, 0 difference(s)" in r.stderr.decode()
+    # without the file NCCL misprices every path that leaves a switch: each one is named
+    r = _run("pcitopo", "verify", "--expect", str(expect), "--sysfs", str(tree), "--nccl-topo", "none")
+    assert r.returncode == 1 and "NCCL bandwidth 0.1875 GB/s in the guest, host 48 GB/s" in r.stderr.decode()
 
     # Broken on purpose: a PIX pair said to be SYS, and one device on another NUMA node.
     pix = next(p for p in doc["pairs"] if p["nccl"] == "PIX")
@@ -55,7 +66,7 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     doc["devices"][0]["numa"] = 7
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps(doc))
-    r = _run("pcitopo", "verify", "--expect", str(wrong), "--sysfs", str(tree))
+    r = _run("pcitopo", "verify", "--expect", str(wrong), "--sysfs", str(tree), "--nccl-topo", str(installed))
     err = r.stderr.decode()
     assert r.returncode == 1, err
     assert f"host {pix['a']}-{pix['b']}" in err and "NCCL PIX, predicted SYS" in err

@@ -56,6 +56,7 @@ class Verification:
     devices_checked: int = 0
     pairs_checked: int = 0
     bandwidths_checked: int = 0
+    bandwidths_equal: int = 0
 
 
 _TYPE_NAMES = {str: "a string", int: "a number", list: "a list"}
@@ -194,6 +195,8 @@ def _check_bandwidths(expect: Expectation, guest: Topology, ok: dict[Bdf, Expect
         v.bandwidths_checked += 1
         if round(got, 4) != round(want, 4):
             v.problems.append(f"{where}: NCCL bandwidth {got:g} GB/s in the guest, host {want:g} GB/s")
+        else:
+            v.bandwidths_equal += 1
 
     for d in ok.values():
         if d.nccl_cpu_gbps is not None:
