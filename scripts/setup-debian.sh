@@ -30,6 +30,7 @@ PACKAGES=(
     libxml2-utils            # xmllint, used by virt-xml-validate
     ovmf                     # UEFI firmware (/usr/share/ovmf/OVMF.fd) for the e2e MMIO tier
     seabios                  # SeaBIOS (qemu-system-x86 depends on it already; named for clarity)
+    mmdebstrap               # builds the Debian 13 root of the e2e tier (scripts/setup-trixie.sh)
     graphviz                 # dot: renders `pcitopo topo --dot` (make demo, the DOT test)
     # The grpc-go hook client test (tests/sidecar/goclient.py): stubs generated from proto/ by
     # Debian's protoc plugins, built in GOPATH mode against Debian's Go libraries (no module
@@ -138,8 +139,44 @@ fetch_kernel() {
     log "kernel: $CACHE/$(basename "$k")"
 }
 
+# The guest kernel's qemu_fw_cfg module (CONFIG_FW_CFG_SYSFS=m in Debian's cloud kernel): the
+# e2e init loads it to read the blobs the domain passes through fw_cfg. Taken from the same
+# versioned package as the kernel, stored next to it as qemu_fw_cfg-<version>.ko.
+fetch_fw_cfg_module() {
+    local k ver mod tmp
+    k=$(ls "$CACHE"/vmlinuz-* 2>/dev/null | tail -n1)
+    [[ -n $k ]] || return 0
+    ver=${k##*/vmlinuz-}
+    mod="$CACHE/qemu_fw_cfg-$ver.ko"
+    if [[ -e $mod ]]; then
+        log "fw_cfg module: cached"
+        return
+    fi
+    rm -rf "$CACHE"/.fwcfg.*
+    tmp=$(mktemp -d "$CACHE/.fwcfg.XXXXXX")
+    log "fw_cfg module: downloading linux-image-$ver"
+    if ! (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "linux-image-$ver"); then
+        [[ $APT_UPDATED -eq 0 ]] || exit 1
+        apt_update_once
+        (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "linux-image-$ver")
+    fi
+    dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp" --wildcards './lib/modules/*/qemu_fw_cfg.ko*'
+    local ko
+    ko=$(find "$tmp/lib/modules" -name 'qemu_fw_cfg.ko*' | head -n1)
+    [[ -n $ko ]] || { log "fw_cfg module: not in linux-image-$ver"; exit 1; }
+    case $ko in
+        *.xz) xz -dc "$ko" > "$mod.tmp" ;;
+        *.zst) zstd -qdc "$ko" > "$mod.tmp" ;;
+        *) cp "$ko" "$mod.tmp" ;;
+    esac
+    mv "$mod.tmp" "$mod"
+    rm -rf "$tmp"
+    log "fw_cfg module: $mod"
+}
+
 install_packages
 ensure_libvirt_user
 if [[ ${SKIP_KERNEL:-0} != 1 ]]; then
     fetch_kernel
+    fetch_fw_cfg_module
 fi

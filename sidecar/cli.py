@@ -197,13 +197,38 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"cannot read {args.expect}: {e.strerror or e}") from None
     expect = load_expectation(data, args.expect)
-    v = verify_guest(expect, open_host(args.sysfs))
+    nccl_file, system = _nccl_topo_file(args.nccl_topo)
+    v = verify_guest(expect, open_host(args.sysfs), system)
     for line in v.problems:
         print(f"pcitopo verify: {line}", file=sys.stderr)
     verdict = "differs from the prediction" if v.problems else "as predicted"
+    if v.bandwidths_checked:
+        print(f"pcitopo verify: NCCL bandwidth: {v.bandwidths_equal}/{v.bandwidths_checked} GPU paths as on the host "
+              f"(NCCL topology file: {nccl_file or 'none'})", file=sys.stderr)
     print(f"pcitopo verify: {verdict}: {v.devices_checked}/{len(expect.devices)} devices, "
           f"{v.pairs_checked}/{len(expect.pairs)} pairs checked, {len(v.problems)} difference(s)", file=sys.stderr)
     return EXIT_CHECK_FAILED if v.problems else EXIT_OK
+
+
+def _nccl_topo_file(given: str | None):
+    """(path, parsed file) of the NCCL topology file NCCL would read in this guest: ``given``
+    (``none``: no file), else ``$NCCL_TOPO_FILE`` or NCCL's default path when it exists."""
+    from topology.paths.ncclxml import DEFAULT_TOPO_FILE, NcclXmlError, parse
+
+    if given == "none":
+        return None, None
+    path = given or os.environ.get("NCCL_TOPO_FILE") or DEFAULT_TOPO_FILE
+    try:
+        with open(path, "rb") as fh:
+            return path, parse(fh.read(1024 * 1024))
+    except FileNotFoundError:
+        if given is None:
+            return None, None
+        raise ConfigError(f"cannot read {path}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    except NcclXmlError as e:
+        raise ConfigError(f"{path}: NCCL would not load it: {e}") from None
 
 
 def _cmd_serve(argv: Sequence[str]) -> int:
@@ -221,6 +246,10 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
         return run_door("pcitopo serve", lambda: _cmd_serve(argv[1:]))
+    if argv[:2] == ["guest", "install-nccl-topo"]:  # standard library only, as in the guest tool
+        from topology.paths.ncclinstall import main as install_nccl_topo
+
+        return install_nccl_topo(argv[2:], prog="pcitopo guest install-nccl-topo")
     parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
     parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -256,11 +285,16 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     v = sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction (exit 1 on any difference)")
     v.add_argument("--expect", required=True, metavar="PREDICTED.json", help="what `xmlfix --json` printed for this VM")
     v.add_argument("--sysfs", default=default_sysfs(), help="the guest's sysfs root, a capture .tar.gz or a sysfs-shaped dir (default $PCITOPO_SYSFS or /sys)")
+    v.add_argument("--nccl-topo", metavar="FILE", help="the NCCL topology file the guest installed (default $NCCL_TOPO_FILE or "
+                   "/var/run/nvidia-topologyd/virtualTopology.xml when present; none: without one)")
+    g = sub.add_parser("guest", help="in the guest: `pcitopo guest install-nccl-topo` installs the NCCL topology file the host passed")
+    g.add_argument("action", choices=["install-nccl-topo"], help="what to do (see `pcitopo guest install-nccl-topo --help`)")
     _add_doctor_parser(sub, default_sysfs())
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
-               "partitions": _cmd_partitions, "pairs": _cmd_pairs}[args.command]
+               "partitions": _cmd_partitions, "pairs": _cmd_pairs,
+               "guest": lambda a: pcitopo_main(["guest", a.action])}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

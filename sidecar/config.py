@@ -33,6 +33,10 @@ the host's NIC it could have had. ``require`` stops the VM start (whatever ``on-
 ``warn`` boots and logs the lines, ``off`` skips the check. A VM without NICs, and a GPU whose
 host has no NIC at PXB or closer for it, are never warned.
 
+``link: auto`` gives our root ports the host's link speed and width; ``nccl-topo: fwcfg`` passes
+NCCL's topology file for the guest through fw_cfg (topology/libvirt/links.py,
+topology/guest/ncclfile.py): together NCCL's bandwidth model in the guest is the host's.
+
 ``mmio: auto`` sizes the guest's 64-bit MMIO space for the assigned devices' BARs (address
 width, 1 GiB pages for OVMF, SeaBIOS root-port reserves); ``p2p-clique: auto`` gives PCIe GPUs
 below one host switch a GPUDirect P2P clique id (topology/guest/mmio.py, topology/guest/cliques.py).
@@ -101,6 +105,14 @@ class HookOptions(BaseModel):
         "warn",
         description="each GPU's best NIC in the VM against its best NIC on the host (NCCL's class): require "
         "(a GPU given a worse NIC stops the VM start), warn (log the line and boot), off",
+    )
+    link: Literal["auto", "off"] = Field(
+        "auto", description="give each root port pcitopo creates the host link it stands for (x-speed/x-width; "
+        "32 and 64 GT/s need QEMU 9.0 or later)"
+    )
+    nccl_topo: Literal["fwcfg", "off"] = Field(
+        "fwcfg", description="pass NCCL's topology file for this guest (the host's link speeds at the guest's "
+        "addresses) through fw_cfg, for the guest to install on every boot"
     )
 
 

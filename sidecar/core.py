@@ -93,7 +93,8 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         topo = host() if callable(host) else host
         # MMIO settings and P2P cliques by option; the host's address width from its source
         result = rewrite_domain(domain_xml, topo, mmio=options.mmio == "auto", p2p_clique=options.p2p_clique == "auto",
-                                host_phys_bits=topo.host_width() if options.mmio == "auto" else None)
+                                host_phys_bits=topo.host_width() if options.mmio == "auto" else None,
+                                link=options.link == "auto", nccl_topo=options.nccl_topo == "fwcfg")
         if result.report.warnings and options.on_error == "fail":
             raise result.report.warnings[0]  # a firmware limit (typed warning): loud under on-error: fail
         xml = result.xml

@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
     p.add_argument("--dot", action="store_true", help="the explanation as a Graphviz picture: host and predicted guest trees in DOT (implies --explain; not with --json or --diff)")
     p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
+    p.add_argument("--nccl-topo", action="store_true", help="NCCL's topology file for the predicted guest (what the hook passes "
+                   "through fw_cfg under nccl-topo: fwcfg), for the guest's /var/run/nvidia-topologyd/virtualTopology.xml")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
     return p
 
@@ -106,6 +108,8 @@ def xmlfix(argv: Sequence[str]) -> int:
 
     if args.json:
         _print_prediction(outcome, host, fabric)
+    if args.nccl_topo:
+        _print_nccl_topo(outcome)
     if args.dot:  # the explanation as a picture
         from topology.views.dot import explain_dot
 
@@ -123,7 +127,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:
         _write_atomic(args.output, out)
-    elif not (args.explain or args.dot or args.diff or args.check or args.json):
+    elif not (args.explain or args.dot or args.diff or args.check or args.json or args.nccl_topo):
         sys.stdout.buffer.write(out)
         sys.stdout.flush()
 
@@ -180,6 +184,8 @@ def _one_document(args: argparse.Namespace) -> None:
     --dot is --explain drawn, so the two together are just the picture."""
     if args.json and (args.explain or args.diff or args.dot):
         raise ConfigError("--json prints one JSON document: use it without --explain, --dot and --diff")
+    if args.nccl_topo and (args.json or args.explain or args.diff or args.dot):
+        raise ConfigError("--nccl-topo prints NCCL's topology file: use it without --json, --explain, --dot and --diff")
     if args.dot and args.diff:
         raise ConfigError("--dot prints one Graphviz document: use it without --diff")
 
@@ -210,3 +216,17 @@ def _print_prediction(outcome, host, fabric=None) -> None:
         "devices": [], "pairs": [], "notes": [f"domain left unchanged ({outcome.outcome}): {outcome.reason}"]}
     json.dump(doc, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def _print_nccl_topo(outcome) -> None:
+    """--nccl-topo: the file the guest installs, byte for byte what the domain's fw_cfg carries."""
+    from .config import annotation
+
+    data = outcome.result.nccl_topo.data if outcome.result is not None else b""
+    if not data:
+        raise ConfigError("no NCCL topology file: the rewrite placed no GPU or NIC"
+                          if outcome.result is not None else f"no NCCL topology file: domain left unchanged ({outcome.outcome})")
+    if outcome.options is not None and outcome.options.nccl_topo == "off":
+        print(f"xmlfix: warning: {annotation('nccl_topo')} is off: the hook passes no such file to this VM", file=sys.stderr)
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()

@@ -373,7 +373,28 @@ def kubevirt_reparse(xml: bytes, decimal_bus: bool = False) -> bytes:
     # <qemu:commandline>.
     for el in root.findall("cpu/maxphysaddr") + root.findall(f"{{{QEMU_NS}}}override"):
         el.getparent().remove(el)
+    _fold_sysinfo(root)
     return to_kubevirt_bytes(root)
+
+
+def _fold_sysinfo(root: etree._Element) -> None:
+    """issue 19: api.DomainSpec has one ``SysInfo`` (type, system/bios/baseBoard/chassis
+    entries); Go's decoder folds every ``<sysinfo>`` into it, the last one's type winning, and
+    drops entries directly below ``<sysinfo>`` (where fw_cfg entries sit)."""
+    found = root.findall("sysinfo")
+    if not found:
+        return
+    merged = etree.Element("sysinfo", type=found[-1].get("type") or "")
+    for part in ("system", "bios", "baseBoard", "chassis"):
+        entries = [e for si in found for e in si.findall(f"{part}/entry")]
+        if entries:
+            sub = etree.SubElement(merged, part)
+            for e in entries:
+                sub.append(etree.fromstring(etree.tostring(e, with_tail=False)))
+    found[0].addprevious(merged)
+    merged.tail = found[0].tail
+    for si in found:
+        si.getparent().remove(si)
 
 
 def hook_calls(xml: bytes, rewrite, calls: int = 3, decimal_bus: bool = False) -> list[bytes]:
@@ -403,9 +424,19 @@ def canonical(xml: bytes) -> bytes:
 
 def _strip_mmio_owned(root: etree._Element) -> None:
     """issue 11: what the mmio and p2p-clique options own: <cpu><maxphysaddr>, the pdpe1gb
-    feature, and the pref64-reserve / x-nv-gpudirect-clique properties in <qemu:override>."""
+    feature, and the pref64-reserve / x-nv-gpudirect-clique properties in <qemu:override>;
+    issue 19: what link and nccl-topo own: x-speed / x-width, and the fw_cfg NCCL entry (with a
+    <sysinfo type='fwcfg'> left empty by it)."""
     from topology.guest.cliques import CLIQUE_PROPERTY
     from topology.guest.mmio import FEATURE_1G_PAGES, PREF64_RESERVE
+    from topology.libvirt.links import X_SPEED, X_WIDTH
+    from topology.paths.ncclxml import FWCFG_NAME
+
+    for si in root.findall("sysinfo[@type='fwcfg']"):
+        for e in si.findall(f"entry[@name='{FWCFG_NAME}']"):
+            si.remove(e)
+        if len(si) == 0:
+            root.remove(si)
 
     for el in root.findall("cpu/maxphysaddr") + root.findall(f"cpu/feature[@name='{FEATURE_1G_PAGES}']"):
         el.getparent().remove(el)
@@ -414,7 +445,7 @@ def _strip_mmio_owned(root: etree._Element) -> None:
         for dev in ov.findall(f"{q}device"):
             for fe in dev.findall(f"{q}frontend"):
                 for p in fe.findall(f"{q}property"):
-                    if p.get("name") in (PREF64_RESERVE, CLIQUE_PROPERTY):
+                    if p.get("name") in (PREF64_RESERVE, CLIQUE_PROPERTY, X_SPEED, X_WIDTH):
                         fe.remove(p)
                 if len(fe) == 0:
                     dev.remove(fe)

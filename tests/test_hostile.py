@@ -578,8 +578,10 @@ def test_options_are_only_the_documented_enumerations():
     and nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
     from sidecar.config import HookOptions, describe_options
 
-    # doctor: issue 13, nvlink: issue 12, mmio and p2p_clique: issue 11, pairing: issue 20 (all enumerations)
-    assert set(HookOptions.model_fields) == {"mode", "on_error", "doctor", "nvlink", "mmio", "p2p_clique", "pairing"}
+    # doctor: issue 13, nvlink: issue 12, mmio and p2p_clique: issue 11, pairing: issue 20, link and
+    # nccl_topo: issue 19 (all enumerations)
+    assert set(HookOptions.model_fields) == {"mode", "on_error", "doctor", "nvlink", "mmio", "p2p_clique", "pairing",
+                                             "link", "nccl_topo"}
     for name, allowed, _default, _doc in describe_options():
         assert allowed and all(isinstance(v, str) and v.isascii() and v.replace("-", "").isalpha() for v in allowed), name
 
@@ -602,14 +604,25 @@ def test_the_output_carries_no_new_kinds_of_elements():
     q = "{http://libvirt.org/schemas/domain/qemu/1.0}"
     # issue 11: the MMIO settings and P2P cliques, a fixed set of elements and property names
     mmio = {"maxphysaddr", "feature", f"{q}override", f"{q}device", f"{q}frontend", f"{q}property"}
-    assert set(added) <= {"controller", "model", "target", "alias", "address", "node"} | mmio, added
+    # issue 19: one fw_cfg <sysinfo> with one entry of a fixed name, its value base64
+    fwcfg = {"sysinfo", "entry"}
+    assert set(added) <= {"controller", "model", "target", "alias", "address", "node"} | mmio | fwcfg, added
     assert tags(out)["hostdev"] == tags(xml)["hostdev"]
     assert tags(out)[f"{q}commandline"] == tags(xml)[f"{q}commandline"]
     root = etree.fromstring(out)
     aliases = {a.get("name") for a in root.iter("alias")}
     for p in root.iter(f"{q}property"):
+        if p.get("name") in ("x-speed", "x-width"):  # issue 19: QEMU's enumerated link values
+            assert p.get("value") in ("2_5", "5", "8", "16", "32", "64", "1", "2", "4", "12"), p.attrib
+            assert p.getparent().getparent().get("alias").startswith("ua-pcitopo-rp-")
+            continue
         assert p.get("name") in ("pref64-reserve", "x-nv-gpudirect-clique") and p.get("value").isdigit(), p.attrib
         assert p.getparent().getparent().get("alias") in aliases
+    import base64
+
+    entries = [e for si in root.iter("sysinfo") for e in si.iter("entry")]
+    assert [e.get("name") for e in entries] == ["opt/io.kubevirt.pcitopo/nccl-topo.xml.b64"]
+    assert base64.b64decode(entries[0].text, validate=True).startswith(b'<system version="1">')
     assert all(f.get("name") == "pdpe1gb" for f in root.iter("feature") if f.getparent().tag == "cpu")
 
 

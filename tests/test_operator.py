@@ -165,8 +165,9 @@ def test_f5_json_is_the_predicted_guest():
     doc = json.loads(r.stdout)
     assert set(doc) == {"devices", "pairs", "notes", "pairing"}  # pairing: issue 20
     assert doc["pairing"] == {"policy": "warn", "status": "ok", "gpus_checked": 8, "findings": []}
-    assert set(doc["devices"][0]) == {"host_bdf", "guest_bdf", "kind", "label", "numa"}
-    assert set(doc["pairs"][0]) == {"a", "b", "nccl", "nvml", "nvlink"}
+    # issue 19: NCCL's bandwidth on the host, per GPU path
+    assert set(doc["devices"][0]) == {"host_bdf", "guest_bdf", "kind", "label", "numa", "nccl_cpu_gbps"}
+    assert set(doc["pairs"][0]) == {"a", "b", "nccl", "nvml", "nvlink", "nccl_gbps"}
     assert len(doc["devices"]) == 20 and len(doc["pairs"]) == 190
     gpu0 = doc["devices"][0]
     assert (gpu0["host_bdf"], gpu0["label"], gpu0["kind"], gpu0["numa"]) == ("0000:18:00.0", "GPU0", "gpu", 0)
@@ -183,21 +184,25 @@ def test_f5_verify_against_the_guest_derived_from_the_output():
     from topology.host.sysfs import open_host
     from topology.checks.verify import load_expectation, verify_guest
 
+    from topology.paths.ncclxml import parse
+
     host = open_host(H100)
     result = rewrite_domain((H100 / "domain.xml").read_bytes(), host)
     doc = prediction(result, host)
-    ok = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology)
+    # the guest with the NCCL topology file the domain passes installed (issue 19)
+    nccl = parse(result.nccl_topo.data)
+    ok = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology, nccl)
     assert ok.problems == [] and ok.devices_checked == 20 and ok.pairs_checked == 190
     doc["pairs"][0]["nvml"] = "SYS"
     doc["devices"][2]["guest_bdf"] = "0000:01:1f.0"
-    bad = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology)
+    bad = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology, nccl)
     assert len(bad.problems) == 2
     assert "GPU0-NIC0 (host 0000:18:00.0-0000:19:00.0" in bad.problems[1] and "nvidia-smi PIX, predicted SYS" in bad.problems[1]
     assert "NIC1 (host 0000:29:00.0): predicted at guest 0000:01:1f.0, the guest has no such device" == bad.problems[0]
     up = next(f for f in result.guest.topology.functions() if result.guest.topology.role(f).value == "upstream-port")
     doc = prediction(result, host)
     doc["devices"][0]["guest_bdf"] = str(up.bdf)
-    bad = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology)
+    bad = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology, nccl)
     assert f"predicted a gpu at guest {up.bdf}, the guest has an upstream-port (" in bad.problems[0]
 
 

@@ -81,6 +81,8 @@ class GuestPrintout:
     lspci_tree: str
     raw: str
     info: dict[str, str] = field(default_factory=dict)
+    # fw_cfg blobs by name below by_name/ (``opt/...``), as the guest read them (issue 19)
+    fwcfg: dict[str, bytes] = field(default_factory=dict)
 
     def by_root(self, root: str) -> list[GuestFunction]:
         return [f for f in self.functions.values() if f.root == root]
@@ -111,6 +113,8 @@ def parse_printout(serial_text: str) -> GuestPrintout:
     nodes: dict[int, str] = {}
     lspci: list[str] = []
     info: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    hexes: dict[str, list[str]] = {}
     for line in body:
         tag, _, rest = line.partition(" ")
         if tag == "@@LSPCI":
@@ -137,11 +141,22 @@ def parse_printout(serial_text: str) -> GuestPrintout:
         elif tag == "@@NODE":
             n, *cpulist = rest.split(" ", 1)
             nodes[int(n)] = cpulist[0] if cpulist else ""
+        elif tag == "@@FWCFG-SIZE":
+            name, size = rest.rsplit(" ", 1)
+            sizes[name] = int(size)
+            hexes.setdefault(name, [])
+        elif tag == "@@FWCFG":
+            name, digits = rest.rsplit(" ", 1)
+            hexes.setdefault(name, []).append(digits)
         elif tag in ("@@RES", "@@DMESG"):
             continue  # BARs and kernel lines: read by mmio_boot.count_bars (issue 11)
         else:
             raise PrintoutError(f"unexpected line in printout: {line!r}")
-    return GuestPrintout(functions, nodes, "\n".join(lspci), "\n".join(body), info)
+    fwcfg = {name: bytes.fromhex("".join(parts)) for name, parts in hexes.items()}
+    for name, size in sizes.items():
+        if len(fwcfg[name]) != size:
+            raise PrintoutError(f"fw_cfg {name}: {len(fwcfg[name])} bytes printed, the guest read {size}")
+    return GuestPrintout(functions, nodes, "\n".join(lspci), "\n".join(body), info, fwcfg)
 
 
 def guest_sysfs_tree(printout: GuestPrintout, out_dir: str | os.PathLike) -> Path:

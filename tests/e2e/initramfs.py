@@ -14,8 +14,10 @@ it can be picked out of a serial log that also carries kernel messages::
     @@RES <BDF> <line> <start> <end> <flags>   (the function's `resource` file, issue 11)
     @@DMESG <kernel line about BARs and windows>
     @@NODE <N> <cpulist>
-    @@INFO <key> <value>           (acpi_tables, cmdline, kernel)
+    @@INFO <key> <value>           (acpi_tables, cmdline, kernel, physbits, bios_vendor, bios_version)
     @@LSPCI <one line of `lspci -tvnn`>
+    @@FWCFG-SIZE <name> <bytes>    (each fw_cfg blob under opt/, issue 19)
+    @@FWCFG <name> <hex>           (its bytes in hex, 1024 digits a line)
     @@PCITOPO-END
 
 The archive is a gzip'd newc cpio written here in Python (deterministic:
@@ -101,7 +103,20 @@ done
 echo "@@INFO acpi_tables $(ls /sys/firmware/acpi/tables 2>/dev/null | tr '\n' ' ')"
 echo "@@INFO cmdline $(cat /proc/cmdline)"
 echo "@@INFO kernel $(uname -r)"
+echo "@@INFO bios_vendor $(cat /sys/class/dmi/id/bios_vendor 2>/dev/null)"
+echo "@@INFO bios_version $(cat /sys/class/dmi/id/bios_version 2>/dev/null)"
 lspci -tvnn 2>&1 | while IFS= read -r line; do echo "@@LSPCI $line"; done
+# issue 19: the fw_cfg blobs the domain passed (sysfs needs the qemu_fw_cfg module), byte-exact in hex
+[ -e /lib/qemu_fw_cfg.ko ] && insmod /lib/qemu_fw_cfg.ko 2>/dev/null
+echo "@@INFO fw_cfg $([ -d /sys/firmware/qemu_fw_cfg ] && echo present || echo absent)"
+# (by_name/ holds links to by_key/<selector>/, which has the name and the raw bytes)
+for k in /sys/firmware/qemu_fw_cfg/by_key/*; do
+    [ -r "$k/name" ] || continue
+    n=$(cat "$k/name")
+    case "$n" in opt/*) ;; *) continue ;; esac
+    echo "@@FWCFG-SIZE $n $(wc -c < "$k/raw")"
+    { od -An -v -tx1 "$k/raw" | tr -d ' \n'; echo; } | fold -w 1024 | while IFS= read -r h; do echo "@@FWCFG $n $h"; done
+done
 echo "@@PCITOPO-END"
 sync
 # Without ACPI the kernel cannot power off (it would halt and QEMU would keep
@@ -181,6 +196,9 @@ def _entries() -> list[_Entry]:
         add_host_path(lib)
     add_file(str(PCI_IDS), PCI_IDS, 0o644)
     files["init"] = (0o755, init_script().encode())
+    module = fw_cfg_module()
+    if module is not None:
+        add_file("lib/qemu_fw_cfg.ko", module, 0o644)
     # Debian's merged /usr: /lib64 -> usr/lib64 etc. may appear as symlinked
     # dirs on the host; in the archive all are real dirs, which is fine.
     for name in list(files) + list(symlinks):
@@ -196,6 +214,19 @@ def _entries() -> list[_Entry]:
         _Entry(n, 0o120777, t.encode()) for n, t in sorted(symlinks.items()) if n not in files
     ]
     return entries
+
+
+def fw_cfg_module() -> Path | None:
+    """The guest kernel's ``qemu_fw_cfg`` module (scripts/setup-debian.sh puts it next to the
+    kernel), or None: the guest then shows no fw_cfg blobs (``@@INFO fw_cfg absent``)."""
+    from .paths import SetupMissing, cache_dir, find_kernel
+
+    try:
+        kernel = find_kernel()
+    except SetupMissing:
+        return None
+    module = cache_dir() / ("qemu_fw_cfg-" + kernel.name.removeprefix("vmlinuz-") + ".ko")
+    return module if module.exists() else None
 
 
 def build_initramfs(cache_dir: Path) -> Path:

@@ -28,7 +28,7 @@ from topology.libvirt.domain import parse_int
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 Q = f"{{{QEMU_NS}}}"
 IVSHMEM = ("0x1af4", "0x1110")  # ivshmem's vendor:device in the guest
-OVMF = "/usr/share/ovmf/OVMF.fd"  # Debian's `ovmf` package (2022.11)
+OVMF = "/usr/share/ovmf/OVMF.fd"  # the stack's `ovmf` package (2025.02 in the Debian 13 root)
 KEEP_CPU = ("maxphysaddr", "feature")
 MiB, GiB = 1 << 20, 1 << 30
 

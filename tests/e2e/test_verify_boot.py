@@ -10,16 +10,19 @@ same reader as a live guest's /sys and must find it as predicted. A prediction b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from topology.paths.ncclxml import FWCFG_NAME
+
 from .guestboot import boot
 from .paths import REPO_ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60 + float(os.environ.get("PCITOPO_E2E_BOOT_TIMEOUT") or 240))]
 
 CASE = REPO_ROOT / "fixtures" / "hgx-h100" / "cases" / "one-node"
 HOST = REPO_ROOT / "fixtures" / "hgx-h100"
@@ -35,16 +38,28 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     pred = _run("xmlfix", "--json", "--sysfs", str(HOST), str(CASE / "domain.xml"))
     assert pred.returncode == 0, pred.stderr
     out = _run("xmlfix", "--sysfs", str(HOST), str(CASE / "domain.xml"))
-    booted = boot(out.stdout, libvirtd=libvirtd, timeout=240.0, work_dir=tmp_path / "boot")
+    booted = boot(out.stdout, libvirtd=libvirtd, timeout=float(os.environ.get("PCITOPO_E2E_BOOT_TIMEOUT") or 240), work_dir=tmp_path / "boot")
+    t = booted.timings
+    print(f"\n[e2e verify] one-node booted: start→end marker {t['run']:.1f}s, total {t['total']:.1f}s; "
+          f"guest firmware {booted.firmware}; on {libvirtd.versions().line()}")
     tree = booted.sysfs_tree(tmp_path / "guest-sysfs")
     expect = tmp_path / "predicted.json"
     expect.write_bytes(pred.stdout)
 
-    r = _run("pcitopo", "verify", "--expect", str(expect), "--sysfs", str(tree))
+    # issue 19: the guest installs NCCL's topology file the domain passed through fw_cfg
+    raw = tmp_path / "nccl-topo.b64"
+    raw.write_bytes(booted.printout.fwcfg[FWCFG_NAME])
+    installed = tmp_path / "run" / "nvidia-topologyd" / "virtualTopology.xml"
+    r = _run("pcitopo", "guest", "install-nccl-topo", "--from", str(raw), "--dest", str(installed))
+    assert r.returncode == 0, r.stderr.decode()
+    r = _run("pcitopo", "verify", "--expect", str(expect), "--sysfs", str(tree), "--nccl-topo", str(installed))
     assert r.returncode == 0, r.stderr.decode()
     doc = json.loads(pred.stdout)
     n, m = len(doc["devices"]), len(doc["pairs"])
     assert f"as predicted: {n}/{n} devices, {m}/{m} pairs checked, 0 difference(s)" in r.stderr.decode()
+    # without the file NCCL misprices every path that leaves a switch: each one is named
+    r = _run("pcitopo", "verify", "--expect", str(expect), "--sysfs", str(tree), "--nccl-topo", "none")
+    assert r.returncode == 1 and "NCCL bandwidth 0.1875 GB/s in the guest, host 48 GB/s" in r.stderr.decode()
 
     # Broken on purpose: a PIX pair said to be SYS, and one device on another NUMA node.
     pix = next(p for p in doc["pairs"] if p["nccl"] == "PIX")
@@ -52,7 +67,7 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     doc["devices"][0]["numa"] = 7
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps(doc))
-    r = _run("pcitopo", "verify", "--expect", str(wrong), "--sysfs", str(tree))
+    r = _run("pcitopo", "verify", "--expect", str(wrong), "--sysfs", str(tree), "--nccl-topo", str(installed))
     err = r.stderr.decode()
     assert r.returncode == 1, err
     assert f"host {pix['a']}-{pix['b']}" in err and "NCCL PIX, predicted SYS" in err

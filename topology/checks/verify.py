@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError, PcitopoError
 from ..model.tree import Bdf, Role, Topology
 from ..paths.classify import classify
+from ..paths.ncclprice import nccl_tree
+from ..paths.nccltree import NcclTree
+from ..paths.ncclxml import XmlNode
 
 MAX_EXPECT_BYTES = 16 * 1024 * 1024
 CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -29,6 +32,7 @@ class ExpectedDevice:
     kind: str
     label: str
     numa: int
+    nccl_cpu_gbps: float | None = None  # NCCL's bandwidth to its CPU on the host (GPUs)
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class ExpectedPair:
     b: Bdf
     nccl: str | None
     nvml: str | None
+    nccl_gbps: float | None = None  # NCCL's bandwidth of the path on the host (GPU–GPU, GPU–NIC)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class Verification:
     problems: list[str] = field(default_factory=list)
     devices_checked: int = 0
     pairs_checked: int = 0
+    bandwidths_checked: int = 0
+    bandwidths_equal: int = 0
 
 
 _TYPE_NAMES = {str: "a string", int: "a number", list: "a list"}
@@ -75,6 +82,16 @@ def _bdf(text: str | None, where: str) -> Bdf | None:
         raise ConfigError(f"{where}: {text[:40]!r} is not a PCI address") from None
 
 
+def _gbps(obj: dict, key: str, where: str) -> float | None:
+    """An optional bandwidth (a prediction from before bandwidths has none)."""
+    v = obj.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise ConfigError(f"{where}.{key} is {json.dumps(v)[:40]}, not a bandwidth in GB/s")
+    return float(v)
+
+
 def _class(v: str | None, where: str) -> str | None:
     if v is not None and v not in CLASSES:
         raise ConfigError(f"{where} is {v[:20]!r}, not one of {'/'.join(CLASSES)}")
@@ -96,6 +113,7 @@ def load_expectation(data: bytes, name: str) -> Expectation:
             _bdf(_field(d, "host_bdf", w, (str,)), f"{w}.host_bdf"),  # type: ignore[arg-type]
             _bdf(_field(d, "guest_bdf", w, (str,), optional=True), f"{w}.guest_bdf"),
             _field(d, "kind", w, (str,)), _field(d, "label", w, (str,)), _field(d, "numa", w, (int,)),
+            _gbps(d, "nccl_cpu_gbps", w),
         ))
     out_pairs = []
     for i, p in enumerate(pairs):
@@ -104,6 +122,7 @@ def load_expectation(data: bytes, name: str) -> Expectation:
             _bdf(_field(p, "a", w, (str,)), f"{w}.a"), _bdf(_field(p, "b", w, (str,)), f"{w}.b"),  # type: ignore[arg-type]
             _class(_field(p, "nccl", w, (str,), optional=True), f"{w}.nccl"),
             _class(_field(p, "nvml", w, (str,), optional=True), f"{w}.nvml"),
+            _gbps(p, "nccl_gbps", w),
         ))
     known = {d.host_bdf for d in devices}
     for i, p in enumerate(out_pairs):
@@ -140,10 +159,12 @@ def _check_device(guest: Topology, d: ExpectedDevice, v: Verification) -> bool:
     return True
 
 
-def verify_guest(expect: Expectation, guest: Topology) -> Verification:
-    """Every difference between the guest and the prediction, one line each."""
+def verify_guest(expect: Expectation, guest: Topology, nccl_system: XmlNode | None = None) -> Verification:
+    """Every difference between the guest and the prediction, one line each. ``nccl_system``:
+    the NCCL topology file installed in the guest (parsed), which NCCL reads over sysfs."""
     v = Verification()
     ok = {d.host_bdf: d for d in expect.devices if _check_device(guest, d, v)}
+    _check_bandwidths(expect, guest, ok, nccl_tree(guest, nccl_system), v)
     for p in expect.pairs:
         da, db = ok.get(p.a), ok.get(p.b)
         if da is None or db is None:
@@ -159,3 +180,29 @@ def verify_guest(expect: Expectation, guest: Topology) -> Verification:
             if want is not None and want != have:
                 v.problems.append(f"{where}: {view} {have}, predicted {want}")
     return v
+
+
+def _check_bandwidths(expect: Expectation, guest: Topology, ok: dict[Bdf, ExpectedDevice], tree: NcclTree,
+                      v: Verification) -> None:
+    """NCCL's bandwidth of every GPU path the prediction prices, computed NCCL's way in the
+    guest, against the host's."""
+
+    def busid(d: ExpectedDevice) -> str:
+        g = d.guest_bdf
+        return str(g.with_function(0) if d.kind == Role.NIC.value else g)  # type: ignore[union-attr]
+
+    def compare(where: str, got: float, want: float) -> None:
+        v.bandwidths_checked += 1
+        if round(got, 4) != round(want, 4):
+            v.problems.append(f"{where}: NCCL bandwidth {got:g} GB/s in the guest, host {want:g} GB/s")
+        else:
+            v.bandwidths_equal += 1
+
+    for d in ok.values():
+        if d.nccl_cpu_gbps is not None:
+            compare(f"{d.label}-CPU (host {d.host_bdf}, guest {d.guest_bdf})", tree.to_cpu(busid(d)), d.nccl_cpu_gbps)
+    for p in expect.pairs:
+        da, db = ok.get(p.a), ok.get(p.b)
+        if p.nccl_gbps is not None and da is not None and db is not None:
+            where = f"{da.label}-{db.label} (host {p.a}-{p.b}, guest {da.guest_bdf}-{db.guest_bdf})"
+            compare(where, tree.between(busid(da), busid(db)), p.nccl_gbps)

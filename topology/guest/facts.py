@@ -68,6 +68,8 @@ class GuestController:
     node: int | None = None
     chassis: int | None = None
     port: int | None = None
+    # a root port's host link (max_link_speed, max_link_width as sysfs spells them), if any
+    link: tuple[str | None, str | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from ..libvirt.domain import (
 from ..model.address import SLOTS_PER_BUS
 from ..model.tree import Bdf, PciFunction, Role, Topology, root_complex_sort_key
 from ..paths.classify import nccl_switch_rep
+from ..paths.ncclprice import port_link
 from . import buses
 from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Placement, Plan
 
@@ -341,11 +342,14 @@ class _Emitter:
             self.notes.append(
                 f"{len(port.functions)} functions below host port {port.key}: split over {len(chunks)} guest ports of one switch"
             )
+        link = None
+        if model == ROOT_PORT and port.host is not None:
+            link = port_link(port.host, port.switch.host if port.switch is not None and len(chunks) == 1 else None)
         if model == ROOT_PORT and len(chunks) > 1:
-            self.emit_split_root_port(chunks, parent, slot, kind, host_name)
+            self.emit_split_root_port(chunks, parent, slot, kind, host_name, link)
             return 1
         for n, chunk in enumerate(chunks):
-            index = self.new_port(model, parent, slot + n, kind, host_name, n)
+            index = self.new_port(model, parent, slot + n, kind, host_name, n, link)
             if chunk:
                 self.place_functions(index, chunk)
             if n == 0 and port.switch is not None:
@@ -353,21 +357,23 @@ class _Emitter:
         return len(chunks)
 
     def emit_split_root_port(self, chunks: list[list[PciFunction]], parent: int, slot: int, kind: str,
-                             host_name: str) -> None:
+                             host_name: str, link: tuple[str | None, str | None] | None) -> None:
         """More than 8 functions cannot share one slot: a switch below the root port keeps them
         PIX to each other, as they are on the host."""
-        rp = self.new_port(ROOT_PORT, parent, slot, kind, host_name, 0)
+        rp = self.new_port(ROOT_PORT, parent, slot, kind, host_name, 0, link)
         us = next(self.indexes)
         self.controllers.append(GuestController(model=UPSTREAM, index=us, alias=alias_for("us", host_name), parent=rp, slot=0))
         for n, chunk in enumerate(chunks):
             self.place_functions(self.new_port(DOWNSTREAM, us, n, "ds", host_name, n), chunk)
 
-    def new_port(self, model: str, parent: int, slot: int, kind: str, host_name: str, n: int) -> int:
+    def new_port(self, model: str, parent: int, slot: int, kind: str, host_name: str, n: int,
+                 link: tuple[str | None, str | None] | None = None) -> int:
         index = next(self.indexes)
         self.controllers.append(
             GuestController(
                 model=model, index=index, alias=alias_for(kind, host_name, n), parent=parent, slot=slot,
                 chassis=self.chassis.take(index), port=buses.root_port_number(slot) if model == ROOT_PORT else slot,
+                link=link,
             )
         )
         return index

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..model.labels import label_devices
 from ..model.tree import Bdf, Topology
 from ..paths.classify import NvlinkOracle
+from ..paths.ncclprice import nccl_tree, path_bandwidth
 
 from .rewrite import Why
 
@@ -192,11 +193,17 @@ def beyond_pairs(result: RewriteResult, fabric=None) -> list[str]:
 
 def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
     """The predicted guest, keyed by host BDF: what ``pcitopo verify --expect`` checks. Its notes
-    are the report's, then the firmware warnings."""
+    are the report's, then the firmware warnings. ``nccl_gbps`` (GPU–GPU, GPU–NIC pairs) and
+    ``nccl_cpu_gbps`` (GPUs) are NCCL's PCIe bandwidth on the host, null for other devices."""
 
     report = result.report
     labels = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in report.placed])}
     views = {(v.p.a, v.p.b): v.nvlink for v in pair_views(result, host, fabric)}
+    tree = nccl_tree(host)  # the host's NCCL bandwidths: what the guest should price alike
+
+    def gbps(a: Bdf, b: Bdf | None) -> float | None:
+        return path_bandwidth(tree, host, host.function(a), None if b is None else host.function(b))
+
     devices = [
         {
             "host_bdf": str(d.host),
@@ -204,6 +211,7 @@ def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
             "kind": d.role,
             "label": labels[d.host],
             "numa": -1 if d.guest_cell is None else d.guest_cell,
+            "nccl_cpu_gbps": gbps(d.host, None),
         }
         for d in sorted(report.placed, key=lambda d: d.host)
     ]
@@ -214,6 +222,7 @@ def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
             "nccl": p.guest.nccl.value if p.guest else None,
             "nvml": p.guest.nvml.value if p.guest else None,
             "nvlink": views[p.a, p.b],
+            "nccl_gbps": gbps(p.a, p.b),
         }
         for p in report.pairs
     ]

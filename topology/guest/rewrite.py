@@ -33,9 +33,13 @@ from ..libvirt.domain import (
     read_guest_address,
     write_guest_address,
 )
+from ..libvirt.fwcfg import encode
+from ..libvirt.fwcfg import set_entries as set_fwcfg_entries
+from ..libvirt.links import apply_links, oldest_qemu
 from ..model.cpuinfo import HostWidth
 from ..model.tree import Bdf, Role, Topology
 from ..paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
+from ..paths.ncclxml import FWCFG_NAME
 from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan
 from .plan import plan
 from .tree import GuestView, guest_view
@@ -43,6 +47,7 @@ from .tree import GuestView, guest_view
 # The MMIO budget and P2P cliques are decided in their own modules; the rewrite only applies them.
 from .cliques import CliquePlan
 from .mmio import MmioBudget, apply_mmio_settings
+from .ncclfile import NcclFile, write_nccl_file
 
 
 class Why(StrEnum):
@@ -111,6 +116,9 @@ class Report:
     mmio: MmioBudget | None = None
     cliques: CliquePlan | None = None
     warnings: list = field(default_factory=list)
+    # root ports given the host's link (link: auto); GPUs and NICs in the fw_cfg NCCL file
+    link_ports: int = 0
+    nccl_topo_devices: int = 0
 
     @property
     def fidelity_lost(self) -> list[PairReport]:
@@ -140,6 +148,8 @@ class Report:
             "mmio": self.mmio.summary() if self.mmio is not None else None,
             "p2p_cliques": len(self.cliques.members) if self.cliques is not None else 0,
             "warnings": [f"{w.kind}: {w.reason}" for w in self.warnings],
+            "link_ports": self.link_ports,
+            "nccl_topo_devices": self.nccl_topo_devices,
         }
 
 
@@ -149,6 +159,9 @@ class RewriteResult:
     report: Report
     guest: GuestView
     input_xml: bytes
+    # NCCL's topology file for the predicted guest (xmlfix --nccl-topo; in the domain's fw_cfg
+    # under nccl-topo: fwcfg)
+    nccl_topo: NcclFile = field(default_factory=NcclFile)
 
     @property
     def changed(self) -> bool:
@@ -243,10 +256,12 @@ def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
 
 
 def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_clique: bool = True,
-                   host_phys_bits: int | HostWidth | None = None) -> RewriteResult:
-    """``mmio``/``p2p_clique``: the hook options of the same names (``auto`` = True);
-    ``host_phys_bits``: the host CPU's address width (``host.host_width()``, which says where it
-    came from, or a bare number; None: unknown, not checked)."""
+                   host_phys_bits: int | HostWidth | None = None, link: bool = True,
+                   nccl_topo: bool = True) -> RewriteResult:
+    """``mmio``/``p2p_clique``/``link``/``nccl_topo``: the hook options of the same names
+    (``auto``/``fwcfg`` = True); ``host_phys_bits``: the host CPU's address width
+    (``host.host_width()``, which says where it came from, or a bare number; None: unknown, not
+    checked)."""
     tree = parse_domain(domain_xml)
     view = DomainView(tree)
     view.check_q35()
@@ -256,7 +271,7 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
     budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), view.pci_controllers(),
                                           mmio=mmio, p2p_clique=p2p_clique, host_bits=host_phys_bits)
-    out = serialize(tree, domain_xml)
+    link_ports = apply_links(view.root, {c.alias: c.link for c in p.controllers if link and c.link is not None})
     report = Report(
         created=created,
         removed=len(p.removed),
@@ -264,12 +279,6 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
         numa_source=p.numa_source,
         notes=list(p.notes),
     )
-    if created.get(UPSTREAM):
-        report.notes.append(
-            "QEMU's emulated switch upstream ports report a 2.5 GT/s x1 link: path classes are the host's, but "
-            "NCCL's bandwidth estimate for paths from a switch up to the CPU is low (PIX paths, GPU to its own NIC, "
-            "do not cross that link)"
-        )
     # The MMIO budget replaces a <pcihole64> note: pcihole64 only sizes pcie.0's window
     report.mmio, report.cliques = budget, cliques
     if budget is not None:
@@ -280,7 +289,33 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     if normalised:
         report.notes.append("hostdev source addresses written without type='pci', as libvirt formats them (its schema has no such attribute)")
     guest = verify(tree, host, facts, report)
-    return RewriteResult(out, report, guest, domain_xml)
+    report.link_ports = link_ports
+    nccl = write_nccl_file(host, guest.topology, guest.host_to_guest, [d.host for d in report.placed])
+    set_fwcfg_entries(view.root, lambda name: name == FWCFG_NAME, {FWCFG_NAME: encode(nccl.data)} if nccl_topo and nccl.data else {})
+    report.nccl_topo_devices = nccl.devices if nccl_topo else 0
+    report.notes += link_notes(link_ports, p.controllers if link else [], nccl if nccl_topo else None, created.get(UPSTREAM, 0))
+    return RewriteResult(serialize(tree, domain_xml), report, guest, domain_xml, nccl)
+
+
+def link_notes(link_ports: int, controllers: list[GuestController], nccl: NcclFile | None, switches: int) -> list[str]:
+    """What the report says about link speeds: what the root ports and the NCCL file carry, or
+    what NCCL will misjudge without them."""
+    out = []
+    if link_ports:
+        need = oldest_qemu(c.link for c in controllers if c.link is not None)
+        out.append(f"{link_ports} root port(s) report the host's link speed and width (x-speed/x-width)"
+                   + (f"; {need[0]} GT/s needs QEMU {need[1]} or later" if need else ""))
+    if nccl is not None and nccl.data:
+        out.append(f"NCCL's topology file for this guest ({nccl.devices} GPUs and NICs, the host's link speeds) is "
+                   f"passed through fw_cfg as {FWCFG_NAME}: install it in the guest on every boot (docs/GUEST.md)")
+        out += nccl.notes
+    elif switches:
+        out.append(
+            "QEMU's emulated switch upstream ports report a 2.5 GT/s x1 link: path classes are the host's, but "
+            "NCCL's bandwidth estimate for paths from a switch up to the CPU is low (PIX paths, GPU to its own NIC, "
+            "do not cross that link)"
+        )
+    return out
 
 
 def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report: Report) -> GuestView:
