@@ -73,7 +73,8 @@ def firmware(libvirtd, efi: bool) -> str:
 
 
 def _boot(libvirtd, xml: bytes, sizes, label: str, efi: bool, timeout: float):
-    if not RESULTS or RESULTS[0] != (head := f"[e2e mmio] on {libvirtd.versions().line()}"):
+    head = f"[e2e mmio] on {libvirtd.versions().line()}"
+    if head not in RESULTS:
         RESULTS.insert(0, head)
     standin, _ = large_bar_standins(xml, sizes)
     r = boot(standin, libvirtd=libvirtd, timeout=timeout, keep_cpu=KEEP_CPU, loader=OVMF if efi else None)
