@@ -13,6 +13,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Iterable, Mapping, NamedTuple, Protocol
 
+from .. import SLOTS
 from ..errors import MalformedBdfError, SysfsError, UnknownDeviceError
 from .address import MAX_SLOT
 from .bars import Bar
@@ -99,7 +100,7 @@ BMC_DISPLAY_VENDORS = frozenset({0x1A03, 0x102B})  # ASPEED, Matrox
 NVIDIA = 0x10DE
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class PciFunction:
     """One PCI function and its place in the tree.
 
@@ -168,7 +169,7 @@ class PciFunction:
         return Role.OTHER
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class NumaNode:
     id: int
     cpulist: str | None
