@@ -123,6 +123,10 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         print(f"recorded the host CPU's physical-address width: {summary.host_bits} bits", file=sys.stderr)
     for s in summary.skipped:
         print(f"warning: skipped {s}", file=sys.stderr)
+    if summary.config_cut:  # read without CAP_SYS_ADMIN: say what the doctor will not know
+        print(f"warning: config space of {summary.config_cut} function(s) cut at 64 bytes (read without "
+              "CAP_SYS_ADMIN): the doctor's acs and ats checks will say unknown for this capture; capture as root for them "
+              "(docs/OPERATOR.md, step 1)", file=sys.stderr)
     return EXIT_OK
 
 

@@ -39,7 +39,8 @@ NODE_ATTRS = ("cpulist",)
 
 # -- pcitopo doctor: what the host-readiness checks read, besides the above --------------------
 # Per function: config space (64 bytes unprivileged, 4096 as root), BARs, the driver override.
-DOCTOR_ATTRS = ("config", *RESOURCE_ATTRS, "driver_override")
+CONFIG_ATTR = "config"
+DOCTOR_ATTRS = (CONFIG_ATTR, *RESOURCE_ATTRS, "driver_override")
 # kernel/iommu_groups/<N>/devices/<BDF> (links) and .../type; class/iommu/<unit> (links).
 IOMMU_GROUPS_DIR = "kernel/iommu_groups"
 IOMMU_GROUP_ATTRS = ("type",)
