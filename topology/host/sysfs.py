@@ -189,6 +189,13 @@ class SysfsReader:
         base = resolve(self, f"{PCI_DEVICES_DIR}/{bdf}")
         return tuple(d for d in CLASS_DIRS if self.source.listdir(f"{base}/{d}") is not None)
 
+    def read_rdma_names(self, bdf: "Bdf") -> tuple[str, ...]:
+        """The RDMA devices the function registered (``infiniband/mlx5_0``: the names
+        ``nvidia-smi topo -m`` and NCCL_IB_HCA use), sorted; empty when it has none (a NIC on
+        vfio-pci, a capture that did not keep them)."""
+        base = resolve(self, f"{PCI_DEVICES_DIR}/{bdf}")
+        return tuple(sorted(self.source.listdir(f"{base}/{CLASS_DIRS[0]}") or ()))
+
     def all_bdfs(self) -> list["Bdf"]:
         names = self.source.listdir(PCI_DEVICES_DIR)
         if names is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..host.names import part_name
-from ..model.labels import Labeled, label_devices
+from ..model.labels import Labeled, label_devices, rdma_name
 from ..model.tree import Bdf, PciFunction, Role, Topology
 from ..paths.classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
 from ..paths.vfs import VfGroups, group_vfs, vf_summary, with_vfs
@@ -66,7 +66,8 @@ def device_legend(
         name = part_name(r.function, live_root) or r.function.ids
         vf = f", VF of {r.function.physfn}" if r.function.physfn else ""
         vf += vf_summary(topo, groups.vfs_of(r.function.bdf)) if groups else ""  # VFs: one legend line under their PF
-        lines.append(f"  {r.label}: {r.function.bdf}  {name}{vf}")
+        rdma = rdma_name(topo, r.function)
+        lines.append(f"  {r.label}: {r.function.bdf}  {f'{rdma}  ' if rdma else ''}{name}{vf}")
     return "\n".join(lines)
 
 
@@ -136,6 +137,7 @@ def device_json(topo: Topology, lab: Labeled) -> dict:
         "nccl_switch": str(sw[0]) if sw else None,
         "physfn": str(f.physfn) if f.physfn else None,
         "driver": f.driver,
+        "rdma": rdma_name(topo, f),
         "iommu_group": f.iommu_group,
         "link": {
             "max_speed": f.link.max_speed,
