@@ -101,15 +101,19 @@ def xmlfix(argv: Sequence[str]) -> int:
     fabric = _loaded(fabric_file)
     result = outcome.result
     out = outcome.xml
-    for line in _warnings(outcome):  # what the hook logs and boots anyway: never silent here
-        print(f"xmlfix: warning: {line}", file=sys.stderr)
+    # what the hook logs and boots anyway: never silent here; under --check a line the check
+    # prints as a reason (NVLink, firmware) is said there, once
+    said_by_check = _beyond_pairs(outcome, fabric) if args.check else []
+    for line in _warnings(outcome):
+        if line not in said_by_check:
+            print(f"xmlfix: warning: {line}", file=sys.stderr)
 
     if args.json:
         _print_prediction(outcome, host, fabric)
     if args.dot:  # the explanation as a picture
         from topology.views.dot import explain_dot
 
-        sys.stdout.write(explain_dot(result, host, outcome.reason))
+        sys.stdout.write(explain_dot(result, host, outcome.reason, fabric=fabric))
     elif args.explain:
         if result is None:
             sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
@@ -170,6 +174,12 @@ def _warnings(outcome) -> list[str]:
     return out
 
 
+def _beyond_pairs(outcome, fabric) -> list[str]:
+    from topology.guest.predict import beyond_pairs
+
+    return beyond_pairs(outcome.result, fabric) if outcome.result is not None else []
+
+
 def _one_document(args: argparse.Namespace) -> None:
     """What goes to stdout must read as one document: --json and --dot
     each print one, so neither mixes with another kind (--explain text, --diff, each other).
@@ -191,7 +201,9 @@ def _check(outcome, host, fabric=None) -> int:
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
     # the verdict counts pairs and cells; what else fails the check (NVLink, firmware) joins it
-    why = "; ".join([verdict(outcome.result, host, fabric)] + beyond_pairs(outcome.result, fabric))
+    # by name, its sentence being one of the lines just printed
+    why = "; ".join([verdict(outcome.result, host, fabric)]
+                    + [f"{line.split(':', 1)[0]} (above)" for line in beyond_pairs(outcome.result, fabric)])
     print(f"xmlfix: check: {'failed' if problems else 'ok'}: {why}", file=sys.stderr)
     return EXIT_CHECK_FAILED if problems else EXIT_OK
 

@@ -110,6 +110,20 @@ def cell_less_devices(result: RewriteResult) -> dict[int, list[Bdf]]:
     return out
 
 
+def pair_counts(result: RewriteResult, host: Topology, fabric=None) -> dict[str, int]:
+    """The one count of pairs the guest shows as the host does, per view: what ``--explain``'s
+    verdict and ``--check`` print, the hook's log line carries (``pairs_nccl_equal``,
+    ``pairs_nvml_equal``) and the ``--dot`` pictures' titles say. A pair counts when the tool
+    prints the same for it in the guest as on the host (:meth:`PairView.differs`): two GPUs
+    joined by NVLink print ``NV#`` on both sides, whatever the PCIe path beneath."""
+    views = pair_views(result, host, fabric)
+    return {
+        "pairs": len(views),
+        "pairs_nccl_equal": sum(not v.differs("nccl") for v in views),
+        "pairs_nvml_equal": sum(not v.differs("nvml") for v in views),
+    }
+
+
 def _view_summary(views: list[PairView], view: str, title: str) -> str:
     n = len(views)
     diff = Counter((v.transition(view), short_reason(v.p.why)) for v in views if v.differs(view))
