@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 def xmlfix(argv: Sequence[str]) -> int:
     from .core import handle_define_domain
     from topology.views.explain import diff_text, explain_text
+    from topology.views.report import wrap_text
     from topology.host.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))
@@ -116,13 +117,13 @@ def xmlfix(argv: Sequence[str]) -> int:
         sys.stdout.write(explain_dot(result, host, outcome.reason, fabric=fabric))
     elif args.explain:
         if result is None:
-            sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
+            sys.stdout.write(wrap_text(f"domain left unchanged ({outcome.outcome}): {outcome.reason}") + "\n")
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
                 from topology.checks.fleet import doctor_text
 
-                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + doctor_text(outcome.doctor))
+                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + wrap_text(doctor_text(outcome.doctor)))
     if args.diff:  # only what changed in meaning (both sides serialised alike)
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:

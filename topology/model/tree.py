@@ -98,6 +98,7 @@ class Role(str, Enum):
 # Display-class devices from these vendors are BMC consoles, not compute GPUs.
 BMC_DISPLAY_VENDORS = frozenset({0x1A03, 0x102B})  # ASPEED, Matrox
 NVIDIA = 0x10DE
+MELLANOX = 0x15B3  # ConnectX and BlueField: mlx5 devices
 
 
 @dataclass(frozen=True, **SLOTS)
