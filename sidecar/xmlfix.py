@@ -102,12 +102,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     fabric = _loaded(fabric_file)
     result = outcome.result
     out = outcome.xml
-    # what the hook logs and boots anyway: never silent here; under --check a line the check
-    # prints as a reason (NVLink, firmware) is said there, once
-    said_by_check = _beyond_pairs(outcome, fabric) if args.check else []
-    for line in _warnings(outcome):
-        if line not in said_by_check:
-            print(f"xmlfix: warning: {line}", file=sys.stderr)
+    _print_warnings(outcome, fabric, args.check)
 
     if args.json:
         _print_prediction(outcome, host, fabric)
@@ -175,10 +170,15 @@ def _warnings(outcome) -> list[str]:
     return out
 
 
-def _beyond_pairs(outcome, fabric) -> list[str]:
+def _print_warnings(outcome, fabric, check: bool) -> None:
+    """What the hook logs and boots anyway: never silent here. Under --check a line the check
+    prints as a reason (NVLink, firmware) is said there, once."""
     from topology.guest.predict import beyond_pairs
 
-    return beyond_pairs(outcome.result, fabric) if outcome.result is not None else []
+    said_by_check = beyond_pairs(outcome.result, fabric) if check and outcome.result is not None else []
+    for line in _warnings(outcome):
+        if line not in said_by_check:
+            print(f"xmlfix: warning: {line}", file=sys.stderr)
 
 
 def _one_document(args: argparse.Namespace) -> None:

@@ -57,8 +57,8 @@ def test_f9_vfs_grouped_under_pf_in_the_matrix():
     r = run("topo", "--vfs", "--sysfs", SRIOV)
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode()
-    assert "NIC0: 0000:19:00.0  Mellanox ConnectX-7, 769 VFs 0000:19:00.1-0000:1c:00.1 (vfio-pci)" in out
-    assert "NIC1: 0000:29:00.0  Mellanox ConnectX-7, 255 VFs 0000:29:00.1-0000:29:1f.7 (vfio-pci)" in out
+    assert "NIC0: 0000:19:00.0  mlx5_0  Mellanox ConnectX-7, 769 VFs 0000:19:00.1-0000:1c:00.1 (vfio-pci)" in out
+    assert "NIC1: 0000:29:00.0  mlx5_1  Mellanox ConnectX-7, 255 VFs 0000:29:00.1-0000:29:1f.7 (vfio-pci)" in out
     assert "NIC12" not in out  # 12 NICs (8 compute + 4 storage/management) and no VF rows
     assert len(out.splitlines()) < 100
 
