@@ -85,6 +85,8 @@ def test_finding_3_one_nvidia_smi_count_everywhere(tmp_path):
     assert _counts(log) == want, log
     readme = (ROOT / "README.md").read_text()
     assert "nvidia-smi: 178/190 pairs" in readme and "174/190" not in readme
+    svg = (DOCS / "hgx-b200.svg").read_text()  # the README's picture, drawn by `pcitopo topo --dot`
+    assert "NCCL 190/190 pairs as on the host, nvidia&#45;smi 178/190" in svg
     operator = (DOCS / "OPERATOR.md").read_text()
     assert "nvidia-smi: 178/190 pairs as on the host" in operator and "174" not in operator
 
