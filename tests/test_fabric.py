@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -202,7 +203,7 @@ def explain(tmp_path, board, modules, variant="active", policy="warn") -> str:
     r = run("xmlfix", "--sysfs", f"fixtures/{board}", *args, "--vmi", str(vmi), "--explain", "-",
             stdin=domain_with_modules(board, modules))
     assert r.returncode == 0, r.stderr
-    return r.stdout.decode()
+    return re.sub(r"\n {4,}", " ", r.stdout.decode())  # lines folded at 100 columns, unfolded
 
 
 def cells(text: str, value: str) -> int:
