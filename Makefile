@@ -1,15 +1,17 @@
-# Two commands a newcomer needs: `make demo` and `make test`. Both set everything up first.
+# Two commands a newcomer needs: `make demo` and `make test`. Both set up what they use first:
+# `make demo` the CLI (pip, no Debian package) and graphviz for its picture if `dot` is missing;
+# `make test` everything (scripts/setup-debian.sh: libvirt, QEMU, Go, ... and the guest kernel).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-base demo test test-fast test-slow golden fixtures proto fuzz bench lock clean
+.PHONY: setup setup-base setup-cli demo guest-tool test test-fast test-slow golden fixtures proto fuzz bench lock clean
 
 # Everything, the guest-boot (e2e) tier's guest kernel and Debian 13 root included: what `make test` needs.
 setup: setup-base .cache/e2e/.kernel .cache/trixie/stamp
 
-# The virtualenv and the Debian packages, without the guest kernel: `make demo`, `make test-fast`.
+# The virtualenv and the Debian packages, without the guest kernel: `make test-fast`, `make golden`, ...
 setup-base: $(STAMP) .cache/.debian
 
 # Debian packages (libvirt, QEMU, pciutils, graphviz, Go, ...), no download of the guest kernel.
@@ -33,13 +35,30 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-demo: setup-base
+# The CLI alone (pcitopo, xmlfix) in .venv: what `make demo` needs, no Debian package. The full
+# development install above satisfies it too.
+CLI_STAMP := $(VENV)/.installed-cli
+setup-cli: $(CLI_STAMP)
+$(CLI_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+# The demo's one system dependency: graphviz's `dot` for the picture, installed only if missing
+# (ONLY= restricts scripts/setup-debian.sh to that package).
+demo: setup-cli
+	@command -v dot >/dev/null || ONLY=graphviz SKIP_KERNEL=1 bash scripts/setup-debian.sh \
+	    || echo "demo: could not install graphviz (needs root or sudo); the picture is skipped"
 	$(BIN)/pcitopo topo --sysfs fixtures/hgx-b200
 	$(BIN)/xmlfix --explain --sysfs fixtures/hgx-b200 fixtures/hgx-b200/domain.xml
 	@if command -v dot >/dev/null; then \
 	    mkdir -p build && $(BIN)/pcitopo topo --dot --sysfs fixtures/hgx-b200 | dot -Tsvg -o build/hgx-b200.svg \
 	    && echo "picture: build/hgx-b200.svg (host and predicted guest side by side)"; \
 	else echo "picture: install graphviz for build/hgx-b200.svg"; fi
+
+# The guest tool: one file, standard library only, Python >= 3.8 (docs/GUEST.md).
+guest-tool: setup-cli
+	$(BIN)/pcitopo guest-tool -o build/pcitopo-guest
 
 test: setup
 	$(BIN)/python -m pytest

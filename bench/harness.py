@@ -252,6 +252,21 @@ def run_wall(argv: list[str], env: dict[str, str], stdin: bytes | None = None) -
     return t
 
 
+def run_wall_rss(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """Wall time of one process from exec to exit and its peak resident memory (ru_maxrss of
+    that child alone, from wait4, in KiB like /proc's figures: :func:`mib` converts); raises if
+    it fails."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    err = p.stderr.read() if p.stderr else b""
+    _, status, usage = os.wait4(p.pid, 0)
+    t = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {p.returncode}: {err.decode(errors='replace')[-500:]}")
+    return t, usage.ru_maxrss
+
+
 # -- `pcitopo serve` as virt-launcher meets it ----------------------------------------------------
 
 @dataclass

@@ -14,6 +14,8 @@
 # Environment:
 #   PCITOPO_CACHE   cache dir for the guest kernel (default: <repo>/.cache/e2e)
 #   SKIP_KERNEL=1   do not fetch the guest kernel
+#   ONLY="p ..."    install only these packages of the list below (`make demo`: graphviz);
+#                   implies no libvirt user and no guest kernel
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +46,14 @@ PACKAGES=(
     protoc-gen-go
     protoc-gen-go-grpc
 )
+
+if [[ -n ${ONLY:-} ]]; then
+    read -r -a wanted <<<"$ONLY"
+    for p in "${wanted[@]}"; do
+        [[ " ${PACKAGES[*]} " == *" $p "* ]] || { printf 'setup-debian: %s is not a package of this project\n' "$p" >&2; exit 2; }
+    done
+    PACKAGES=("${wanted[@]}")
+fi
 
 log() { printf 'setup-debian: %s\n' "$*" >&2; }
 
@@ -175,6 +185,7 @@ fetch_fw_cfg_module() {
 }
 
 install_packages
+[[ -n ${ONLY:-} ]] && exit 0
 ensure_libvirt_user
 if [[ ${SKIP_KERNEL:-0} != 1 ]]; then
     fetch_kernel

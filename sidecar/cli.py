@@ -1,4 +1,4 @@
-"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, doctor, serve) and ``xmlfix``.
+"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, serve) and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.
@@ -15,13 +15,14 @@ from typing import Sequence
 from topology import __version__
 from topology.errors import ConfigError
 
-from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
 
 
 # -- pcitopo topo ----------------------------------------------------------------------------
 
 def _cmd_topo(args: argparse.Namespace) -> int:
-    from topology.paths.classify import NvlinkOracle, load_nvlink_table
+    from topology.paths.classify import NvlinkOracle
+    from topology.paths.fabric import load_nvlink_table
     from topology.model.tree import Bdf
     from topology.model.labels import default_devices
     from topology.views.report import topo_json, topo_text, tree_text
@@ -136,6 +137,10 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         print(f"recorded the host CPU's physical-address width: {summary.host_bits} bits", file=sys.stderr)
     for s in summary.skipped:
         print(f"warning: skipped {s}", file=sys.stderr)
+    if summary.config_cut:  # read without CAP_SYS_ADMIN: say what the doctor will not know
+        print(f"warning: config space of {summary.config_cut} function(s) cut at 64 bytes (read without "
+              "CAP_SYS_ADMIN): the doctor's acs and ats checks will say unknown for this capture; capture as root for them "
+              "(docs/OPERATOR.md, step 1)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -185,50 +190,21 @@ def _add_doctor_parser(sub, default_sysfs: str) -> None:
     d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")
 
 
-# -- pcitopo verify: the guest against xmlfix --json ------------------------------------------
+# -- pcitopo verify: the guest against xmlfix --json (the guest tool's code, sidecar/guest.py) ---
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from topology.host.sysfs import open_host
-    from topology.checks.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
+    from .guest import verify_command
 
-    try:
-        with open(args.expect, "rb") as fh:
-            data = fh.read(MAX_EXPECT_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"cannot read {args.expect}: {e.strerror or e}") from None
-    expect = load_expectation(data, args.expect)
-    nccl_file, system = _nccl_topo_file(args.nccl_topo)
-    v = verify_guest(expect, open_host(args.sysfs), system)
-    for line in v.problems:
-        print(f"pcitopo verify: {line}", file=sys.stderr)
-    verdict = "differs from the prediction" if v.problems else "as predicted"
-    if v.bandwidths_checked:
-        print(f"pcitopo verify: NCCL bandwidth: {v.bandwidths_equal}/{v.bandwidths_checked} GPU paths as on the host "
-              f"(NCCL topology file: {nccl_file or 'none'})", file=sys.stderr)
-    print(f"pcitopo verify: {verdict}: {v.devices_checked}/{len(expect.devices)} devices, "
-          f"{v.pairs_checked}/{len(expect.pairs)} pairs checked, {len(v.problems)} difference(s)", file=sys.stderr)
-    return EXIT_CHECK_FAILED if v.problems else EXIT_OK
+    return verify_command(args, "pcitopo verify")
 
 
-def _nccl_topo_file(given: str | None):
-    """(path, parsed file) of the NCCL topology file NCCL would read in this guest: ``given``
-    (``none``: no file), else ``$NCCL_TOPO_FILE`` or NCCL's default path when it exists."""
-    from topology.paths.ncclxml import DEFAULT_TOPO_FILE, NcclXmlError, parse
+def _cmd_guest_tool(args: argparse.Namespace) -> int:
+    from .guest import write_guest_tool
 
-    if given == "none":
-        return None, None
-    path = given or os.environ.get("NCCL_TOPO_FILE") or DEFAULT_TOPO_FILE
-    try:
-        with open(path, "rb") as fh:
-            return path, parse(fh.read(1024 * 1024))
-    except FileNotFoundError:
-        if given is None:
-            return None, None
-        raise ConfigError(f"cannot read {path}: no such file") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
-    except NcclXmlError as e:
-        raise ConfigError(f"{path}: NCCL would not load it: {e}") from None
+    size = write_guest_tool(args.output)
+    print(f"wrote {args.output} ({size} bytes): run it in the guest as `python3 {os.path.basename(args.output)} verify "
+          "--expect predicted.json` (Python 3.8 or later, standard library only)", file=sys.stderr)
+    return EXIT_OK
 
 
 def _cmd_serve(argv: Sequence[str]) -> int:
@@ -238,6 +214,15 @@ def _cmd_serve(argv: Sequence[str]) -> int:
     from .server import serve_main
 
     return serve_main(list(argv))
+
+
+def _add_guest_parsers(sub) -> None:
+    """The commands for the guest side: the guest tool's file, and the NCCL file's install."""
+    g = sub.add_parser("guest-tool", help="write the guest tool: one file, Python >= 3.8, standard library only "
+                       "(`python3 FILE verify` in the guest)")
+    g.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write it (e.g. build/pcitopo-guest)")
+    g = sub.add_parser("guest", help="in the guest: `pcitopo guest install-nccl-topo` installs the NCCL topology file the host passed")
+    g.add_argument("action", choices=["install-nccl-topo"], help="what to do (see `pcitopo guest install-nccl-topo --help`)")
 
 
 def pcitopo_main(argv: Sequence[str] | None = None) -> int:
@@ -282,18 +267,19 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
     c.add_argument("--sysfs", default=default_sysfs(), help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
     c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
-    v = sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction (exit 1 on any difference)")
-    v.add_argument("--expect", required=True, metavar="PREDICTED.json", help="what `xmlfix --json` printed for this VM")
-    v.add_argument("--sysfs", default=default_sysfs(), help="the guest's sysfs root, a capture .tar.gz or a sysfs-shaped dir (default $PCITOPO_SYSFS or /sys)")
-    v.add_argument("--nccl-topo", metavar="FILE", help="the NCCL topology file the guest installed (default $NCCL_TOPO_FILE or "
-                   "/var/run/nvidia-topologyd/virtualTopology.xml when present; none: without one)")
-    g = sub.add_parser("guest", help="in the guest: `pcitopo guest install-nccl-topo` installs the NCCL topology file the host passed")
-    g.add_argument("action", choices=["install-nccl-topo"], help="what to do (see `pcitopo guest install-nccl-topo --help`)")
+    from .guest import add_verify_args
+
+    add_verify_args(sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction "
+                                   "(exit 1 on any difference)"))
+    _add_guest_parsers(sub)
     _add_doctor_parser(sub, default_sysfs())
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
+    if not argv:  # bare `pcitopo`: the commands, not only "a command is required"
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
-               "partitions": _cmd_partitions, "pairs": _cmd_pairs,
+               "partitions": _cmd_partitions, "pairs": _cmd_pairs, "guest-tool": _cmd_guest_tool,
                "guest": lambda a: pcitopo_main(["guest", a.action])}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 

@@ -111,9 +111,25 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
             return _passthrough(domain_xml, err, vmi, options, topo, fabric)
         raise err from e
     summary.update(nvlink_check(result, topo, fabric, options.nvlink))
+    summary.update(_pair_counts(result, topo, fabric))
     pairing_check(topo, [d.host for d in result.report.placed], options.pairing, summary, result)
     doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary)
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
+
+
+def _pair_counts(result: RewriteResult, topo: Topology, fabric: FabricArg) -> dict[str, int]:
+    """``pairs_nccl_equal``/``pairs_nvml_equal`` for the log line, counted as ``xmlfix
+    --explain`` counts them (topology/guest/predict.py ``pair_counts``): NV# between GPUs from
+    the NVLink check's verdict with a fabric file, else from the board table."""
+    from topology.guest.predict import pair_counts
+
+    fab = fabric  # with a fabric file but no verdict (nvlink: off) the guest's NV# is unknown: none counted
+    if fabric is not None and result.report.nvlink is not None:
+        try:
+            fab = fabric() if callable(fabric) else fabric  # read already, by the check
+        except PcitopoError:
+            fab = None
+    return pair_counts(result, topo, fab)
 
 
 def _doctor(topo: Topology, bdfs: list[Bdf], options: HookOptions, summary: dict[str, Any]) -> DoctorReport | None:

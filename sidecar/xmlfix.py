@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 def xmlfix(argv: Sequence[str]) -> int:
     from .core import handle_define_domain
     from topology.views.explain import diff_text, explain_text
+    from topology.views.report import wrap_text
     from topology.host.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))
@@ -103,8 +104,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     fabric = _loaded(fabric_file)
     result = outcome.result
     out = outcome.xml
-    for line in _warnings(outcome):  # what the hook logs and boots anyway: never silent here
-        print(f"xmlfix: warning: {line}", file=sys.stderr)
+    _print_warnings(outcome, fabric, args.check)
 
     if args.json:
         _print_prediction(outcome, host, fabric)
@@ -113,16 +113,16 @@ def xmlfix(argv: Sequence[str]) -> int:
     if args.dot:  # the explanation as a picture
         from topology.views.dot import explain_dot
 
-        sys.stdout.write(explain_dot(result, host, outcome.reason))
+        sys.stdout.write(explain_dot(result, host, outcome.reason, fabric=fabric))
     elif args.explain:
         if result is None:
-            sys.stdout.write(f"domain left unchanged ({outcome.outcome}): {outcome.reason}\n")
+            sys.stdout.write(wrap_text(f"domain left unchanged ({outcome.outcome}): {outcome.reason}") + "\n")
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
                 from topology.checks.fleet import doctor_text
 
-                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + doctor_text(outcome.doctor))
+                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + wrap_text(doctor_text(outcome.doctor)))
     if args.diff:  # only what changed in meaning (both sides serialised alike)
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:
@@ -178,6 +178,17 @@ def _warnings(outcome) -> list[str]:
     return out
 
 
+def _print_warnings(outcome, fabric, check: bool) -> None:
+    """What the hook logs and boots anyway: never silent here. Under --check a line the check
+    prints as a reason (NVLink, firmware) is said there, once."""
+    from topology.guest.predict import beyond_pairs
+
+    said_by_check = beyond_pairs(outcome.result, fabric) if check and outcome.result is not None else []
+    for line in _warnings(outcome):
+        if line not in said_by_check:
+            print(f"xmlfix: warning: {line}", file=sys.stderr)
+
+
 def _one_document(args: argparse.Namespace) -> None:
     """What goes to stdout must read as one document: --json and --dot
     each print one, so neither mixes with another kind (--explain text, --diff, each other).
@@ -201,7 +212,9 @@ def _check(outcome, host, fabric=None) -> int:
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
     # the verdict counts pairs and cells; what else fails the check (NVLink, firmware) joins it
-    why = "; ".join([verdict(outcome.result, host, fabric)] + beyond_pairs(outcome.result, fabric))
+    # by name, its sentence being one of the lines just printed
+    why = "; ".join([verdict(outcome.result, host, fabric)]
+                    + [f"{line.split(':', 1)[0]} (above)" for line in beyond_pairs(outcome.result, fabric)])
     print(f"xmlfix: check: {'failed' if problems else 'ok'}: {why}", file=sys.stderr)
     return EXIT_CHECK_FAILED if problems else EXIT_OK
 

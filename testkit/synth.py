@@ -208,6 +208,9 @@ class DeviceSpec:
     functions: int = 1
     vfs: int = 0  # per physical function
     iommu: int | None = None  # None: one group per function, numbered in scan order
+    # RDMA device names (infiniband/<name>/ below each function, as mlx5_ib registers them),
+    # one per function in function order; empty: none
+    rdma: tuple[str, ...] = ()
     children: list["DeviceSpec"] = field(default_factory=list)
 
     def function_bdfs(self) -> list[Bdf]:
@@ -265,7 +268,8 @@ _IDS_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{4}})$")
 _DEVICE_KEYS = {"preset", "ids", "sub", "class", "numa", "speed", "width", "cur-speed", "cur-width",
                 "driver", "iommu", "omit",
                 "fault", "override", "iommu-type"}  # the last three: pcitopo doctor (synth_doctor.py)
-_EP_KEYS = _DEVICE_KEYS | {"functions", "vfs"}
+_EP_KEYS = _DEVICE_KEYS | {"functions", "vfs", "rdma"}
+_RDMA_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def format_cpus(cpus: tuple[int, ...] | list[int]) -> str:
@@ -427,6 +431,10 @@ class _Parser:
                 raise self.fail(f"{where}: this device has no SR-IOV VF id (vfs= needs a NIC preset)")
         if "iommu" in kv:
             dev.iommu = self.int_value("iommu", kv["iommu"], 0, 1_000_000)
+        if "rdma" in kv:
+            dev.rdma = tuple(kv["rdma"].split(","))
+            if len(dev.rdma) != dev.functions or not all(_RDMA_RE.match(n) for n in dev.rdma):
+                raise self.fail(f"{where}: rdma= takes one RDMA device name per function ({dev.functions}), comma-separated")
         for b in dev.function_bdfs():
             self.claim(b, where, "")
         for vf, pf in dev.vf_bdfs():
@@ -739,9 +747,11 @@ class _Builder:
                    vfs: list[tuple[DeviceSpec, str]]) -> None:
         group = dev.iommu if dev.iommu is not None else shared_group
         gdr_path = dev.kind in BRIDGE_KINDS and synth_doctor.leads_to_gdr_device(dev)
-        for bdf in dev.function_bdfs():
+        for i, bdf in enumerate(dev.function_bdfs()):
             g = group if group is not None else self.group()
             self.add_function(parent_dir, bdf, dev.look, dev.numa, g, kind=dev.kind, gdr_path=gdr_path)
+            if dev.rdma:
+                self.tree.add_dir(f"{parent_dir}/{bdf}/infiniband/{dev.rdma[i]}")
         if dev.vfs:
             vfs.append((dev, parent_dir))
         # Conventional PCI behind a PCIe-to-PCI bridge cannot be isolated: one group for all.

@@ -18,6 +18,7 @@ from topology.libvirt.domain import parse_cpuset
 from topology.errors import SysfsError
 from topology.model.tree import Topology
 from topology.host.sysfs import (
+    CLASS_DIRS,
     DOCTOR_ATTRS,
     LINK_ATTRS,
     NODE_ATTRS,
@@ -113,7 +114,8 @@ ATTR_FORMATS = {
 @pytest.mark.parametrize("name", SMALL_FIXTURES)
 def test_fixtures_hold_only_listed_files_in_kernel_format(name):
     tree = fixture_tree(name)
-    listed = set(REQUIRED_ATTRS) | set(OPTIONAL_ATTRS) | set(LINK_ATTRS) | set(RESOURCE_ATTRS) | set(DOCTOR_ATTRS)
+    # plus the class children a driver registers (infiniband/<name>: fixtures' rdma=)
+    listed = set(REQUIRED_ATTRS) | set(OPTIONAL_ATTRS) | set(LINK_ATTRS) | set(RESOURCE_ATTRS) | set(DOCTOR_ATTRS) | set(CLASS_DIRS)
     dirs = function_dirs(tree)
     assert dirs, name
     for bdf, d in dirs.items():
@@ -123,7 +125,7 @@ def test_fixtures_hold_only_listed_files_in_kernel_format(name):
         assert names - children <= listed, (bdf, names - children - listed)
         assert set(REQUIRED_ATTRS) <= names, bdf
         # multi-line and binary files: test_bars.py (resource), test_doctor.py (the doctor's)
-        for attr in names - children - set(LINK_ATTRS) - set(RESOURCE_ATTRS) - set(DOCTOR_ATTRS):
+        for attr in names - children - set(LINK_ATTRS) - set(RESOURCE_ATTRS) - set(DOCTOR_ATTRS) - set(CLASS_DIRS):
             data = tree.read(f"{d}/{attr}")
             assert isinstance(data, bytes) and data.endswith(b"\n") and data.count(b"\n") == 1
             assert re.fullmatch(ATTR_FORMATS[attr], data.decode().rstrip("\n")), (bdf, attr, data)

@@ -45,7 +45,9 @@ def test_f9_vfs_grouped_under_pf_in_json():
     assert sum(len(d["vfs"]) for d in with_vfs) == 4096
     nic0 = next(d for d in with_vfs if d["bdf"] == "0000:19:00.0")
     assert len(nic0["vfs"]) == 769
-    assert nic0["vfs"][0] == {"bdf": "0000:19:00.1", "driver": "vfio-pci", "iommu_group": nic0["vfs"][0]["iommu_group"]}
+    # a VF sits below its PF's root complex: DRA's pcieRoot of the two is the same
+    assert nic0["vfs"][0] == {"bdf": "0000:19:00.1", "driver": "vfio-pci", "iommu_group": nic0["vfs"][0]["iommu_group"],
+                              "pcie_root": nic0["pcie_root"]}
     assert nic0["vfs"][-1]["bdf"] == "0000:1c:00.1"
     # No VF is a row or a pair end of its own.
     bdfs = {d["bdf"] for d in data["devices"]}
@@ -57,8 +59,8 @@ def test_f9_vfs_grouped_under_pf_in_the_matrix():
     r = run("topo", "--vfs", "--sysfs", SRIOV)
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode()
-    assert "NIC0: 0000:19:00.0  Mellanox ConnectX-7, 769 VFs 0000:19:00.1-0000:1c:00.1 (vfio-pci)" in out
-    assert "NIC1: 0000:29:00.0  Mellanox ConnectX-7, 255 VFs 0000:29:00.1-0000:29:1f.7 (vfio-pci)" in out
+    assert "NIC0: 0000:19:00.0  mlx5_0  Mellanox ConnectX-7, 769 VFs 0000:19:00.1-0000:1c:00.1 (vfio-pci)" in out
+    assert "NIC1: 0000:29:00.0  mlx5_1  Mellanox ConnectX-7, 255 VFs 0000:29:00.1-0000:29:1f.7 (vfio-pci)" in out
     assert "NIC12" not in out  # 12 NICs (8 compute + 4 storage/management) and no VF rows
     assert len(out.splitlines()) < 100
 

@@ -33,6 +33,10 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, timeout=120, cwd=REPO_ROOT)
 
 
+def _guest(tool: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["/usr/bin/python3", "-S", "-I", str(tool), *args], capture_output=True, timeout=120, cwd=REPO_ROOT)
+
+
 def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     """Finding 5: prediction → boot → verify passes; a wrong prediction fails, named."""
     pred = _run("xmlfix", "--json", "--sysfs", str(HOST), str(CASE / "domain.xml"))
@@ -56,7 +60,17 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     assert r.returncode == 0, r.stderr.decode()
     doc = json.loads(pred.stdout)
     n, m = len(doc["devices"]), len(doc["pairs"])
-    assert f"as predicted: {n}/{n} devices, {m}/{m} pairs checked, 0 difference(s)" in r.stderr.decode()
+    assert f"as predicted: all {n} devices and all {m} pairs" in r.stderr.decode()
+    # Issue 22, finding 6: the guest tool (one file, standard library only) on the same tree,
+    # under a plain python3 without site-packages: the guest image has no Python of its own.
+    tool = tmp_path / "pcitopo-guest"
+    assert _run("pcitopo", "guest-tool", "-o", str(tool)).returncode == 0
+    g = _guest(tool, "verify", "--expect", str(expect), "--sysfs", str(tree), "--nccl-topo", str(installed))
+    assert g.returncode == 0 and g.stderr == r.stderr.replace(b"pcitopo verify:", b"pcitopo-guest verify:"), g.stderr
+    # the guest tool installs the blob as `pcitopo guest install-nccl-topo` does, byte for byte
+    again = tmp_path / "again" / "virtualTopology.xml"
+    assert _guest(tool, "install-nccl-topo", "--from", str(raw), "--dest", str(again)).returncode == 0
+    assert again.read_bytes() == installed.read_bytes()
     # without the file NCCL misprices every path that leaves a switch: each one is named
     r = _run("pcitopo", "verify", "--expect", str(expect), "--sysfs", str(tree), "--nccl-topo", "none")
     assert r.returncode == 1 and "NCCL bandwidth 0.1875 GB/s in the guest, host 48 GB/s" in r.stderr.decode()
@@ -72,4 +86,6 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     assert r.returncode == 1, err
     assert f"host {pix['a']}-{pix['b']}" in err and "NCCL PIX, predicted SYS" in err
     assert f"host {doc['devices'][0]['host_bdf']}" in err and "predicted 7" in err
-    assert "2 difference(s)" in err
+    assert f"devices: {n - 1} of {n} as predicted, 1 differs; pairs: {m - 1} of {m} as predicted, 1 differs" in err
+    g = _guest(tool, "verify", "--expect", str(wrong), "--sysfs", str(tree))
+    assert g.returncode == 1 and g.stderr == r.stderr.replace(b"pcitopo verify:", b"pcitopo-guest verify:")

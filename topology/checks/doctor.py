@@ -31,13 +31,12 @@ from ..host.configspace import (
 from ..host.sources import PCI_DEVICES_DIR, Source, Unreadable, resolve
 from ..host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
 from ..model.labels import Labeled, default_devices, label_devices
-from ..model.tree import Bdf, PciFunction, Role, Topology, is_bdf
+from ..model.tree import MELLANOX, Bdf, PciFunction, Role, Topology, is_bdf
 from ..paths.classify import Nccl, classify
 
 CHECKS = ("iommu", "vfio-driver", "iommu-group", "acs", "ats", "link", "numa", "bar")
 STATUSES = ("ok", "warn", "fail", "unknown")
 VFIO = "vfio-pci"
-MELLANOX = 0x15B3
 TRANSLATED_GROUP_TYPES = ("DMA", "DMA-FQ")
 BAR_SLOTS = range(6)  # BAR0-5; the ROM and SR-IOV BARs are not the device's working BARs
 _ROOT_FIX = "run pcitopo doctor as root (config space past 64 bytes needs CAP_SYS_ADMIN)"

@@ -57,6 +57,11 @@ class Verification:
     pairs_checked: int = 0
     bandwidths_checked: int = 0
     bandwidths_equal: int = 0
+    # host BDFs of the devices, and host BDF pairs, that are not as predicted (a pair with a
+    # device that is not is not checked: it is in neither set)
+    bad_devices: set = field(default_factory=set)
+    bad_pairs: set = field(default_factory=set)
+    pairs_unchecked: int = 0
 
 
 _TYPE_NAMES = {str: "a string", int: "a number", list: "a list"}
@@ -142,21 +147,24 @@ def _a(kind: str) -> str:
 def _check_device(guest: Topology, d: ExpectedDevice, v: Verification) -> bool:
     who = f"{d.label} (host {d.host_bdf})"
     if d.guest_bdf is None:
-        v.problems.append(f"{who}: the prediction gives it no guest address")
-        return False
+        return _bad_device(v, d, f"{who}: the prediction gives it no guest address")
     try:
         f = guest.function(d.guest_bdf)
     except PcitopoError:
-        v.problems.append(f"{who}: predicted at guest {d.guest_bdf}, the guest has no such device")
-        return False
+        return _bad_device(v, d, f"{who}: predicted at guest {d.guest_bdf}, the guest has no such device")
     v.devices_checked += 1
     role = guest.role(f).value
     if role != d.kind:
-        v.problems.append(f"{who}: predicted {_a(d.kind)} at guest {d.guest_bdf}, the guest has {_a(role)} ({f.ids}) there")
-        return False
+        return _bad_device(v, d, f"{who}: predicted {_a(d.kind)} at guest {d.guest_bdf}, the guest has {_a(role)} ({f.ids}) there")
     if f.numa_node != d.numa:
-        v.problems.append(f"{who} at guest {d.guest_bdf}: numa_node {f.numa_node}, predicted {d.numa}")
+        _bad_device(v, d, f"{who} at guest {d.guest_bdf}: numa_node {f.numa_node}, predicted {d.numa}")
     return True
+
+
+def _bad_device(v: Verification, d: ExpectedDevice, problem: str) -> bool:
+    v.problems.append(problem)
+    v.bad_devices.add(d.host_bdf)
+    return False
 
 
 def verify_guest(expect: Expectation, guest: Topology, nccl_system: XmlNode | None = None) -> Verification:
@@ -168,17 +176,20 @@ def verify_guest(expect: Expectation, guest: Topology, nccl_system: XmlNode | No
     for p in expect.pairs:
         da, db = ok.get(p.a), ok.get(p.b)
         if da is None or db is None:
+            v.pairs_unchecked += 1
             continue  # the device is reported above
         where = f"{da.label}-{db.label} (host {p.a}-{p.b}, guest {da.guest_bdf}-{db.guest_bdf})"
         try:
             got = classify(guest, da.guest_bdf, db.guest_bdf)  # type: ignore[arg-type]
         except PcitopoError as e:
             v.problems.append(f"{where}: cannot classify it in the guest: {e}")
+            v.bad_pairs.add((p.a, p.b))
             continue
         v.pairs_checked += 1
         for view, want, have in (("NCCL", p.nccl, got.nccl.value), ("nvidia-smi", p.nvml, got.nvml.value)):
             if want is not None and want != have:
                 v.problems.append(f"{where}: {view} {have}, predicted {want}")
+                v.bad_pairs.add((p.a, p.b))
     return v
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..model.labels import label_devices
-from ..model.tree import Bdf, Topology
-from ..paths.classify import NvlinkOracle
+from ..model.tree import MELLANOX, Bdf, Role, Topology
+from ..paths.classify import Nccl, NvlinkOracle
 from ..paths.ncclprice import nccl_tree, path_bandwidth
 
 from .rewrite import Why
@@ -109,6 +109,35 @@ def cell_less_devices(result: RewriteResult) -> dict[int, list[Bdf]]:
         if d.host_node >= 0 and d.guest_cell is None:
             out.setdefault(d.host_node, []).append(d.host)
     return out
+
+
+def guest_ib_hcas(result: RewriteResult, host: Topology) -> list[tuple[str, str]]:
+    """The RDMA device names the guest will give the VM's GPUDirect RDMA NICs, in guest PCI
+    order, as ``(name, host label)``. Inside the guest the mlx5 driver names every ConnectX or
+    BlueField function it binds ``mlx5_0``, ``mlx5_1``, ... in probe order, which is PCI order;
+    a NIC counts when NCCL puts it at PXB or closer to a placed GPU (GPUDirect RDMA's reach)."""
+    report = result.report
+    labels = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in report.placed])}
+    mlx = sorted((d for d in report.placed if d.guest is not None and d.role == Role.NIC.value
+                  and host.function(d.host).vendor == MELLANOX), key=lambda d: d.guest)
+    gpus = {d.host for d in report.placed if d.role == Role.GPU.value}
+    near = {end for p in report.pairs if p.guest is not None and p.guest.nccl in (Nccl.PIX, Nccl.PXB)
+            and (p.a in gpus) != (p.b in gpus) for end in (p.a, p.b) if end not in gpus}
+    return [(f"mlx5_{i}", labels[d.host]) for i, d in enumerate(mlx) if d.host in near]
+
+
+def pair_counts(result: RewriteResult, host: Topology, fabric=None) -> dict[str, int]:
+    """The one count of pairs the guest shows as the host does, per view: what ``--explain``'s
+    verdict and ``--check`` print, the hook's log line carries (``pairs_nccl_equal``,
+    ``pairs_nvml_equal``) and the ``--dot`` pictures' titles say. A pair counts when the tool
+    prints the same for it in the guest as on the host (:meth:`PairView.differs`): two GPUs
+    joined by NVLink print ``NV#`` on both sides, whatever the PCIe path beneath."""
+    views = pair_views(result, host, fabric)
+    return {
+        "pairs": len(views),
+        "pairs_nccl_equal": sum(not v.differs("nccl") for v in views),
+        "pairs_nvml_equal": sum(not v.differs("nvml") for v in views),
+    }
 
 
 def _view_summary(views: list[PairView], view: str, title: str) -> str:

@@ -12,10 +12,12 @@ from typing import BinaryIO
 
 from ..errors import SysfsError
 from ..model.cpuinfo import ADDRESS_SIZES_MEMBER
+from .configspace import HEADER_BYTES
 from .sources import MAX_ATTR_BYTES, MemoryTree, PCI_DEVICES_DIR, Source, Unreadable, open_source, resolve
 from .sysfs import (
     CAPTURED_ATTRS,
     CLASS_DIRS,
+    CONFIG_ATTR,
     IOMMU_CLASS_DIR,
     IOMMU_GROUPS_DIR,
     IOMMU_GROUP_ATTRS,
@@ -34,6 +36,9 @@ class CaptureSummary:
     entries: int
     skipped: tuple[str, ...]
     host_bits: int | None = None  # the CPU's physical-address width recorded (None: not recorded)
+    # functions whose config space the source gave only its first 64 bytes of (read without
+    # CAP_SYS_ADMIN): the PCIe extended capabilities (ACS, ATS) are not in the capture
+    config_cut: int = 0
 
 
 def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
@@ -42,7 +47,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
     names = source.listdir(PCI_DEVICES_DIR)
     if names is None:
         raise SysfsError(f"{source.name}: {PCI_DEVICES_DIR} is not a directory")
-    functions = 0
+    functions = cut = 0
     for name in sorted(names):
         link = f"{PCI_DEVICES_DIR}/{name}"
         target = source.readlink(link)
@@ -61,11 +66,13 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
                 skipped.append(f"{real}/{attr}: {data.why}")
                 continue
             tree.add_file(f"{real}/{attr}", data)
+            cut += attr == CONFIG_ATTR and len(data) <= HEADER_BYTES
         for attr in LINK_ATTRS:
             t = source.readlink(f"{real}/{attr}")
             if t is not None:
                 tree.add_link(f"{real}/{attr}", t)
-        _capture_mgmt_signals(source, tree, real)
+        _capture_vpd(source, tree, real)
+        _capture_class_dirs(source, tree, real)
     _capture_iommu(source, tree, skipped)  # the doctor's IOMMU checks, offline
     nodes = 0
     for n in sorted(source.listdir(NODE_DIR) or []):
@@ -78,7 +85,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
             if isinstance(data, bytes):
                 tree.add_file(f"{NODE_DIR}/{n}/{attr}", data)
     width = _capture_width(source, tree, skipped)
-    return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped), width)
+    return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped), width, cut)
 
 
 def _capture_width(source: Source, tree: MemoryTree, skipped: list[str]) -> int | None:
@@ -92,17 +99,30 @@ def _capture_width(source: Source, tree: MemoryTree, skipped: list[str]) -> int 
     return width.bits
 
 
-def _capture_mgmt_signals(source: Source, tree: MemoryTree, real: str) -> None:
-    """For ConnectX-7 functions only (topology/model/nvswitch_mgmt.py): the VPD image when readable
-    (root) and the class children (``infiniband/``, ``net/``) with their entries' names."""
-    ids = [source.read(f"{real}/{a}") for a in ("vendor", "device")]
-    if not all(isinstance(x, bytes) for x in ids):
-        return
-    if tuple(x.decode("ascii", "replace").strip().lower() for x in ids) != ("0x15b3", "0x1021"):
+def _read_ids(source: Source, real: str, attrs: tuple[str, ...]) -> tuple[str, ...] | None:
+    vals = [source.read(f"{real}/{a}") for a in attrs]
+    if not all(isinstance(x, bytes) for x in vals):
+        return None
+    return tuple(x.decode("ascii", "replace").strip().lower() for x in vals)  # type: ignore[union-attr]
+
+
+def _capture_vpd(source: Source, tree: MemoryTree, real: str) -> None:
+    """For ConnectX-7 functions only (topology/model/nvswitch_mgmt.py): the VPD image when
+    readable (root)."""
+    if _read_ids(source, real, ("vendor", "device")) != ("0x15b3", "0x1021"):
         return
     vpd = source.read(f"{real}/{VPD_ATTR}")
     if isinstance(vpd, bytes) and vpd:
         tree.add_file(f"{real}/{VPD_ATTR}", vpd[:MAX_ATTR_BYTES])
+
+
+def _capture_class_dirs(source: Source, tree: MemoryTree, real: str) -> None:
+    """For network and InfiniBand controllers (class 0x02xxxx): the class children
+    (``infiniband/``, ``net/``) with their entries' names: the RDMA device name the legends
+    show (``mlx5_0``) and what tells a compute NIC from an NVLink-switch manager."""
+    cls = _read_ids(source, real, ("class",))
+    if cls is None or not cls[0].startswith("0x02"):
+        return
     for d in CLASS_DIRS:
         names = source.listdir(f"{real}/{d}")
         if names is not None:

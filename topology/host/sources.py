@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from .. import SLOTS
 from ..errors import SysfsError
 
 # What marks a directory as laid out like sysfs.
@@ -131,12 +132,12 @@ class DirSource:
             return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class _File:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class _Link:
     target: str
 

@@ -39,7 +39,8 @@ NODE_ATTRS = ("cpulist",)
 
 # -- pcitopo doctor: what the host-readiness checks read, besides the above --------------------
 # Per function: config space (64 bytes unprivileged, 4096 as root), BARs, the driver override.
-DOCTOR_ATTRS = ("config", *RESOURCE_ATTRS, "driver_override")
+CONFIG_ATTR = "config"
+DOCTOR_ATTRS = (CONFIG_ATTR, *RESOURCE_ATTRS, "driver_override")
 # kernel/iommu_groups/<N>/devices/<BDF> (links) and .../type; class/iommu/<unit> (links).
 IOMMU_GROUPS_DIR = "kernel/iommu_groups"
 IOMMU_GROUP_ATTRS = ("type",)
@@ -187,6 +188,13 @@ class SysfsReader:
         device or a network interface on it)."""
         base = resolve(self, f"{PCI_DEVICES_DIR}/{bdf}")
         return tuple(d for d in CLASS_DIRS if self.source.listdir(f"{base}/{d}") is not None)
+
+    def read_rdma_names(self, bdf: "Bdf") -> tuple[str, ...]:
+        """The RDMA devices the function registered (``infiniband/mlx5_0``: the names
+        ``nvidia-smi topo -m`` and NCCL_IB_HCA use), sorted; empty when it has none (a NIC on
+        vfio-pci, a capture that did not keep them)."""
+        base = resolve(self, f"{PCI_DEVICES_DIR}/{bdf}")
+        return tuple(sorted(self.source.listdir(f"{base}/{CLASS_DIRS[0]}") or ()))
 
     def all_bdfs(self) -> list["Bdf"]:
         names = self.source.listdir(PCI_DEVICES_DIR)

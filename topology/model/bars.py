@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import SLOTS
 from ..errors import SysfsError
 
 IORESOURCE_MEM = 0x200
@@ -29,7 +30,7 @@ STANDARD_BARS = 6
 MAX_RESOURCE_LINES = 64
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class Bar:
     """One line of a ``resource`` file (``index`` is the line number, 0-based)."""
 

@@ -18,6 +18,8 @@ import functools
 import os
 from dataclasses import dataclass
 
+from .. import SLOTS
+
 CPUINFO_ENV = "PCITOPO_CPUINFO"
 PROC_CPUINFO = "/proc/cpuinfo"
 CPUINFO_MAX_BYTES = 64 * 1024  # the first processor's block, where "address sizes" is, is < 4 KiB
@@ -26,7 +28,7 @@ ADDRESS_SIZES_MEMBER = "pcitopo/cpuinfo-address-sizes"
 ADDRESS_SIZES = "address sizes"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class HostWidth:
     """The host CPU's physical-address width (None: unknown) and where it came from."""
 

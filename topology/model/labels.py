@@ -47,3 +47,11 @@ def default_devices(topo: Topology, include_vfs: bool = False) -> list[Bdf]:
                 continue
             out.append(f.bdf)
     return out
+
+
+def rdma_name(topo: Topology, f: PciFunction) -> str | None:
+    """The RDMA device name of a function (``mlx5_0``) where the host has one: what
+    ``nvidia-smi topo -m`` names a NIC by. None where the loader cannot tell (a guest layout)
+    or the function registered none (bound to vfio-pci)."""
+    names = topo.extra("rdma_names", f.bdf)
+    return ",".join(names) if names else None

@@ -13,6 +13,7 @@ from enum import Enum
 from functools import lru_cache
 from typing import Iterable, Mapping, NamedTuple, Protocol
 
+from .. import SLOTS
 from ..errors import MalformedBdfError, SysfsError, UnknownDeviceError
 from .address import MAX_SLOT
 from .bars import Bar
@@ -97,9 +98,10 @@ class Role(str, Enum):
 # Display-class devices from these vendors are BMC consoles, not compute GPUs.
 BMC_DISPLAY_VENDORS = frozenset({0x1A03, 0x102B})  # ASPEED, Matrox
 NVIDIA = 0x10DE
+MELLANOX = 0x15B3  # ConnectX and BlueField: mlx5 devices
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class PciFunction:
     """One PCI function and its place in the tree.
 
@@ -168,7 +170,7 @@ class PciFunction:
         return Role.OTHER
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class NumaNode:
     id: int
     cpulist: str | None

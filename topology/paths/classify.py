@@ -16,13 +16,11 @@ flatten Broadcom complexes.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
 
-from ..errors import ConfigError
+from .. import SLOTS
 from ..model.tree import NVIDIA, Bdf, PciFunction, Role, Topology, component_bdf, is_bdf
 
 
@@ -41,7 +39,7 @@ class Nvml(str, Enum):
     SYS = "SYS"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class PairClass:
     nccl: Nccl
     nvml: Nvml
@@ -123,7 +121,7 @@ def nccl_device(topo: Topology, f: PciFunction) -> PciFunction:
     return f
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, **SLOTS)
 class NcclPath:
     """A device's place in NCCL's tree: its node, switch nodes (after flattening, nearest
     first, consecutive duplicates removed) and its CPU node's NUMA id."""
@@ -228,37 +226,6 @@ DEFAULT_NVLINK_TABLE = NvlinkTable(
         NvlinkBoard("HGX A100 8-GPU", ("10de:20b0", "10de:20b2"), 12, ("10de:1af1",)),
     )
 )
-
-
-def load_nvlink_table(path: str | os.PathLike) -> NvlinkTable:
-    """A user's table (JSON ``{"boards": [{"name", "gpus", "links", "nvswitches"}]}``),
-    validated with pydantic (imported here only: the sidecar never needs it on this path)."""
-    from pydantic import BaseModel, Field, ValidationError
-
-    class _Board(BaseModel):
-        name: str
-        gpus: list[str]
-        links: int = Field(ge=0, le=64)
-        nvswitches: list[str] = []
-
-    class _Table(BaseModel):
-        boards: list[_Board]
-
-    try:
-        with open(path, "rb") as fh:
-            raw = _Table.model_validate(json.load(fh))
-    except ValidationError as e:  # name the field, not pydantic's model
-        errs = e.errors()
-        first = errs[0]
-        where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in first["loc"]).lstrip(".") or "the table"
-        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-        first["msg"] = first["msg"].replace(" or instance of _Table", "").replace(" or instance of _Board", "")
-        raise ConfigError(f"NVLink table {os.fspath(path)}: {where}: {first['msg']}{more}; "
-                          'want {"boards": [{"name", "gpus": ["10de:2330"], "links", "nvswitches"}]}') from None
-    except (OSError, ValueError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError(f"NVLink table {os.fspath(path)}: {first}") from None
-    return NvlinkTable(tuple(NvlinkBoard(b.name, tuple(b.gpus), b.links, tuple(b.nvswitches)) for b in raw.boards))
 
 
 class NvlinkOracle:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable
 
-from ..errors import FabricError, MalformedBdfError
+from ..errors import ConfigError, FabricError, MalformedBdfError
 from ..model.tree import NVIDIA, Bdf, Role, Topology
+from .classify import NvlinkBoard, NvlinkTable
 
 # A fabric file is a few KB (15 partitions of at most 8 GPUs); anything far larger is not one.
 MAX_FABRIC_BYTES = 1024 * 1024
@@ -344,3 +345,36 @@ class FabricFile:
                 self._fabric = load_fabric(self.path, self.module_map, host)
                 self._key = key
             return self._fabric
+
+
+def load_nvlink_table(path: str | os.PathLike) -> NvlinkTable:
+    """A user's table (JSON ``{"boards": [{"name", "gpus", "links", "nvswitches"}]}``),
+    validated with pydantic (imported here only: the sidecar never needs it on this path). It
+    lives here, not beside the table in classify.py, so that the classifier stays standard-library
+    only for the guest tool (sidecar/guest.py)."""
+    from pydantic import BaseModel, Field, ValidationError
+
+    class _Board(BaseModel):
+        name: str
+        gpus: list[str]
+        links: int = Field(ge=0, le=64)
+        nvswitches: list[str] = []
+
+    class _Table(BaseModel):
+        boards: list[_Board]
+
+    try:
+        with open(path, "rb") as fh:
+            raw = _Table.model_validate(json.load(fh))
+    except ValidationError as e:  # name the field, not pydantic's model
+        errs = e.errors()
+        first = errs[0]
+        where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in first["loc"]).lstrip(".") or "the table"
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        first["msg"] = first["msg"].replace(" or instance of _Table", "").replace(" or instance of _Board", "")
+        raise ConfigError(f"NVLink table {os.fspath(path)}: {where}: {first['msg']}{more}; "
+                          'want {"boards": [{"name", "gpus": ["10de:2330"], "links", "nvswitches"}]}') from None
+    except (OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"NVLink table {os.fspath(path)}: {first}") from None
+    return NvlinkTable(tuple(NvlinkBoard(b.name, tuple(b.gpus), b.links, tuple(b.nvswitches)) for b in raw.boards))

@@ -165,6 +165,8 @@ class GpuRow:
     nic: Bdf | None
     nic_label: str | None
     nic_class: str | None
+    links: int = 0  # NVLinks available now / the most the GPU can have (the fabric's numbers)
+    max_links: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,14 @@ class PartitionRow:
     gpus: tuple[GpuRow, ...]
     # None: some GPU's BDF is unknown (placeholder BDFs, no module map), so nobody can say.
     all_pix: bool | None
+
+    @property
+    def degraded(self) -> list[GpuRow]:
+        """GPUs with fewer NVLinks than they can have: the partition's NVLink is degraded."""
+        return [g for g in self.gpus if g.links < g.max_links]
+
+    def degraded_text(self) -> str:
+        return "; ".join(f"module {g.module} has {g.links} of {g.max_links} NVLinks" for g in self.degraded)
 
 
 def compute_nics(host: Topology) -> list[PciFunction]:
@@ -221,11 +231,12 @@ def partition_rows(host: Topology, fabric: Fabric, labels: dict[Bdf, str]) -> li
         out = []
         for g in sorted(p.gpus, key=lambda g: g.module):
             if g.bdf is None or g.bdf not in ranked:
-                out.append(GpuRow(g.module, g.bdf, None, None, None, None))
+                out.append(GpuRow(g.module, g.bdf, None, None, None, None, g.links, g.max_links))
                 continue
             nic = matched.get(g.bdf) or (ranked[g.bdf][0][2] if ranked[g.bdf] else None)
             cls = classify(host, g.bdf, nic).nccl.value if nic is not None else None
-            out.append(GpuRow(g.module, g.bdf, labels.get(g.bdf), nic, labels.get(nic) if nic else None, cls))
+            out.append(GpuRow(g.module, g.bdf, labels.get(g.bdf), nic, labels.get(nic) if nic else None, cls,
+                              g.links, g.max_links))
         unknown = any(r.bdf is None or r.bdf not in ranked for r in out)
         all_pix = None if unknown else bool(out) and all(r.bdf in matched for r in out)
         rows.append(PartitionRow(p, tuple(out), all_pix))
@@ -242,10 +253,12 @@ def partitions_json(fabric: Fabric, rows: list[PartitionRow]) -> dict:
                 "active": r.partition.active,
                 "gpus": [
                     {"bdf": str(g.bdf) if g.bdf else None, "module": g.module, "label": g.label,
-                     "nic": str(g.nic) if g.nic else None, "nic_class": g.nic_class}
+                     "nic": str(g.nic) if g.nic else None, "nic_class": g.nic_class,
+                     "nvlinks": {"available": g.links, "max": g.max_links}}
                     for g in r.gpus
                 ],
                 "all_pix": r.all_pix,
+                "degraded": bool(r.degraded),
             }
             for r in rows
         ],
@@ -263,14 +276,15 @@ def partitions_text(fabric: Fabric, rows: list[PartitionRow]) -> str:
     for r in rows:
         p = r.partition
         pix = "unknown" if r.all_pix is None else "yes" if r.all_pix else "no"
+        degraded = f"  degraded: {r.degraded_text()}" if r.degraded else ""
         lines.append(
             f"Partition {p.id:<3} {'active  ' if p.active else 'inactive'}  modules {p.modules_text():<19} "
-            f"every GPU PIX to its own NIC: {pix}"
+            f"every GPU PIX to its own NIC: {pix}{degraded}"
         )
         for g in r.gpus:
             gpu = f"{g.label or '?'} {g.bdf or 'unmapped'}"
             nic = (f"{g.nic_label or '?'} {g.nic} {g.nic_class}" if g.nic else
                    "NIC unknown (GPU BDF unknown)" if g.bdf is None else "no compute NIC")
-            lines.append(f"    module {g.module}  {gpu:<18}  {nic}")
+            lines.append(f"    module {g.module}  {gpu:<18}  {nic:<22}  NVLinks {g.links}/{g.max_links}")
     lines += ["", "NIC classes are NCCL's (GPUDirect RDMA needs PXB or closer); each GPU gets a NIC of its own where one is PIX."]
     return "\n".join(lines) + "\n"

@@ -169,12 +169,14 @@ def _rc_numa(topo: Topology, rc: str) -> str:
     return ",".join(str(n) for n in nodes if n >= 0) or "unknown"
 
 
-def _verdict(report) -> str:
-    """One line: how many pairs keep their class in NCCL's and in nvidia-smi's view."""
-    n = len(report.pairs)
-    nccl = sum(p.nccl_same for p in report.pairs)
-    nvml = sum(p.nvml_same for p in report.pairs)
-    lost = len(report.fidelity_lost)
+def _verdict(result, host: Topology, fabric=None) -> str:
+    """One line: how many pairs keep their class in NCCL's and in nvidia-smi's view (the one
+    count, topology/guest/predict.py ``pair_counts``)."""
+    from ..guest.predict import pair_counts
+
+    counts = pair_counts(result, host, fabric)
+    n, nccl, nvml = counts["pairs"], counts["pairs_nccl_equal"], counts["pairs_nvml_equal"]
+    lost = len(result.report.fidelity_lost)
     out = f"NCCL {nccl}/{n} pairs as on the host, nvidia-smi {nvml}/{n}"
     if lost:
         return out + f", {lost} pair(s) lost (xmlfix --explain says why)"
@@ -184,14 +186,14 @@ def _verdict(report) -> str:
 
 
 def explain_dot(result, host: Topology, reason: str | None = None, live_root: str | None = None,
-                guest_is: str | None = None) -> str:
+                guest_is: str | None = None, fabric=None) -> str:
     """``xmlfix --explain --dot``: the host devices the domain passes through and their guest
     places. ``result`` None (the domain was left unchanged): the host side only, and why."""
     if result is None:
         return render(host, [], None, {}, {}, f"domain left unchanged: {reason}", live_root)
     rows = label_devices(host, [d.host for d in result.report.placed])
     g = result.guest
-    verdict = _verdict(result.report)
+    verdict = _verdict(result, host, fabric)
     guest_is = guest_is or f"predicted guest of this domain ({len(rows)} devices)"
     title = (f"pcitopo: host (left), {guest_is} (right)\n{verdict}\n"
              "one colour = a GPU and its GPUDirect RDMA NIC (PIX/PXB); boxes = switches; dashed frames = root complexes")

@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Callable
 
 from ..guest.mmio import budget_lines
-from ..guest.predict import KUBEVIRT_NUMA_ADVICE, cell_less_devices, guest_nvlink, pair_views, verdict
+from ..guest.predict import KUBEVIRT_NUMA_ADVICE, cell_less_devices, guest_ib_hcas, guest_nvlink, pair_views, verdict
 from ..model.labels import Labeled, label_devices
 from ..model.tree import Role, Topology
-from .report import device_legend, render_matrix, tree_text
+from .report import device_legend, render_matrix, tree_text, wrap_text
+
+WIDTH = 100  # columns of --explain (the text, not the picture)
 
 
 # -- xmlfix --explain --------------------------------------------------------------------------
@@ -46,21 +48,21 @@ def explain_text(result, host: Topology, live_root: str | None = None, fabric=No
         "",
         "Host vs predicted guest, nvidia-smi view (cells read HOST>GUEST* where they differ):",
         "",
-        render_matrix(rows, cell("nvml"), _placement_columns(placed_by_host)),
+        render_matrix(rows, cell("nvml"), max_width=WIDTH),
         "",
         "Host vs predicted guest, NCCL view (GPUDirect RDMA needs PXB or closer):",
         "",
-        render_matrix(rows, cell("nccl")),
+        render_matrix(rows, cell("nccl"), max_width=WIDTH),
         "",
-        device_legend(host, rows, live_root),
+        device_legend(host, rows, live_root, suffix=_placement(placed_by_host)),
         "",
     ]
     out += explain_differences(result, host, fabric=fabric)
-    out += _placement_notes(report, rows, nvlink_lines)
+    out += _placement_notes(result, host, rows, nvlink_lines)
     out += [""] + budget_lines(report.mmio, report.cliques)
     out += ["", "Guest PCI tree (predicted, as lspci -tv would show it):", ""]
     out.append(_guest_tree(result.guest, rows, placed_by_host))
-    return "\n".join(out) + "\n"
+    return wrap_text("\n".join(out), WIDTH) + "\n"
 
 
 def _host_vs_guest_cell(report, oracle) -> Callable[[str], Callable[[Labeled, Labeled], str]]:
@@ -87,25 +89,23 @@ def _host_vs_guest_cell(report, oracle) -> Callable[[str], Callable[[Labeled, La
     return cell
 
 
-def _placement_columns(placed_by_host: dict) -> list[tuple[str, Callable[[Labeled], str]]]:
-    """The columns after the nvidia-smi matrix: where each device lands in the guest, and its
-    host NUMA node beside its guest cell."""
+def _placement(placed_by_host: dict) -> Callable[[Labeled], str]:
+    """The legend's tail: where each device lands in the guest, its host NUMA node beside its
+    guest cell."""
 
-    def guest_col(r: Labeled) -> str:
+    def tail(r: Labeled) -> str:
         d = placed_by_host[r.function.bdf]
-        return str(d.guest) if d.guest else "unplaced"
+        cellv = "none" if d.guest_cell is None else str(d.guest_cell)
+        node = d.host_node if d.host_node >= 0 else "none"
+        return f" -> guest {d.guest or 'unplaced'}, NUMA {node} -> cell {cellv}"
 
-    def numa_col(r: Labeled) -> str:
-        d = placed_by_host[r.function.bdf]
-        cellv = "-" if d.guest_cell is None else str(d.guest_cell)
-        return f"{d.host_node if d.host_node >= 0 else '-'}>{cellv}"
-
-    return [("Guest BDF", guest_col), ("NUMA>cell", numa_col)]
+    return tail
 
 
-def _placement_notes(report, rows: list[Labeled], nvlink_lines: list[str]) -> list[str]:
-    """The NUMA map, the NVLink lines (only where GPUs are listed), the planner's notes, and
-    KubeVirt's advice when no guest cell could be mapped."""
+def _placement_notes(result, host: Topology, rows: list[Labeled], nvlink_lines: list[str]) -> list[str]:
+    """The NUMA map, the NVLink lines (only where GPUs are listed), the planner's notes, the
+    guest's NCCL_IB_HCA, and KubeVirt's advice when no guest cell could be mapped."""
+    report = result.report
     numa = ", ".join(f"host {h} -> cell {c}" for h, c in sorted(report.numa_map.items())) or "none"
     out = ["", f"NUMA map ({report.numa_source}): {numa}"]
     if any(r.role == Role.GPU for r in rows):
@@ -113,9 +113,22 @@ def _placement_notes(report, rows: list[Labeled], nvlink_lines: list[str]) -> li
     for n in report.notes:
         if not n.startswith("NVLink: "):  # said just above
             out.append(f"note: {n}")
+    out += ib_hca_lines(result, host)
     if not report.numa_map and report.placed:
         out.append(f"KubeVirt: {KUBEVIRT_NUMA_ADVICE}")
     return out
+
+
+def ib_hca_lines(result, host: Topology) -> list[str]:
+    """What to give NCCL in the guest: its GPUDirect RDMA NICs by the names the guest will use."""
+    hcas = guest_ib_hcas(result, host)
+    if not hcas:
+        return []
+    names = ",".join(n for n, _ in hcas)
+    which = ", ".join(f"{lab}={n}" for n, lab in hcas)
+    return [f'NCCL_IB_HCA="={names}" in the guest: its GPUDirect RDMA NICs ({which}), named as the guest\'s mlx5 '
+            "driver names functions, in PCI order (`ls /sys/class/infiniband` there shows them; \"=\" asks NCCL for "
+            "exactly these)"]
 
 
 def _guest_tree(guest, rows: list[Labeled], placed_by_host: dict) -> str:

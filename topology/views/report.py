@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..host.names import part_name
-from ..model.labels import Labeled, label_devices
-from ..model.tree import Bdf, PciFunction, Role, Topology
+from ..model.labels import Labeled, label_devices, rdma_name
+from ..model.tree import MELLANOX, Bdf, PciFunction, Role, Topology
 from ..paths.classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
 from ..paths.pairing import pcie_root
 from ..paths.vfs import VfGroups, group_vfs, vf_summary, with_vfs
@@ -42,33 +42,71 @@ def render_matrix(
     rows: Sequence[Labeled],
     cell: Callable[[Labeled, Labeled], str],
     extra_cols: Sequence[tuple[str, Callable[[Labeled], str]]] = (),
+    max_width: int | None = None,
 ) -> str:
-    """An ``nvidia-smi topo -m`` shaped table."""
+    """An ``nvidia-smi topo -m`` shaped table. With ``max_width`` (and no extra columns) a table
+    wider than that is cut into blocks of columns, balanced, one under the other."""
     labels = [r.label for r in rows]
     cells = {(r.label, c.label): ("X" if c is r else cell(r, c)) for r in rows for c in rows}
     width = max([6] + [len(x) + 2 for x in labels] + [len(v) + 2 for v in cells.values()])
-    head = " " * width + "".join(f"{x:<{width}}" for x in labels)
-    head += "".join(f"{name:<16}" for name, _ in extra_cols)
-    lines = [head.rstrip()]
-    for r in rows:
-        line = f"{r.label:<{width}}"
-        for c in rows:
-            line += f"{cells[r.label, c.label]:<{width}}"
-        line += "".join(f"{fn(r):<16}" for _, fn in extra_cols)
-        lines.append(line.rstrip())
-    return "\n".join(lines)
+    per_block = len(rows)
+    if max_width is not None and not extra_cols and width * (len(rows) + 1) > max_width:
+        fit = max(1, max_width // width - 1)
+        blocks = -(-len(rows) // fit)
+        per_block = -(-len(rows) // blocks)
+    out = []
+    for start in range(0, len(rows), per_block):
+        cols = rows[start:start + per_block]
+        head = " " * width + "".join(f"{c.label:<{width}}" for c in cols)
+        head += "".join(f"{name:<16}" for name, _ in extra_cols)
+        lines = [head.rstrip()]
+        for r in rows:
+            line = f"{r.label:<{width}}" + "".join(f"{cells[r.label, c.label]:<{width}}" for c in cols)
+            line += "".join(f"{fn(r):<16}" for _, fn in extra_cols)
+            lines.append(line.rstrip())
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
 
 
 def device_legend(
-    topo: Topology, rows: Sequence[Labeled], live_root: str | None = None, groups: VfGroups | None = None
+    topo: Topology, rows: Sequence[Labeled], live_root: str | None = None, groups: VfGroups | None = None,
+    suffix: Callable[[Labeled], str] | None = None,
 ) -> str:
     lines = ["Device Legend:", ""]
     for r in rows:
         name = part_name(r.function, live_root) or r.function.ids
         vf = f", VF of {r.function.physfn}" if r.function.physfn else ""
         vf += vf_summary(topo, groups.vfs_of(r.function.bdf)) if groups else ""  # VFs: one legend line under their PF
-        lines.append(f"  {r.label}: {r.function.bdf}  {name}{vf}")
+        rdma = rdma_name(topo, r.function)
+        lines.append(f"  {r.label}: {r.function.bdf}  {f'{rdma}  ' if rdma else ''}{name}{vf}{suffix(r) if suffix else ''}")
     return "\n".join(lines)
+
+
+def wrap_text(text: str, width: int = 100) -> str:
+    """Lines longer than ``width`` folded at spaces (or, inside a long comma-separated list, after
+    a comma), continued under their own indentation plus four."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        words = []
+        for w in line.split(" "):
+            while len(w) > width - len(indent) and "," in w[: width - len(indent)]:
+                cut = w.rindex(",", 0, width - len(indent)) + 1
+                words.append(w[:cut])
+                w = w[cut:]
+            words.append(w)
+        cur = ""
+        for w in words:
+            if cur.strip() and len(cur) + 1 + len(w) > width:
+                out.append(cur)
+                cur = indent + w
+            else:
+                cur = f"{cur} {w}" if cur else w
+        out.append(cur)
+    return "\n".join(out)
 
 
 def topo_text(
@@ -138,6 +176,7 @@ def device_json(topo: Topology, lab: Labeled) -> dict:
         "nccl_switch": str(sw[0]) if sw else None,
         "physfn": str(f.physfn) if f.physfn else None,
         "driver": f.driver,
+        "rdma": rdma_name(topo, f),
         "iommu_group": f.iommu_group,
         "link": {
             "max_speed": f.link.max_speed,
@@ -178,7 +217,7 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
         role = topo.role(f)
         bits = [str(f.bdf), f"[{f.ids}]", role.value]
         if role == Role.UPSTREAM_PORT:
-            if f.vendor == 0x15B3:
+            if f.vendor == MELLANOX:
                 bits.append("(ConnectX integrated switch)")
             elif bcm_gen(f, 0):
                 bits.append(f"(Broadcom Gen{bcm_gen(f, 0)} two-level top: NCCL flattens the level below into it)")
