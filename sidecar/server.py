@@ -7,9 +7,10 @@ bytes are ``sidecar.wire``, the process tweaks ``sidecar.process``, the shared d
 and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "KubeVirt hook API"):
 - It lists the socket folder in a loop, dials each entry (a short timeout; a failed dial is
   retried on the next pass), calls ``Info`` with a 1 s deadline and fails the VM start on an
-  error. So everything slow (imports, opening the host model, building the server) happens
-  before the socket exists; then it is bound with its final mode (0660; owned by uid/gid 107
-  when we run as root) and the server started at once. A connection made after gRPC listens
+  error. So what Info needs (opening the host model, building the server) happens before the
+  socket exists, and the hook handler's imports once it answers (``HookServer.warm_up``). It
+  is bound with its final mode (0660; owned by uid/gid 107 when we run as root) and the server
+  started at once. A connection made after gRPC listens
   but before start() waits in the backlog and is answered (tested). The one residual window is
   inside gRPC's bind: the file exists a moment (measured: usually microseconds, up to ~9 ms on
   a loaded machine) before it listens; a dial landing there is refused and virt-launcher dials
@@ -30,7 +31,8 @@ and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "Kub
 
 The host model is opened once per process and shared by all calls (the Topology is read-only
 from outside and its lazy caches only ever add entries, so concurrent readers at worst read a
-sysfs file twice).
+sysfs file twice); ``sidecar.hooks.HostCache`` reads it again after a rebind, an IOMMU group
+change or a new capture, and keeps the doctor's findings per model.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ if TYPE_CHECKING:
     import grpc
 
 # grpc is imported when the server is built (HookServer.start), not when this module is:
-# importing this module for its helpers stays cheap.
+# importing this module for its helpers stays cheap. The hook handler is imported once the
+# socket answers (HookServer.warm_up).
 
 DEFAULT_SOCKET = "/var/run/kubevirt-hooks/pcitopo.sock"
 # virt-launcher in a non-root VMI runs as uid/gid 107 (qemu); it needs write permission on the
@@ -180,7 +183,7 @@ class HookServer:
         self.log = log or JsonLog()
         self.workers = workers
         self.stop_event = threading.Event()
-        self.host = HostCache(sysfs)
+        self.host = HostCache(sysfs, on_reopen=lambda why: self.log("host", sysfs=sysfs, reopened=why))
         self.fabric = None
         if fabric:
             from topology.paths.fabric import FabricFile
@@ -255,6 +258,13 @@ class HookServer:
             replaced_stale_socket=replaced or None, ready_ms=elapsed_ms(t0),
         )
 
+    def warm_up(self) -> None:
+        """Import the hook handler (the rewrite, the doctor, the options' model) once the
+        socket answers Info: virt-launcher's Info has a 1 s deadline, its OnDefineDomain comes
+        after Info and has a minute, so the import goes where it costs nothing (a call that
+        comes first waits for it)."""
+        from . import core  # noqa: F401
+
     def wait(self) -> None:
         # Event.wait() without a timeout still lets Python run signal handlers in between.
         while not self.stop_event.wait(3600):
@@ -283,6 +293,7 @@ class HookServer:
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
+            self.warm_up()
             self.wait()
             self.shutdown(stop_why[0] if stop_why else "Shutdown call")
         finally:
