@@ -15,8 +15,8 @@ the capabilities part of config space at all (its ACS and ATS checks say ``unkno
 driver_override matters together with a rebind.
 
 The hook handler (:mod:`sidecar.core`: the rewrite, the doctor, the options' pydantic model)
-is imported on the first call or by ``HookServer.warm_up``, whichever comes first, not with
-this module: the socket answers Info before it is loaded.
+is imported by the first OnDefineDomain, not with this module: virt-launcher's Info (1 s
+deadline) never waits for it, its first OnDefineDomain (a minute) pays it once.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class Hooks:
             self._calls += 1
             call = self._calls
         t0 = time.perf_counter()
-        from . import core  # loaded by HookServer.warm_up unless this call came first
+        from . import core  # the first call imports it (see the module docstring)
 
         try:
             out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric)

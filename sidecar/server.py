@@ -8,8 +8,9 @@ and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "Kub
 - It lists the socket folder in a loop, dials each entry (a short timeout; a failed dial is
   retried on the next pass), calls ``Info`` with a 1 s deadline and fails the VM start on an
   error. So what Info needs (opening the host model, building the server) happens before the
-  socket exists, and the hook handler's imports once it answers (``HookServer.warm_up``). It
-  is bound with its final mode (0660; owned by uid/gid 107 when we run as root) and the server
+  socket exists, and nothing else: the hook handler is imported by the first OnDefineDomain
+  (measured: importing it in the background right after binding delayed connections by
+  seconds on a loaded machine, as the import holds the GIL). It is bound with its final mode (0660; owned by uid/gid 107 when we run as root) and the server
   started at once. A connection made after gRPC listens
   but before start() waits in the backlog and is answered (tested). The one residual window is
   inside gRPC's bind: the file exists a moment (measured: usually microseconds, up to ~9 ms on
@@ -59,8 +60,8 @@ if TYPE_CHECKING:
     import grpc
 
 # grpc is imported when the server is built (HookServer.start), not when this module is:
-# importing this module for its helpers stays cheap. The hook handler is imported once the
-# socket answers (HookServer.warm_up).
+# importing this module for its helpers stays cheap. The hook handler (sidecar.core) is
+# imported by the first OnDefineDomain (sidecar.hooks), which has a minute, not by Info.
 
 DEFAULT_SOCKET = "/var/run/kubevirt-hooks/pcitopo.sock"
 # virt-launcher in a non-root VMI runs as uid/gid 107 (qemu); it needs write permission on the
@@ -258,13 +259,6 @@ class HookServer:
             replaced_stale_socket=replaced or None, ready_ms=elapsed_ms(t0),
         )
 
-    def warm_up(self) -> None:
-        """Import the hook handler (the rewrite, the doctor, the options' model) once the
-        socket answers Info: virt-launcher's Info has a 1 s deadline, its OnDefineDomain comes
-        after Info and has a minute, so the import goes where it costs nothing (a call that
-        comes first waits for it)."""
-        from . import core  # noqa: F401
-
     def wait(self) -> None:
         # Event.wait() without a timeout still lets Python run signal handlers in between.
         while not self.stop_event.wait(3600):
@@ -293,7 +287,6 @@ class HookServer:
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
-            self.warm_up()
             self.wait()
             self.shutdown(stop_why[0] if stop_why else "Shutdown call")
         finally:
