@@ -65,11 +65,18 @@ if [[ -n ${PIP_CA_BUNDLE:-} ]]; then
     CA_ARGS=(-v "$(realpath "$PIP_CA_BUNDLE"):/run/pip-ca.crt:ro" --build-arg PIP_CERT=/run/pip-ca.crt)
 fi
 
+# Digests of what the Containerfile's COPY steps take (see its comment on LOCK_DIGEST): the
+# lock files, and the sources of the wheel as .containerignore lets them through.
+digest() { find "$@" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16; }
+LOCK_DIGEST=$(digest requirements.lock requirements-build.lock)
+SOURCE_DIGEST=$(digest pyproject.toml README.md topology sidecar)
+
 for arch in "${ARCHES[@]}"; do
     base=$(bash scripts/image-base.sh "$arch")
     start=$(date +%s)
     log "building $NAME-$arch from $base"
     "${BUILD[@]}" --arch "$arch" --os linux --build-arg "BASE_IMAGE=$base" "${CA_ARGS[@]}" \
+        --build-arg "LOCK_DIGEST=$LOCK_DIGEST" --build-arg "SOURCE_DIGEST=$SOURCE_DIGEST" \
         --layers --tag "$NAME-$arch" --file Containerfile . >&2
     secs=$(( $(date +%s) - start ))
     size=$(podman image inspect --format '{{.Size}}' "$NAME-$arch" 2>/dev/null || buildah inspect --format '{{.ImageSize}}' "$NAME-$arch")
