@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-base setup-cli demo guest-tool test test-fast test-slow golden fixtures proto fuzz bench lock clean
+.PHONY: setup setup-base setup-cli demo guest-tool test test-fast test-slow golden fixtures proto fuzz bench lock image clean
 
 # Everything, the guest-boot (e2e) tier's guest kernel and Debian 13 root included: what `make test` needs.
 setup: setup-base .cache/e2e/.kernel .cache/trixie/stamp
@@ -64,7 +64,7 @@ test: setup
 	$(BIN)/python -m pytest
 
 test-fast: setup-base
-	$(BIN)/python -m pytest -m 'not e2e'
+	$(BIN)/python -m pytest -m 'not e2e and not image'
 
 # Opt-in: the slow e2e boots (OVMF under TCG, several minutes; see tests/e2e/README.md).
 test-slow: setup
@@ -72,6 +72,16 @@ test-slow: setup
 
 fixtures: setup-base
 	$(BIN)/python fixtures/generate.py
+
+# The sidecar image from the Containerfile (podman, or buildah), on a Debian 12 base that
+# scripts/image-base.sh makes from your Debian mirror and caches under .cache/image/:
+#   make image                  this machine's architecture: localhost/pcitopo:<version>-<arch>
+#   make image ARCH=arm64       the aarch64 image (under qemu-user on x86)
+#   make image ARCH=all         both, and the manifest list localhost/pcitopo:<version>
+# Behind a proxy that inspects TLS, PIP_CA_BUNDLE=<your CA file> lets the build stage's pip trust it.
+ARCH ?=
+image: .cache/.debian
+	bash scripts/image.sh $(if $(ARCH),--arch $(ARCH)) $(if $(filter all,$(ARCH)),--manifest)
 
 # Regenerate golden domains (inputs and expected outputs) and topo.json; review the diff.
 golden: setup-base

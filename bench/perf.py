@@ -220,7 +220,10 @@ def measure(args: argparse.Namespace) -> dict:
     b200s = str(b200)
     expected = rewrite_domain(domain, open_host(b200s)).xml
     rows["rewrite_cold"] = sample(lambda: rewrite_domain(domain, open_host(b200s)), n)
-    warm = open_host(b200s)
+    from sidecar.hooks import HostCache  # what serve keeps across calls: the model, the doctor's findings
+
+    warm = HostCache(b200s)
+    warm()
     rows["handler_warm"] = sample(lambda: handle_define_domain(domain, vmi, warm), n)
 
     # 5. host size (interleaved: the ratio is the figure)
@@ -368,7 +371,8 @@ def render(res: dict, command: str) -> str:
     row("1b", "  of which sysfs reads (open/read, readlink)", "floor_sysfs")
     row("2", "rewrite in-process, cold host model (hgx-b200)", "rewrite_cold")
     row("2b", "hook handler in-process, warm model + VMI options (what serve runs per call)", "handler_warm")
-    row("3", "OnDefineDomain over the socket, new connection per call (rounds with 1, 4)", "socket")
+    row("3", f"OnDefineDomain over the socket, new connection per call (rounds with 1, 4): "
+        f"{r['socket']['median'] / r['floor']['median']:.2f}x the floor", "socket")
     row("3a", f"  the same, {r['socket_seq']['n']} calls in a row (the RSS figures below)", "socket_seq")
     row("3b", "OnDefineDomain over the socket, one connection reused", "socket_reused")
     row("3c", "first OnDefineDomain after start (cold model)", "first_call")
@@ -412,7 +416,7 @@ def render(res: dict, command: str) -> str:
         out.append(f"| {label} | {value} | {'met' if ok else '**missed**'} |")
 
     x = med["socket"] / med["floor"]
-    target("(3) <= 3x (1)", f"{x:.2f}x", x <= 3)
+    target("(3) <= 1.3x (1), default options, floor measured in the same rounds", f"{x:.2f}x", x <= 1.3)
     x = med["shim"] / med["socket"]
     target("(4) >= 20x (3)", f"{x:.1f}x", x >= 20)
     x = med["rewrite_4k"] / med["rewrite_h100"]
@@ -423,7 +427,9 @@ def render(res: dict, command: str) -> str:
         target(f"RSS {label} <= {MIB_LIMIT:.0f} MiB", f"{v:.1f} MiB", v <= MIB_LIMIT)
     v = mib(mem["burst"]["VmHWM"])
     out.append(f"| peak RSS under {CONCURRENCY} concurrent calls (reported) | {v:.1f} MiB | {v / (64e6 / 2**20):.0%} of 64M |")
-    target("first Info <= 1 s after exec (median; p99 beside)", f"{med['first_info']:.3f} s (p99 {r['first_info']['p99']:.3f} s)", r["first_info"]["p99"] <= 1.0)
+    target("first Info <= 0.2 s after exec (median; p99 beside)", f"{med['first_info']:.3f} s (p99 {r['first_info']['p99']:.3f} s)",
+           med["first_info"] <= 0.2)
+    target("first Info within virt-launcher's 1 s deadline (p99)", f"{r['first_info']['p99']:.3f} s", r["first_info"]["p99"] <= 1.0)
     target("xmlfix <= 0.5 s wall", f"{med['xmlfix']:.3f} s", med["xmlfix"] <= 0.5)
     out.append("")
     out.append("Medians and ratios are the figures to compare; p99 of fewer than 100 samples is the slowest sample. "

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages the project needs (e2e tier: QEMU/TCG + a private
 # libvirtd + a guest kernel; graphviz for the --dot test; Go, protoc and Debian's
-# grpc-go for the independent hook client test) on a fresh Debian 12 machine, as
+# grpc-go for the independent hook client test; podman, buildah, mmdebstrap and
+# qemu-user-static for the image, amd64 and arm64) on a fresh Debian 12 machine, as
 # root, without manual steps. `make demo` / `make test-fast` run it with
 # SKIP_KERNEL=1; only `make test` (the e2e tier) fetches the guest kernel. Idempotent and fast when everything is already there, so that
 # `make setup` / `make test` cost nothing on a warm machine.
@@ -45,6 +46,15 @@ PACKAGES=(
     protobuf-compiler
     protoc-gen-go
     protoc-gen-go-grpc
+    # The image (make image, tests/sidecar/test_image.py): podman/buildah with runc, the Debian
+    # base made by mmdebstrap, and arm64 builds and runs under qemu-user (binfmt_misc).
+    podman
+    buildah
+    runc
+    uidmap
+    mmdebstrap
+    qemu-user-static
+    binfmt-support
 )
 
 if [[ -n ${ONLY:-} ]]; then
@@ -184,9 +194,22 @@ fetch_fw_cfg_module() {
     log "fw_cfg module: $mod"
 }
 
+# qemu-user-static registers its handlers through binfmt-support, whose service mounts
+# binfmt_misc at boot; on a machine that has not booted since (or a container without that
+# service) mount it and enable the aarch64 handler now, so arm64 RUN steps and containers run.
+enable_binfmt() {
+    local fs=/proc/sys/fs/binfmt_misc
+    [[ -e $fs/qemu-aarch64 ]] && return
+    if [[ ! -e $fs/register ]]; then
+        $SUDO mount -t binfmt_misc binfmt_misc "$fs" || { log "cannot mount binfmt_misc: arm64 images will not build"; return; }
+    fi
+    $SUDO update-binfmts --enable qemu-aarch64 || log "cannot enable qemu-aarch64: arm64 images will not build"
+}
+
 install_packages
 [[ -n ${ONLY:-} ]] && exit 0
 ensure_libvirt_user
+enable_binfmt
 if [[ ${SKIP_KERNEL:-0} != 1 ]]; then
     fetch_kernel
     fetch_fw_cfg_module

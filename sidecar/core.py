@@ -43,6 +43,10 @@ from .config import DEFAULT_OPTIONS, HookOptions, VmiFacts, annotation, options_
 __all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check", "pairing_check", "summarize"]  # InternalError: re-exported
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
+# The host model, or a callable returning it. A callable that also has ``current(topo, bdfs)``
+# and ``doctor(topo, bdfs, run)`` (the server's sidecar.hooks.HostCache) keeps the model and the
+# doctor's findings across calls: it is asked whether its model is still the host's for the
+# placed devices, and for the findings.
 HostArg = Union[Topology, Callable[[], Topology]]
 # The NVLink fabric (topology.paths.fabric.Fabric), a callable returning it (read per call, so a
 # refreshed file counts; topology.paths.fabric.FabricFile), or None when the door was started
@@ -91,10 +95,15 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
     topo: Topology | None = None
     try:
         topo = host() if callable(host) else host
-        # MMIO settings and P2P cliques by option; the host's address width from its source
-        result = rewrite_domain(domain_xml, topo, mmio=options.mmio == "auto", p2p_clique=options.p2p_clique == "auto",
-                                host_phys_bits=topo.host_width() if options.mmio == "auto" else None,
-                                link=options.link == "auto", nccl_topo=options.nccl_topo == "fwcfg")
+        result = _rewrite(domain_xml, topo, options)
+        current = getattr(host, "current", None)
+        if current is not None:
+            # A model kept across calls must still be the host's for the placed devices (a
+            # rebind, an IOMMU group change): if not, the call runs again on the model read afresh.
+            fresh = current(topo, [d.host for d in result.report.placed])
+            if fresh is not topo:
+                topo = fresh
+                result = _rewrite(domain_xml, topo, options)
         if result.report.warnings and options.on_error == "fail":
             raise result.report.warnings[0]  # a firmware limit (typed warning): loud under on-error: fail
         xml = result.xml
@@ -103,18 +112,26 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         summary = summarize(result.report)
     except PcitopoError as e:
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, e, vmi, options, topo, fabric)
+            return _passthrough(domain_xml, e, vmi, options, topo, fabric, host)
         raise
     except Exception as e:  # a bug: still one line, still under the operator's on-error policy
         err = InternalError.of(e)
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, err, vmi, options, topo, fabric)
+            return _passthrough(domain_xml, err, vmi, options, topo, fabric, host)
         raise err from e
     summary.update(nvlink_check(result, topo, fabric, options.nvlink))
     summary.update(_pair_counts(result, topo, fabric))
     pairing_check(topo, [d.host for d in result.report.placed], options.pairing, summary, result)
-    doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary)
+    doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary, host)
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
+
+
+def _rewrite(domain_xml: bytes, topo: Topology, options: HookOptions) -> RewriteResult:
+    # MMIO settings, P2P cliques, link speeds and NCCL's file by option; the host's address
+    # width from its source
+    return rewrite_domain(domain_xml, topo, mmio=options.mmio == "auto", p2p_clique=options.p2p_clique == "auto",
+                          host_phys_bits=topo.host_width() if options.mmio == "auto" else None,
+                          link=options.link == "auto", nccl_topo=options.nccl_topo == "fwcfg")
 
 
 def _pair_counts(result: RewriteResult, topo: Topology, fabric: FabricArg) -> dict[str, int]:
@@ -132,15 +149,18 @@ def _pair_counts(result: RewriteResult, topo: Topology, fabric: FabricArg) -> di
     return pair_counts(result, topo, fab)
 
 
-def _doctor(topo: Topology, bdfs: list[Bdf], options: HookOptions, summary: dict[str, Any]) -> DoctorReport | None:
+def _doctor(topo: Topology, bdfs: list[Bdf], options: HookOptions, summary: dict[str, Any],
+            host: HostArg = None) -> DoctorReport | None:
     """Run the host-readiness checks (``pcitopo doctor``) for the VM's devices (``bdfs``, all on
     the host); findings go into the log summary. Under ``doctor: require`` a failed check
     raises DoctorError (the VM does not start). ``unknown`` (the unprivileged sidecar cannot
-    read ACS/ATS) never stops a VM, and a doctor that cannot run at all is logged, not fatal."""
+    read ACS/ATS) never stops a VM, and a doctor that cannot run at all is logged, not fatal.
+    A host cache (``host.doctor``) remembers the findings for its model and these devices."""
     if options.doctor == "off":
         return None
     try:
-        report = run_checks(topo, bdfs)
+        remembered = getattr(host, "doctor", None)
+        report = remembered(topo, bdfs, run_checks) if remembered is not None else run_checks(topo, bdfs)
     except PcitopoError as e:
         summary["doctor"] = {"error": f"{e.kind}: {e.reason}"}
         return None
@@ -242,7 +262,7 @@ def nvlink_fields(topo: Topology, fabric: FabricArg, policy: str, bdfs: list[Bdf
 
 
 def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions,
-                 topo: Topology | None, fabric: FabricArg) -> HookOutcome:
+                 topo: Topology | None, fabric: FabricArg, host: HostArg = None) -> HookOutcome:
     """``on-error: passthrough``: the input back unchanged, with the reason. The NVLink, pairing
     and doctor checks still run, on the domain's hostdev sources the host has: their ``require``
     stops the VM whatever ``on-error`` says."""
@@ -268,5 +288,5 @@ def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: H
     else:
         summary.update(nvlink_fields(topo, fabric, options.nvlink, present)[0])
         pairing_check(topo, present, options.pairing, summary)
-        doctor = _doctor(topo, present, options, summary)
+        doctor = _doctor(topo, present, options, summary, host)
     return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options, doctor=doctor)

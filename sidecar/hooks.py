@@ -1,8 +1,22 @@
-"""What each hook call does, gRPC aside: the call log, the host model opened once, the
-failure kinds' status codes, and :class:`Hooks`, which every API version's servicer calls.
+"""What each hook call does, gRPC aside: the call log, the host model and the doctor's
+findings reused across calls (:class:`HostCache`), the failure kinds' status codes, and
+:class:`Hooks`, which every API version's servicer calls.
 
 :mod:`sidecar.server` carries the bytes (gRPC over the Unix socket); a failure here is a
 :class:`CallFailed`, which the transport turns into the call's status.
+
+:class:`HostCache` ends the reuse, and the model is read again from the source, when the
+capture ``--sysfs`` names is replaced (its identity, checked on every call), or when a device a
+call placed was rebound (its ``driver`` link) or changed IOMMU group (its ``iommu_group`` link;
+both checked on every call for that call's devices, ``topology.host.freshness``); the doctor's
+findings go with the model they were computed on. What the doctor reads beyond the model
+(config space, driver_override) is read again only then: an unprivileged sidecar cannot read
+the capabilities part of config space at all (its ACS and ATS checks say ``unknown``), and
+driver_override matters together with a rebind.
+
+The hook handler (:mod:`sidecar.core`: the rewrite, the doctor, the options' pydantic model)
+is imported by the first OnDefineDomain, not with this module: virt-launcher's Info (1 s
+deadline) never waits for it, its first OnDefineDomain (a minute) pays it once.
 """
 
 from __future__ import annotations
@@ -11,16 +25,17 @@ import json
 import sys
 import threading
 import time
+from collections import OrderedDict
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from topology import __version__
 from topology.errors import DomainError, PcitopoError
+from topology.host.freshness import Identity, capture_identity, changed_devices
 from topology.host.sysfs import open_host
-from topology.model.tree import Topology
+from topology.model.tree import Bdf, Topology
 
-from . import core, wire
-from .config import parse_vmi
+from . import wire
 from .doors import one_line
 from .hookproto import INFO_NAME, ON_DEFINE_DOMAIN, SHUTDOWN, VERSIONS
 
@@ -47,25 +62,69 @@ class JsonLog:
                 pass  # a closed stderr must not fail a call
 
 
-# -- the host model, opened once ---------------------------------------------------------
+# -- the host model and the doctor's findings, reused across calls -----------------------------
+
+# Device sets whose findings are kept per model: a sidecar serves one VM (one set); a few more
+# cover a bench or a shared test server without letting memory grow.
+DOCTOR_ENTRIES = 8
+
 
 class HostCache:
-    """Opens the host model once and shares it; an error is retried on the next call (the
-    caller gets the same one-line SysfsError until the path becomes readable)."""
+    """Opens the host model once and shares it across calls and threads; an error is retried
+    on the next call (the caller gets the same one-line SysfsError until the path becomes
+    readable). ``on_reopen(reason)`` is told whenever the model is read again."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, on_reopen: Callable[[str], None] | None = None):
         self.path = path
+        self.on_reopen = on_reopen
         self._lock = threading.Lock()
         self._topology: Topology | None = None
+        self._identity: Identity = None
+        self._doctor: OrderedDict[tuple[Bdf, ...], object] = OrderedDict()
 
     def __call__(self) -> Topology:
+        ident = capture_identity(self.path)
         topo = self._topology
-        if topo is not None:
+        if topo is not None and ident == self._identity:
             return topo
         with self._lock:
-            if self._topology is None:
-                self._topology = open_host(self.path)
+            if self._topology is None or ident != self._identity:
+                self._open(ident, None if self._topology is None else f"new capture at {self.path}")
             return self._topology
+
+    def _open(self, ident: Identity, reason: str | None) -> None:
+        """Read the model again (under the lock); the doctor's findings go with the old one."""
+        topo = open_host(self.path)
+        self._topology, self._identity = topo, ident
+        self._doctor.clear()
+        if reason is not None and self.on_reopen is not None:
+            self.on_reopen(reason)
+
+    def current(self, topo: Topology, bdfs: Sequence[Bdf]) -> Topology:
+        """``topo`` when its driver and IOMMU group of every device in ``bdfs`` are still the
+        host's; otherwise the model read again (another call may have done so already)."""
+        changed = changed_devices(topo, bdfs)
+        if not changed:
+            return topo
+        with self._lock:
+            if self._topology is topo:
+                self._open(capture_identity(self.path), "; ".join(changed))
+            return self._topology
+
+    def doctor(self, topo: Topology, bdfs: Sequence[Bdf], run: Callable[[Topology, Sequence[Bdf]], object]):
+        """``run(topo, bdfs)`` (the doctor's checks), remembered for this model and device set."""
+        key = tuple(bdfs)
+        with self._lock:
+            if self._topology is topo and key in self._doctor:
+                self._doctor.move_to_end(key)
+                return self._doctor[key]
+        report = run(topo, bdfs)
+        with self._lock:
+            if self._topology is topo:
+                self._doctor[key] = report
+                while len(self._doctor) > DOCTOR_ENTRIES:
+                    self._doctor.popitem(last=False)
+        return report
 
 
 # -- the calls -------------------------------------------------------------------------------
@@ -116,7 +175,7 @@ class Hooks:
     Knows nothing of gRPC: a failure is a :class:`CallFailed`, which the transport turns into
     the call's status."""
 
-    def __init__(self, host: Callable[[], Topology], log: JsonLog, stop: threading.Event, fabric: Callable | None = None):
+    def __init__(self, host: HostCache, log: JsonLog, stop: threading.Event, fabric: Callable | None = None):
         self.host = host
         self.fabric = fabric  # topology.paths.fabric.FabricFile, or None without --fabric
         self.log = log
@@ -133,6 +192,8 @@ class Hooks:
             self._calls += 1
             call = self._calls
         t0 = time.perf_counter()
+        from . import core  # the first call imports it (see the module docstring)
+
         try:
             out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric)
         except PcitopoError as e:
@@ -173,6 +234,8 @@ def elapsed_ms(t0: float) -> float:
 
 
 def _vmi_ref(vmi_json: bytes) -> str:
+    from .config import parse_vmi
+
     try:
         return parse_vmi(vmi_json).ref
     except PcitopoError:

@@ -7,9 +7,11 @@ bytes are ``sidecar.wire``, the process tweaks ``sidecar.process``, the shared d
 and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "KubeVirt hook API"):
 - It lists the socket folder in a loop, dials each entry (a short timeout; a failed dial is
   retried on the next pass), calls ``Info`` with a 1 s deadline and fails the VM start on an
-  error. So everything slow (imports, opening the host model, building the server) happens
-  before the socket exists; then it is bound with its final mode (0660; owned by uid/gid 107
-  when we run as root) and the server started at once. A connection made after gRPC listens
+  error. So what Info needs (opening the host model, building the server) happens before the
+  socket exists, and nothing else: the hook handler is imported by the first OnDefineDomain
+  (measured: importing it in the background right after binding delayed connections by
+  seconds on a loaded machine, as the import holds the GIL). It is bound with its final mode (0660; owned by uid/gid 107 when we run as root) and the server
+  started at once. A connection made after gRPC listens
   but before start() waits in the backlog and is answered (tested). The one residual window is
   inside gRPC's bind: the file exists a moment (measured: usually microseconds, up to ~9 ms on
   a loaded machine) before it listens; a dial landing there is refused and virt-launcher dials
@@ -30,7 +32,8 @@ and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "Kub
 
 The host model is opened once per process and shared by all calls (the Topology is read-only
 from outside and its lazy caches only ever add entries, so concurrent readers at worst read a
-sysfs file twice).
+sysfs file twice); ``sidecar.hooks.HostCache`` reads it again after a rebind, an IOMMU group
+change or a new capture, and keeps the doctor's findings per model.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ if TYPE_CHECKING:
     import grpc
 
 # grpc is imported when the server is built (HookServer.start), not when this module is:
-# importing this module for its helpers stays cheap.
+# importing this module for its helpers stays cheap. The hook handler (sidecar.core) is
+# imported by the first OnDefineDomain (sidecar.hooks), which has a minute, not by Info.
 
 DEFAULT_SOCKET = "/var/run/kubevirt-hooks/pcitopo.sock"
 # virt-launcher in a non-root VMI runs as uid/gid 107 (qemu); it needs write permission on the
@@ -180,7 +184,7 @@ class HookServer:
         self.log = log or JsonLog()
         self.workers = workers
         self.stop_event = threading.Event()
-        self.host = HostCache(sysfs)
+        self.host = HostCache(sysfs, on_reopen=lambda why: self.log("host", sysfs=sysfs, reopened=why))
         self.fabric = None
         if fabric:
             from topology.paths.fabric import FabricFile

@@ -10,7 +10,7 @@ else; the document itself (hardened parse, serialisation, indentation) is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from lxml import etree
 
@@ -35,15 +35,17 @@ PCIE_ROOT = "pcie-root"
 QEMU_MODEL_NAME = {PXB: "pxb-pcie", ROOT_PORT: "pcie-root-port", UPSTREAM: "x3130-upstream", DOWNSTREAM: "xio3130-downstream"}
 
 
-def parse_int(text: str | None, what: str) -> int:
-    """Addresses come as hex ('0x0a') from libvirt and KubeVirt, or decimal from re-parses."""
+def parse_int(text: str | None, what: str | Callable[[], str]) -> int:
+    """Addresses come as hex ('0x0a') from libvirt and KubeVirt, or decimal from re-parses.
+    ``what`` names the value in the error; a callable is asked only on an error (the hook
+    reads hundreds of addresses per call and names none of them when they parse)."""
     if text is None:
-        raise DomainError(f"{what} is missing")
+        raise DomainError(f"{what() if callable(what) else what} is missing")
     t = text.strip().lower()
     try:
         return int(t, 16) if t.startswith("0x") else int(t, 10)
     except ValueError:
-        raise DomainError(f"{what}={quoted(text)!r} is not a number") from None
+        raise DomainError(f"{what() if callable(what) else what}={quoted(text)!r} is not a number") from None
 
 
 class GuestAddress(NamedTuple):
@@ -59,15 +61,14 @@ def read_guest_address(el: etree._Element) -> GuestAddress | None:
     addr = el.find("address")
     if addr is None or addr.get("type") != "pci":
         return None
-    where = f"<{el.tag}> address"
     a = GuestAddress(
-        bus=parse_int(addr.get("bus", "0"), f"{where} bus"),
-        slot=parse_int(addr.get("slot", "0"), f"{where} slot"),
-        function=parse_int(addr.get("function", "0"), f"{where} function"),
-        domain=parse_int(addr.get("domain", "0"), f"{where} domain"),
+        bus=parse_int(addr.get("bus", "0"), lambda: f"<{el.tag}> address bus"),
+        slot=parse_int(addr.get("slot", "0"), lambda: f"<{el.tag}> address slot"),
+        function=parse_int(addr.get("function", "0"), lambda: f"<{el.tag}> address function"),
+        domain=parse_int(addr.get("domain", "0"), lambda: f"<{el.tag}> address domain"),
     )
     if not address_in_range(a.domain, a.bus, a.slot, a.function):
-        raise DomainError(f"{where} {a.domain:x}:{a.bus:x}:{a.slot:x}.{a.function:x} is out of range")
+        raise DomainError(f"<{el.tag}> address {a.domain:x}:{a.bus:x}:{a.slot:x}.{a.function:x} is out of range")
     return a
 
 
@@ -186,13 +187,15 @@ class PciHostdev:
         a = self.source_address
         if a is None:
             raise DomainError(f"hostdev {quoted(self.alias or '')} has no <source><address>".replace("  ", " "))
-        where = f"hostdev {quoted(self.alias or '(no alias)')} source"
-        dom = parse_int(a.get("domain", "0"), f"{where} domain")
-        bus = parse_int(a.get("bus"), f"{where} bus")
-        slot = parse_int(a.get("slot"), f"{where} slot")
-        fn = parse_int(a.get("function", "0"), f"{where} function")
+        def where() -> str:  # only for an error: the alias is looked up then
+            return f"hostdev {quoted(self.alias or '(no alias)')} source"
+
+        dom = parse_int(a.get("domain", "0"), lambda: f"{where()} domain")
+        bus = parse_int(a.get("bus"), lambda: f"{where()} bus")
+        slot = parse_int(a.get("slot"), lambda: f"{where()} slot")
+        fn = parse_int(a.get("function", "0"), lambda: f"{where()} function")
         if not address_in_range(dom, bus, slot, fn):
-            raise DomainError(f"{where} {dom:x}:{bus:x}:{slot:x}.{fn:x} is out of range")
+            raise DomainError(f"{where()} {dom:x}:{bus:x}:{slot:x}.{fn:x} is out of range")
         return Bdf(dom, bus, slot, fn)
 
     @property

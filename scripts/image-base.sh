@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The image's base without a registry: Debian 12 (bookworm) with Debian's python3 and
+# python3-venv, made by mmdebstrap from the Debian mirror this machine's apt already uses, and
+# imported into the local container store under the name the Containerfile's FROM takes
+# (BASE_IMAGE). It is what `debian:bookworm-slim` plus `apt-get install python3 python3-venv`
+# gives (the Containerfile's header shows that build): the same packages from the same archive,
+# and the same files left out (dpkg path excludes as the official slim images use, after
+# debuerreotype's .slimify-excludes).
+#
+#   scripts/image-base.sh [amd64|arm64]      prints the image name it made or found
+#
+# The root tarball is cached under .cache/image/ (keyed by this script and the architecture), so
+# only the first run pays mmdebstrap (about 80 s for amd64; arm64 runs its maintainer scripts
+# under qemu-user). A foreign architecture needs qemu-user-static and binfmt-support
+# (scripts/setup-debian.sh installs them and enables the handler).
+#
+# Environment:
+#   PCITOPO_CACHE_IMAGE  where the tarballs go (default <repo>/.cache/image)
+#   APT_SOURCES          the deb822 sources file whose mirror to use
+#                        (default /etc/apt/sources.list.d/debian.sources, read at run time)
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ARCH="${1:-$(dpkg --print-architecture)}"
+CACHE="${PCITOPO_CACHE_IMAGE:-$REPO_ROOT/.cache/image}"
+SOURCES="${APT_SOURCES:-/etc/apt/sources.list.d/debian.sources}"
+SUITE=bookworm
+NAME="localhost/pcitopo-base:$SUITE-$ARCH"
+PACKAGES=python3,python3-venv
+
+log() { printf 'image-base: %s\n' "$*" >&2; }
+
+case $ARCH in
+    amd64 | arm64) ;;
+    *) log "unsupported architecture $ARCH (amd64 or arm64)"; exit 2 ;;
+esac
+for tool in mmdebstrap podman; do
+    command -v "$tool" >/dev/null || { log "$tool is missing: run scripts/setup-debian.sh"; exit 2; }
+done
+[[ -r $SOURCES ]] || { log "no apt sources file at $SOURCES (set APT_SOURCES)"; exit 2; }
+
+# The cache key: what decides the tarball's content besides the archive's state.
+KEY=$( { cat "${BASH_SOURCE[0]}"; echo "$ARCH $SUITE $PACKAGES"; } | sha256sum | cut -c1-12)
+TAR="$CACHE/base-$SUITE-$ARCH-$KEY.tar"
+
+have=$(podman image inspect --format '{{index .Config.Labels "io.pcitopo.base.key"}}' "$NAME" 2>/dev/null || true)
+if [[ $have == "$KEY" ]]; then
+    log "$NAME: up to date"
+    echo "$NAME"
+    exit 0
+fi
+
+if [[ ! -s $TAR ]]; then
+    mkdir -p "$CACHE"
+    rm -f "$CACHE/base-$SUITE-$ARCH-"*.tar "$CACHE/.base-$SUITE-$ARCH".*
+    tmp="$CACHE/.base-$SUITE-$ARCH.$$.tar"  # the .tar ending tells mmdebstrap the format
+    log "mmdebstrap $SUITE $ARCH (--include=$PACKAGES) from $SOURCES"
+    start=$(date +%s)
+    # The sources file is pasted into the root as its own sources list; the official slim images'
+    # path excludes (docs but their copyright files, man pages, info, locales, lintian) apply to
+    # every package installed, in the base and in any later apt-get install.
+    # Merged /usr by directory links (as debootstrap and the official images make it), not by the
+    # usrmerge package, which would pull in perl (~45 MB).
+    mmdebstrap --quiet --variant=minbase --arch="$ARCH" --include="$PACKAGES" \
+        --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --dpkgopt='path-exclude=/usr/share/info/*' \
+        --dpkgopt='path-exclude=/usr/share/linda/*' \
+        --dpkgopt='path-exclude=/usr/share/lintian/overrides/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        "$SUITE" "$tmp" "$SOURCES"
+    mv "$tmp" "$TAR"
+    log "made $(basename "$TAR") in $(( $(date +%s) - start )) s ($(du -m "$TAR" | cut -f1) MB)"
+fi
+
+log "importing $(basename "$TAR") as $NAME"
+podman import --quiet --arch "$ARCH" --os linux \
+    --change "LABEL io.pcitopo.base.key=$KEY" \
+    --change 'CMD ["/bin/bash"]' \
+    "$TAR" "$NAME" >/dev/null
+echo "$NAME"
