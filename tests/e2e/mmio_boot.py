@@ -266,21 +266,22 @@ class BootRow:
                 f"  {self.t_with:4.0f}/{self.t_without:<4.0f}  {self.settings}" + ("  [refused: recommends EFI]" if self.refused else ""))
 
 
-def stack_line(libvirtd) -> str:
-    """The versions the boots ran on (QEMU, libvirt, SeaBIOS, OVMF)."""
+def stack_versions(libvirtd) -> tuple[str, str]:
+    """(the line naming QEMU, libvirt, SeaBIOS and OVMF the boots ran on, SeaBIOS's version)."""
     versions = getattr(libvirtd, "versions", None)
     if versions is not None:
-        return f"[e2e mmio] stack: {versions().line()}"
+        v = versions()
+        return f"[e2e mmio] stack: {v.line()}", v.seabios
     import subprocess
 
     def run(*argv: str) -> str:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-        return p.stdout.strip()
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip()
 
     qemu = run("qemu-system-x86_64", "--version").splitlines()[0].split("version")[-1].split()[0]
     pkgs = {p: run("dpkg-query", "-W", "-f", "${Version}", p) for p in ("libvirt-daemon", "seabios", "ovmf")}
+    seabios = pkgs["seabios"].split("-")[0]
     return (f"[e2e mmio] stack: QEMU {qemu}, libvirt {pkgs['libvirt-daemon']}, SeaBIOS {pkgs['seabios']}, "
-            f"OVMF {pkgs['ovmf']}")
+            f"OVMF {pkgs['ovmf']}"), seabios
 
 
 def print_rows(request, lines: list[str]) -> None:
