@@ -6,8 +6,8 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup setup-base demo test test-fast test-slow golden fixtures proto fuzz bench lock clean
 
-# Everything, the guest-boot (e2e) tier's guest kernel included: what `make test` needs.
-setup: setup-base .cache/e2e/.kernel
+# Everything, the guest-boot (e2e) tier's guest kernel and Debian 13 root included: what `make test` needs.
+setup: setup-base .cache/e2e/.kernel .cache/trixie/stamp
 
 # The virtualenv and the Debian packages, without the guest kernel: `make demo`, `make test-fast`.
 setup-base: $(STAMP) .cache/.debian
@@ -21,6 +21,11 @@ setup-base: $(STAMP) .cache/.debian
 .cache/e2e/.kernel: scripts/setup-debian.sh .cache/.debian
 	bash scripts/setup-debian.sh
 	mkdir -p .cache/e2e && touch $@
+
+# The Debian 13 root (QEMU 10, libvirt 11, SeaBIOS 1.16.3, OVMF 2025.02) the e2e tier boots on;
+# built once by mmdebstrap (~30 s), rebuilt when the recipe in the script changes.
+.cache/trixie/stamp: scripts/setup-trixie.sh .cache/.debian
+	bash scripts/setup-trixie.sh
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -30,6 +30,7 @@ PACKAGES=(
     libxml2-utils            # xmllint, used by virt-xml-validate
     ovmf                     # UEFI firmware (/usr/share/ovmf/OVMF.fd) for the e2e MMIO tier
     seabios                  # SeaBIOS (qemu-system-x86 depends on it already; named for clarity)
+    mmdebstrap               # builds the Debian 13 root of the e2e tier (scripts/setup-trixie.sh)
     graphviz                 # dot: renders `pcitopo topo --dot` (make demo, the DOT test)
     # The grpc-go hook client test (tests/sidecar/goclient.py): stubs generated from proto/ by
     # Debian's protoc plugins, built in GOPATH mode against Debian's Go libraries (no module

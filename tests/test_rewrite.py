@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -11,6 +12,7 @@ from lxml import etree
 from testkit import REPO as ROOT
 from testkit import fixture_script
 from testkit.kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
+from testkit.stack import StackMissing, debian13
 from topology.errors import DomainError, PlanError
 from topology.rewrite import Why, rewrite_domain
 from topology.sysfs import open_host
@@ -44,9 +46,32 @@ def test_golden_inputs_follow_the_fixtures():
 @pytest.mark.skipif(shutil.which("virt-xml-validate") is None, reason="virt-xml-validate not installed (make setup)")
 @pytest.mark.parametrize("name,case", GOLDEN_CASES)
 def test_golden_output_passes_libvirt_schema(name, case):
+    """libvirt 9.0's schema (the machine's Debian 12 `virt-xml-validate`)."""
     path = ROOT / "fixtures" / name / case / "expected.xml"
     r = subprocess.run(["virt-xml-validate", str(path), "domain"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def libvirt11_schema() -> tuple[etree.RelaxNG, str]:
+    """The domain RelaxNG of the Debian 13 root (libvirt 11.3, what the e2e tier boots on)."""
+    try:
+        stack = debian13()
+    except StackMissing as e:
+        if os.environ.get("CI"):
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+    return etree.RelaxNG(file=str(stack.domain_rng)), f"libvirt {stack.versions().libvirt}"
+
+
+@pytest.mark.parametrize("name,case", GOLDEN_CASES)
+def test_golden_output_passes_libvirt11_schema(libvirt11_schema, name, case):
+    """The same golden outputs against libvirt 11.3's schema (the Debian 13 root's
+    /usr/share/libvirt/schemas/domain.rng, what `virt-xml-validate` there reads)."""
+    rng, which = libvirt11_schema
+    assert which.startswith("libvirt 11."), which
+    doc = etree.parse(str(ROOT / "fixtures" / name / case / "expected.xml"))
+    assert rng.validate(doc), f"{which}: {rng.error_log}"
 
 
 @pytest.mark.parametrize("name", golden.GOLDEN_HOSTS)

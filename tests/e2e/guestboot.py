@@ -416,6 +416,14 @@ class GuestResult:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def firmware(self) -> str:
+        """The firmware that booted the guest, as its SMBIOS tables name it (vendor and version
+        from ``/sys/class/dmi/id``): ``SeaBIOS 1.16.3-debian-1.16.3-2``,
+        ``Debian distribution of EDK II 2025.02-8+deb13u1``; empty if the guest had none."""
+        info = self.printout.info
+        return " ".join(v for v in (info.get("bios_vendor", ""), info.get("bios_version", "")) if v)
+
     def unmapped(self) -> list[StandIn]:
         """Stand-ins (with a guest address) that did not show up where the
         domain put them: their hierarchy vanished or moved."""
@@ -512,6 +520,9 @@ def boot(
                 )
             time.sleep(0.2)
         timings["run"] = time.monotonic() - t
+        cpu = _qemu_cpu_seconds(lv, name)
+        if cpu is not None:
+            timings["qemu_cpu"] = cpu
     finally:
         t = time.monotonic()
         if defined:
@@ -537,6 +548,20 @@ def boot(
         defined_xml=defined_xml, bootable_xml=bootable, serial_log=serial,
         work_dir=wd, timings=timings, notes=notes,
     )
+
+
+def _qemu_cpu_seconds(lv: PrivateLibvirtd, name: str) -> float | None:
+    """CPU time (user + system, all threads) the domain's QEMU has used so far: unlike wall
+    time, it hardly depends on what else runs on the machine, so boots on different stacks or
+    under different load compare by it."""
+    try:
+        pid = int(lv.qemu_pidfile(name).read_text().strip())
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError):
+        return None
+    # fields after the command name start at stat's 3rd; utime and stime are the 14th and 15th
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _placed_by_libvirt(defined_xml: bytes, unplaced: list[StandIn]) -> dict[GuestAddr, StandIn]:

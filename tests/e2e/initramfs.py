@@ -14,7 +14,7 @@ it can be picked out of a serial log that also carries kernel messages::
     @@RES <BDF> <line> <start> <end> <flags>   (the function's `resource` file, issue 11)
     @@DMESG <kernel line about BARs and windows>
     @@NODE <N> <cpulist>
-    @@INFO <key> <value>           (acpi_tables, cmdline, kernel)
+    @@INFO <key> <value>           (acpi_tables, cmdline, kernel, physbits, bios_vendor, bios_version)
     @@LSPCI <one line of `lspci -tvnn`>
     @@PCITOPO-END
 
@@ -101,6 +101,8 @@ done
 echo "@@INFO acpi_tables $(ls /sys/firmware/acpi/tables 2>/dev/null | tr '\n' ' ')"
 echo "@@INFO cmdline $(cat /proc/cmdline)"
 echo "@@INFO kernel $(uname -r)"
+echo "@@INFO bios_vendor $(cat /sys/class/dmi/id/bios_vendor 2>/dev/null)"
+echo "@@INFO bios_version $(cat /sys/class/dmi/id/bios_version 2>/dev/null)"
 lspci -tvnn 2>&1 | while IFS= read -r line; do echo "@@LSPCI $line"; done
 echo "@@PCITOPO-END"
 sync

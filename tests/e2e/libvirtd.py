@@ -1,29 +1,38 @@
-"""A private, throw-away libvirtd for the e2e tier.
+"""A private, throw-away libvirtd for the e2e tier, run from a chosen stack.
 
-libvirt 9.0 (Debian 12) only ships the monolithic ``libvirtd``. Run as root it
-is "privileged" and its QEMU driver reads ``/etc/libvirt/qemu.conf`` and keeps
-state in ``/run/libvirt``, ``/var/lib/libvirt``, ``/var/cache/libvirt`` and
-``/var/log/libvirt``; those paths are compiled in (the XDG variables only
-apply to an unprivileged session daemon). To keep every byte of that private
-we start libvirtd inside its own mount and network namespace
-(``unshare -m -n``) and bind-mount directories of ours over those five paths.
-So:
+The stack (``testkit.stack``) is, by default, the Debian 13 root ``make setup`` builds under
+``.cache/trixie/root`` (QEMU 10.0, libvirt 11.3, SeaBIOS 1.16.3, OVMF 2025.02: what KubeVirt's
+users boot on); :data:`testkit.stack.DEBIAN12` is the machine's own (QEMU 7.2, libvirt 9.0).
+
+Run as root, the monolithic ``libvirtd`` is "privileged": its QEMU driver reads
+``/etc/libvirt/qemu.conf`` and keeps state in ``/run/libvirt``, ``/var/lib/libvirt``,
+``/var/cache/libvirt`` and ``/var/log/libvirt``; those paths are compiled in (the XDG
+variables only apply to an unprivileged session daemon). To keep every byte of that private
+we start libvirtd inside its own mount and network namespace (``unshare -m -n``, propagation
+private) and bind-mount directories of ours over those five paths. For the Debian 13 root, the
+same namespace also binds ``/dev``, ``/proc``, ``/sys`` and the directories the domains name
+(the e2e cache with kernel, initramfs and serial logs; the daemon's base; the temp dir) into the
+root at their own paths, then ``exec chroot ROOT libvirtd``; QEMU inherits root and namespace,
+so ``/usr/share/ovmf/OVMF.fd`` and QEMU's default BIOS are the root's. So:
 
 - nothing of a system libvirtd (if any) is read, written or connected to;
+- no mount is ever visible outside the namespace, and none needs unmounting: the kernel drops
+  them when its last process (libvirtd and its QEMUs) exits. A recursive delete of the root from
+  outside cannot walk into a bound directory;
 - the guest has no route anywhere (the namespace has only a down loopback;
   user-mode networking of stand-in NICs stays inside QEMU);
 - the daemon's sockets live in ``<base>/sock`` (``unix_sock_dir``), visible
-  from outside the namespace; connect with :attr:`PrivateLibvirtd.uri`.
+  from outside the namespace at the same path; :meth:`PrivateLibvirtd.virsh` runs the stack's
+  own ``virsh`` (for the root: ``nsenter`` into the daemon's mount namespace and root).
 
 The only traces outside ``<base>`` are the empty mount-point directories
-``/run/libvirt``, ``/var/lib/libvirt``, ``/var/cache/libvirt`` and
-``/var/log/libvirt`` (created if missing, as libvirt-daemon would) and the
-``libvirt-qemu`` user/group (libvirt's QEMU driver refuses to start without
-them; scripts/setup-debian.sh creates them, we do too if missing).
+(``/run/libvirt`` ... on the machine for Debian 12; the shared paths inside the root for Debian
+13) and, for Debian 12, the ``libvirt-qemu`` user/group (libvirt's QEMU driver refuses to start
+without them; scripts/setup-debian.sh creates them, we do too if missing; the root has its own).
 
 The daemon is stopped by its own PID (SIGTERM, then SIGKILL), and any QEMU it
-left behind by the PID in its pid file. QEMU's capability probe (~4-7 s) is
-cached across runs in ``.cache/e2e/libvirt-capcache``.
+left behind by the PID in its pid file. QEMU's capability probe (~4-10 s) is
+cached across runs in ``.cache/e2e/libvirt-capcache-<stack>``.
 """
 
 from __future__ import annotations
@@ -34,9 +43,12 @@ import signal
 import subprocess
 import tempfile
 import time
+from itertools import count
 from pathlib import Path
 
-from .paths import cache_dir
+from testkit.stack import Stack, StackVersions
+
+from .paths import cache_dir, e2e_stack
 
 QEMU_CONF = """\
 # private qemu.conf of the pcitopo e2e tier
@@ -99,38 +111,44 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_stale_bases() -> None:
-    """Drop ``.cache/e2e/libvirt-<pid>`` dirs of processes that are gone."""
+    """Drop ``.cache/e2e/libvirt-<pid>[-<n>]`` dirs of processes that are gone."""
     for d in cache_dir().glob("libvirt-[0-9]*"):
         try:
-            pid = int(d.name.split("-", 1)[1])
+            pid = int(d.name.split("-")[1])
         except ValueError:
             continue
         if pid != os.getpid() and not _pid_alive(pid):
             shutil.rmtree(d, ignore_errors=True)
 
 
+_bases = count()
+
+
 class PrivateLibvirtd:
     """Usage::
 
-        with PrivateLibvirtd() as lv:
+        with PrivateLibvirtd() as lv:          # Debian 13 root (or $PCITOPO_E2E_STACK)
             lv.virsh("define", "dom.xml")
+        PrivateLibvirtd(stack=DEBIAN12)         # the machine's own libvirt 9 / QEMU 7.2
     """
 
     def __init__(
-        self, base: Path | None = None, start_timeout: float = 60.0, idle_timeout: float = 900.0
+        self, base: Path | None = None, start_timeout: float = 60.0, idle_timeout: float = 900.0,
+        stack: Stack | None = None,
     ) -> None:
         self.start_timeout = start_timeout
         # safety net if our process dies without stop(): libvirtd exits by
         # itself after this long with no client and no running domain
         self.idle_timeout = idle_timeout
+        self.stack = stack if stack is not None else e2e_stack()
         if base is None:
-            base = cache_dir() / f"libvirt-{os.getpid()}"
+            base = cache_dir() / f"libvirt-{os.getpid()}-{next(_bases)}"
             # sun_path is 108 bytes; keep well clear of it
             if len(str(base / "sock" / "libvirt-sock")) > 100:
                 base = Path(tempfile.mkdtemp(prefix="pcitopo-lv-"))
         self.base = base.resolve()
         self.proc: subprocess.Popen | None = None
-        self.capcache = cache_dir() / "libvirt-capcache"
+        self.capcache = cache_dir() / f"libvirt-capcache-{self.stack.name}"
 
     # -- paths -------------------------------------------------------------
     @property
@@ -151,20 +169,55 @@ class PrivateLibvirtd:
     def qemu_pidfile(self, name: str) -> Path:
         return self.base / "run" / "qemu" / f"{name}.pid"
 
+    def shared_dirs(self) -> list[Path]:
+        """Directories a domain's paths point into (kernel, initramfs, serial log, XML to
+        define), bound into a separate root at their own paths: the e2e cache, the daemon's base
+        and the temp dir (pytest's ``tmp_path``). Parents before children."""
+        dirs = {cache_dir().resolve(), self.base, Path(tempfile.gettempdir()).resolve()}
+        return sorted(dirs, key=lambda d: (len(d.parts), str(d)))
+
+    def versions(self) -> StackVersions:
+        """What this daemon's stack carries (QEMU, libvirt, SeaBIOS, OVMF): every boot table
+        prints it, ``.line()`` in full or ``.short()``."""
+        return self.stack.versions()
+
     # -- lifecycle ---------------------------------------------------------
-    def start(self) -> None:
-        if self.proc is not None:
+    def _check_tools(self) -> None:
+        if self.stack.root is None:
+            for tool in ("libvirtd", "virsh", "unshare", "qemu-system-x86_64"):
+                if shutil.which(tool) is None:
+                    raise LibvirtError(f"{tool} not found: run `bash scripts/setup-debian.sh`")
+            ensure_libvirt_qemu_user()
             return
-        for tool in ("libvirtd", "virsh", "unshare", "qemu-system-x86_64"):
+        for tool in ("unshare", "nsenter", "chroot"):
             if shutil.which(tool) is None:
-                raise LibvirtError(f"{tool} not found: run `bash scripts/setup-debian.sh`")
-        ensure_libvirt_qemu_user()
-        _remove_stale_bases()
-        if self.base.exists():
-            shutil.rmtree(self.base)
-        for sub, _ in _BINDS:
-            (self.base / sub).mkdir(parents=True)
-        (self.base / "sock").mkdir()
+                raise LibvirtError(f"{tool} not found (util-linux, coreutils)")
+        for tool in ("/usr/sbin/libvirtd", "/usr/bin/virsh", "/usr/bin/qemu-system-x86_64"):
+            if not self.stack.path(tool).exists():
+                raise LibvirtError(f"{self.stack.path(tool)} missing: run `bash scripts/setup-trixie.sh`")
+
+    def _mount_script(self) -> str:
+        """Shell lines, run inside the new mount namespace, that give libvirtd its directories
+        (and, for a separate root, the machine's /dev, /proc, /sys and the shared dirs)."""
+        root = self.stack.root
+        lines = []
+        if root is not None:
+            # rbind: /dev/pts, /dev/shm and the cgroup mounts below /sys come along
+            lines += [f"mount --rbind /dev '{root}/dev'", f"mount --bind /proc '{root}/proc'",
+                      f"mount --rbind /sys '{root}/sys'"]
+            for d in self.shared_dirs():
+                # non-recursive on purpose: a root that lies below a shared dir shows up inside
+                # as a plain directory, never as a loop of mounts
+                lines += [f"mkdir -p '{root}{d}'", f"mount --bind '{d}' '{root}{d}'"]
+        for sub, target in _BINDS:
+            if root is None:
+                os.makedirs(target, exist_ok=True)  # mount point only
+                lines.append(f"mount --bind '{self.base / sub}' '{target}'")
+            else:
+                lines += [f"mkdir -p '{root}{target}'", f"mount --bind '{self.base / sub}' '{root}{target}'"]
+        return "\n".join(lines)
+
+    def _write_config(self) -> None:
         if self.capcache.is_dir():
             shutil.copytree(self.capcache, self.base / "cache", dirs_exist_ok=True)
         (self.base / "etc" / "qemu.conf").write_text(QEMU_CONF)
@@ -178,18 +231,29 @@ class PrivateLibvirtd:
             'auth_unix_rw = "none"\n'
             f'log_outputs = "3:file:{self.daemon_log}"\n'
         )
-        mounts = []
-        for sub, target in _BINDS:
-            os.makedirs(target, exist_ok=True)  # mount point only
-            mounts.append(f"mount --bind '{self.base / sub}' '{target}'")
+
+    def start(self) -> None:
+        if self.proc is not None:
+            return
+        self._check_tools()
+        _remove_stale_bases()
+        if self.base.exists():
+            shutil.rmtree(self.base)
+        for sub, _ in _BINDS:
+            (self.base / sub).mkdir(parents=True)
+        (self.base / "sock").mkdir()
+        self._write_config()
+        chroot = "" if self.stack.root is None else f"chroot '{self.stack.root}' "
         script = (
             "set -e\n"
-            + "\n".join(mounts)
-            + "\nexec libvirtd --config /etc/libvirt/libvirtd.conf"
+            + self._mount_script()
+            + f"\nexec {chroot}libvirtd --config /etc/libvirt/libvirtd.conf"
             " --pid-file /run/libvirt/libvirtd.pid"
             f" --timeout {int(self.idle_timeout)}\n"
         )
+        (self.base / "start.sh").write_text(script)
         out = open(self.base / "libvirtd.stdout", "wb")
+        # the PID stays libvirtd's: unshare, sh and chroot each exec the next
         self.proc = subprocess.Popen(
             ["unshare", "--mount", "--net", "--propagation", "private",
              "sh", "-c", script],
@@ -197,11 +261,14 @@ class PrivateLibvirtd:
             start_new_session=True,
         )
         out.close()
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
         while True:
             if self.proc.poll() is not None:
                 raise LibvirtError(
-                    f"libvirtd exited with {self.proc.returncode}: "
+                    f"libvirtd ({self.stack.label}) exited with {self.proc.returncode}: "
                     + (self.base / "libvirtd.stdout").read_text(errors="replace")[-2000:]
                 )
             if self.socket.exists():
@@ -278,10 +345,19 @@ class PrivateLibvirtd:
         self.stop()
 
     # -- virsh -------------------------------------------------------------
+    def virsh_argv(self) -> list[str]:
+        """The stack's own virsh: for a separate root, entered through the running daemon's
+        mount namespace and root directory (the socket and shared dirs exist only there)."""
+        if self.stack.root is None:
+            return ["virsh"]
+        if self.proc is None:
+            raise LibvirtError("libvirtd is not running")
+        return ["nsenter", f"--target={self.proc.pid}", "--mount", "--root", "--wd", "virsh"]
+
     def virsh(
         self, *args: str, check: bool = True, timeout: float = 60.0, input: bytes | None = None
     ) -> subprocess.CompletedProcess:
-        cmd = ["virsh", "--quiet", "-c", self.uri, *args]
+        cmd = [*self.virsh_argv(), "--quiet", "-c", self.uri, *args]
         try:
             r = subprocess.run(
                 cmd, input=input, capture_output=True, timeout=timeout,

@@ -34,7 +34,7 @@ from topology.sysfs import open_host
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 Q = f"{{{QEMU_NS}}}"
 IVSHMEM = ("0x1af4", "0x1110")  # ivshmem's vendor:device in the guest
-OVMF = "/usr/share/ovmf/OVMF.fd"  # Debian's `ovmf` package (the stack's own)
+OVMF = "/usr/share/ovmf/OVMF.fd"  # the stack's `ovmf` package (2025.02 in the Debian 13 root)
 KEEP_CPU = ("maxphysaddr", "feature")
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -246,24 +246,29 @@ def mmio_settings(xml: bytes) -> str:
 
 @dataclass
 class BootRow:
+    """One case under one firmware, booted with the rewrite's settings and without any."""
+
     case: str
     firmware: str
     settings: str
     with_settings: BarCount
     without: BarCount
-    t_with: float
-    t_without: float
+    boot_with: object  # guestboot.GuestResult
+    boot_without: object
     refused: str = ""
 
     @staticmethod
     def header() -> list[str]:
-        return [f"{'case':<20} {'firmware':<8} {'with settings':>13} {'without':>8}  seconds    settings",
-                "-" * 100]
+        return [f"{'case':<20} {'firmware':<8} {'with':>7} {'without':>7}  {'s (QEMU CPU s)':<26} "
+                "guest firmware / settings", "-" * 110]
 
     def line(self) -> str:
         w, wo = self.with_settings, self.without
-        return (f"{self.case:<20} {self.firmware:<8} {w.assigned:>6}/{w.expected:<6} {wo.assigned:>4}/{wo.expected:<3}"
-                f"  {self.t_with:4.0f}/{self.t_without:<4.0f}  {self.settings}" + ("  [refused: recommends EFI]" if self.refused else ""))
+        times = "/".join(f"{r.timings['total']:.0f} ({r.timings.get('qemu_cpu') or 0:.0f})"
+                         for r in (self.boot_with, self.boot_without))
+        return (f"{self.case:<20} {self.firmware:<8} {w.assigned:>3}/{w.expected:<3} {wo.assigned:>3}/{wo.expected:<3}  "
+                f"{times:<26} {self.boot_with.firmware} / {self.settings}"
+                + ("  [refused: recommends EFI]" if self.refused else ""))
 
 
 def stack_versions(libvirtd) -> tuple[str, str]:

@@ -9,6 +9,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 SLOW_SWITCH = "PCITOPO_E2E_SLOW"
+STACK_SWITCH = "PCITOPO_E2E_STACK"
+
+
+def e2e_stack():
+    """The stack the tier boots on: the Debian 13 root (``debian13``, the default) or, with
+    ``PCITOPO_E2E_STACK=debian12``, the machine's own (to compare; tests that need Debian 12 ask
+    for it by name). Raises ``testkit.stack.StackMissing`` when it is not set up."""
+    from testkit.stack import stack_named
+
+    return stack_named(os.environ.get(STACK_SWITCH) or "debian13")
 
 
 def slow_tier_on(env: dict[str, str] | None = None) -> bool:

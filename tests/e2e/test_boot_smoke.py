@@ -33,7 +33,7 @@ def _boot(libvirtd, xml: bytes, label: str):
     t = r.timings
     print(
         f"\n[e2e] {label}: define {t['define']:.2f}s, start→end marker {t['run']:.2f}s, "
-        f"total {t['total']:.2f}s"
+        f"total {t['total']:.2f}s, QEMU CPU {t.get('qemu_cpu', float('nan')):.2f}s (guest firmware {r.firmware}; {libvirtd.versions().short()})"
     )
     return r
 
@@ -76,6 +76,9 @@ def test_switch_hierarchy_and_numa(libvirtd, tmp_path):
     assert p.nodes == {0: "0", 1: "1"}
 
     assert r.unmapped() == [] and bus_overlaps(p) == []
+
+    # the guest booted the stack's own SeaBIOS (QEMU's default BIOS in that root)
+    assert r.firmware.startswith(f"SeaBIOS {libvirtd.versions().seabios}"), r.firmware
 
     # the controller override survived make_bootable (x-width 16 on rp0)
     rp0 = p.functions[f"0000:{gpu0.hops[0].split(':', 1)[1]}"]

@@ -53,6 +53,8 @@ BOOT_TIMEOUT = 240.0
 
 # (label, devices, timings) of every boot of this module, summed up at its end.
 _BOOTS: list[tuple[str, int, dict[str, float]]] = []
+# the "tested with" line of the daemon(s) they booted on
+_STACKS: list[str] = []
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,6 +75,8 @@ def _boot(libvirtd, label: str, xml: bytes) -> GuestResult:
     r = boot(xml, libvirtd=libvirtd, timeout=BOOT_TIMEOUT)
     t = r.timings
     _BOOTS.append((label, len(r.mapping), dict(t)))
+    if (line := f"{libvirtd.versions().line()}; guest firmware {r.firmware}") not in _STACKS:
+        _STACKS.append(line)
     print(
         f"\n[e2e] {label}: {len(r.mapping)} stand-ins, define {t['define']:.2f}s, "
         f"start→end marker {t['run']:.2f}s, teardown {t['teardown']:.2f}s, total {t['total']:.2f}s"
@@ -86,11 +90,14 @@ def boot_time_summary(request):
     yield
     if not _BOOTS:
         return
-    lines = [f"[e2e] golden boots ({len(_BOOTS)}), seconds: define / start→end marker / total"]
+    lines = [f"[e2e] golden boots ({len(_BOOTS)}), seconds: define / start→end marker / total"
+             " / QEMU CPU"]
     for label, n, t in _BOOTS:
-        lines.append(f"  {label:<50} {n:>3} devs  {t['define']:5.2f} {t['run']:6.2f} {t['total']:6.2f}")
+        lines.append(f"  {label:<50} {n:>3} devs  {t['define']:5.2f} {t['run']:6.2f} {t['total']:6.2f}"
+                     f" {t.get('qemu_cpu', float('nan')):6.2f}")
     total = sum(t["total"] for _, _, t in _BOOTS)
     lines.append(f"  sum of boots {total:.1f}s; module wall time {time.monotonic() - start:.1f}s")
+    lines += [f"  on {line}" for line in _STACKS]
     # Shown without -s too: write past output capture, straight to the terminal.
     pm = request.config.pluginmanager
     tr, capman = pm.getplugin("terminalreporter"), pm.getplugin("capturemanager")

@@ -66,7 +66,7 @@ def _boot(libvirtd, xml: bytes, sizes: dict[str, tuple[int, ...]], efi: bool, me
     r = boot(standin, libvirtd=libvirtd, timeout=BOOT_TIMEOUT["ovmf" if efi else "seabios"],
              keep_cpu=KEEP_CPU, loader=OVMF if efi else None, memory_mib=min(memory_mib, MAX_GUEST_MIB))
     want = [s for v in sizes.values() for s in v]
-    return count_bars(serial_text(r.serial_log), want), r.timings["total"]
+    return count_bars(serial_text(r.serial_log), want), r
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +84,11 @@ def test_every_bar_assigned_and_no_setting_lowers_the_count(libvirtd, stack, cas
     b = d.report.mmio
     assert b is not None and b.firmware == fw
     refused = [w for w in d.report.warnings if w.kind == "mmio-firmware"]
-    with_settings, t_with = _boot(libvirtd, d.xml, d.sizes, fw == "ovmf", d.memory_mib)
+    with_settings, r_with = _boot(libvirtd, d.xml, d.sizes, fw == "ovmf", d.memory_mib)
     bare = strip_mmio_settings(d.xml)
     assert mmio_settings(bare) == "none"
-    without, t_without = _boot(libvirtd, bare, d.sizes, fw == "ovmf", d.memory_mib)
-    row = BootRow(case, fw, mmio_settings(d.xml), with_settings, without, t_with, t_without,
+    without, r_without = _boot(libvirtd, bare, d.sizes, fw == "ovmf", d.memory_mib)
+    row = BootRow(case, fw, mmio_settings(d.xml), with_settings, without, r_with, r_without,
                   refused[0].reason if refused else "")
     ROWS.append(row)
     print("\n" + row.line())

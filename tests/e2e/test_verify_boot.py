@@ -36,6 +36,9 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     assert pred.returncode == 0, pred.stderr
     out = _run("xmlfix", "--sysfs", str(HOST), str(CASE / "domain.xml"))
     booted = boot(out.stdout, libvirtd=libvirtd, timeout=240.0, work_dir=tmp_path / "boot")
+    t = booted.timings
+    print(f"\n[e2e verify] one-node booted: start→end marker {t['run']:.1f}s, total {t['total']:.1f}s; "
+          f"guest firmware {booted.firmware}; on {libvirtd.versions().line()}")
     tree = booted.sysfs_tree(tmp_path / "guest-sysfs")
     expect = tmp_path / "predicted.json"
     expect.write_bytes(pred.stdout)
