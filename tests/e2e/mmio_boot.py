@@ -25,11 +25,11 @@ from lxml import etree
 from testkit import REPO
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
 from testkit.synth import host_from_topo
-from topology.bars import Bar
-from topology.domain import parse_int
-from topology.model import Topology
-from topology.rewrite import rewrite_domain
-from topology.sysfs import open_host
+from topology.guest.rewrite import rewrite_domain
+from topology.host.sysfs import open_host
+from topology.libvirt.domain import parse_int
+from topology.model.bars import Bar
+from topology.model.tree import Topology
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 Q = f"{{{QEMU_NS}}}"
@@ -287,19 +287,6 @@ def stack_versions(libvirtd) -> tuple[str, str]:
     seabios = pkgs["seabios"].split("-")[0]
     return (f"[e2e mmio] stack: QEMU {qemu}, libvirt {pkgs['libvirt-daemon']}, SeaBIOS {pkgs['seabios']}, "
             f"OVMF {pkgs['ovmf']}"), seabios
-
-
-def print_rows(request, lines: list[str]) -> None:
-    """Past pytest's output capture, so the table shows without -s."""
-    pm = request.config.pluginmanager
-    tr, capman = pm.getplugin("terminalreporter"), pm.getplugin("capturemanager")
-    if tr is None or capman is None:  # pragma: no cover
-        print("\n".join(lines))
-        return
-    with capman.global_and_fixture_disabled():
-        tr.write_line("")
-        for line in lines:
-            tr.write_line(line)
 
 
 def native_settings_domain() -> tuple[bytes, object, str]:

@@ -37,11 +37,11 @@ from .mmio_boot import (
     count_bars,
     large_bar_standins,
     mmio_settings,
-    print_rows,
     serial_text,
     stack_versions,
     strip_mmio_settings,
 )
+from .terminal import show_past_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -168,4 +168,5 @@ def test_libvirt_hands_the_settings_to_qemu(libvirtd, tmp_path):
 def test_zz_mmio_table(request, libvirtd):
     """The table of this session's boots, with the stack it ran on."""
     if ROWS or EFI_ROWS:
-        print_rows(request, [stack_versions(libvirtd)[0], *BootRow.header(), *(r.line() for r in ROWS), *EFI_ROWS])
+        show_past_capture(request.config, [stack_versions(libvirtd)[0], *BootRow.header(),
+                                           *(r.line() for r in ROWS), *EFI_ROWS])
