@@ -289,14 +289,11 @@ def stack_versions(libvirtd) -> tuple[str, str]:
             f"OVMF {pkgs['ovmf']}"), seabios
 
 
-def native_settings_domain() -> tuple[bytes, object, str]:
-    """A rewritten domain with real vfio hostdevs (a PCIe host with two switches of two L40S
-    each, tests/test_mmio.py's PCIE_HOST) that libvirt can translate without starting it:
-    (XML, the rewrite's report, the domain's name)."""
-    import test_mmio
-
-    host = host_from_topo(test_mmio.PCIE_HOST)
-    root = etree.fromstring(kubevirt_domain(host, DomainSpec("settings", tuple(gpus_and_nics(host)))))
+def native_settings_domain(host: Topology) -> tuple[bytes, object, str]:
+    """A rewritten domain of every GPU and NIC of ``host`` as real vfio hostdevs, which libvirt
+    can translate without starting it: (XML, the rewrite's report, the domain's name)."""
+    name = f"settings-{host.name}" if getattr(host, "name", None) else "settings"
+    root = etree.fromstring(kubevirt_domain(host, DomainSpec(name, tuple(gpus_and_nics(host)))))
     root.set("type", "qemu")
     root.find("os/type").set("machine", "q35")
     for el in [*root.findall("cputune"), *root.findall("numatune"), *root.findall("memoryBacking"),

@@ -143,6 +143,9 @@ def place(tops: list[Bar | Bridge], ram: int, width: Width, reserved_end: int = 
         size = align_up(total, GiB)
         if padded:
             size = align_up(size, top >> SHARE_SHIFT)
+        # when the list outgrows the space, SeaBIOS's unsigned "top - size" wraps past 2^64 and
+        # scatters the windows; the model keeps the end of RAM there, erring towards more BARs
+        # placed without settings than with (the side the rule must not get wrong)
         if size <= top and start < top - size:
             start = top - size
     start = align_up(align_up(start, entries[0].align if entries else 1), GiB)
