@@ -5,6 +5,8 @@
 - :mod:`testkit.strategies`: Hypothesis strategies over generated hosts and domains;
 - :mod:`testkit.hookkit`: VMI JSON, a virt-launcher-like client, the ``xmlfix`` door as a process;
 - :mod:`testkit.server_proc`: ``pcitopo serve`` (or any argv) as a child process.
+- :mod:`testkit.stack`: the QEMU/libvirt/firmware stacks the guest-boot tier runs (the Debian 13
+  root ``make setup`` builds, the machine's Debian 12) and the versions each carries.
 
 It is part of the development install (``pip install -e '.[test]'``, what ``make setup`` runs;
 its third-party needs, Hypothesis and pytest, come with the ``test`` extra) and is meant to be

@@ -80,3 +80,16 @@ def test_daemon_runs_from_the_root_and_leaves_nothing(e2e_ready, tmp_path):
     assert not _pid_alive(pid)
     lv.cleanup()
     assert not lv.base.exists()
+
+
+def test_a_qemu_abort_is_told_from_a_guest_failure():
+    """guestboot boots once more only when QEMU itself aborted (seen once with QEMU 10.0's TCG)."""
+    from .guestboot import _qemu_abort
+
+    log = ("2026-12-03 14:25:31.817+0000: Domain id=4 is tainted: high-privileges\n"
+           "qemu-system-x86_64: system/physmem.c:2671: iotlb_to_section: Assertion "
+           "`section_index < d->map.sections_nb' failed.\n"
+           "2026-12-03 14:26:26.375+0000: shutting down, reason=crashed\n")
+    assert _qemu_abort(log).endswith("d->map.sections_nb' failed.")
+    assert _qemu_abort("2026-12-03 shutting down, reason=shutdown\n") is None
+    assert _qemu_abort("qemu-system-x86_64: -device foo: Bus 'pci.9' not found\n") is None
