@@ -1,4 +1,5 @@
-"""The 64-bit MMIO budget, the settings it writes, and P2P cliques (issue 11)."""
+"""The 64-bit MMIO budget, the settings it writes, and P2P cliques (issues 11 and 18; the SeaBIOS
+placement model itself: tests/test_seabios.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from topology.guest.mmio import (
     host_phys_bits,
     ovmf_bits,
     pow2ceil,
-    seabios_bits,
     window_of,
 )
 from topology.libvirt.overrides import properties
@@ -86,11 +86,7 @@ def test_windows_round_to_the_largest_alignment():
     assert pow2ceil(3) == 4 and pow2ceil(64) == 64 and pow2ceil(0) == 0
 
 
-def test_width_per_firmware():
-    # SeaBIOS: RAM top (4 GiB + RAM) aligned up to the largest window, then the windows
-    assert seabios_bits(8 * GiB, [256 * GiB] * 8) == 42      # 256 GiB + 2 TiB < 4 TiB
-    assert seabios_bits(8 * GiB, [256 * GiB] * 2) is None    # 768 GiB: QEMU's 40 bits suffice
-    assert seabios_bits(8 * GiB, []) is None
+def test_ovmf_width():
     # OVMF: the top eighth of the address space, at least 41 bits; its default window is 32 GiB
     assert ovmf_bits(32 * GiB) is None
     assert ovmf_bits(2 * TiB) == 44
@@ -137,8 +133,12 @@ def test_host_passthrough_seabios_gets_passthrough_width_and_root_port_reserves(
     props = mmio_properties(root)
     assert set(props) == {p.alias for p in r.report.mmio.ports}
     assert all(a.startswith("ua-pcitopo-rp-") for a in props)
+    # SeaBIOS 1.16.3 at the host's 46 bits aligns the ports to 32 GiB: a 192 GiB port window
+    # (128 GiB + 32 MiB GPU, 32 MiB NIC) becomes a 256 GiB reserve, so every GPU BAR is aligned
     assert {p["pref64-reserve"].value for p in props.values()} == {str(256 * GiB)}
-    assert r.report.mmio.seabios_bits == 42 and not r.report.warnings
+    plan = r.report.mmio.seabios
+    assert r.report.mmio.seabios_bits == 46 and plan.complete and not r.report.warnings
+    assert plan.baseline.assigned < len(plan.baseline.bars)  # without the reserves: not all
 
 
 def test_host_model_ovmf_gets_emulated_bits_and_1g_pages_and_no_reserves(h100):
@@ -367,19 +367,33 @@ def test_explain_shows_the_budget_per_root_port_and_firmware(h100):
     assert "64-bit MMIO budget (ovmf, CPU host-model" in text
     assert text.count("window 384 GiB (largest BAR 128 GiB") == 8
     assert "ovmf: total 3.00 TiB, needs 45 bits, window 4 TiB  <- this domain" in text
+    # the rule used and the firmware version assumed, for both firmwares
+    assert "seabios (SeaBIOS 1.16.3, as KubeVirt 1.8-1.9's virt-launcher ships it): rule: " in text
+    assert "ovmf (OVMF 2025.02, as KubeVirt 1.8-1.9's virt-launcher ships it): rule: " in text
     assert "applied: <maxphysaddr mode='emulate' bits='45'/>; <feature policy='require' name='pdpe1gb'/>" in text
     off = explain_text(rewrite_domain(_domain(h100, gpus_and_nics(h100)), h100, mmio=False), h100)
     assert "64-bit MMIO: not managed (mmio: off)" in off
 
 
-def test_seabios_reserves_large_bars_even_when_the_width_suffices(h100):
-    """One H100 and its NIC fit QEMU's 40 bits, but SeaBIOS 1.16.3 still needs the reserve."""
+def test_seabios_needs_nothing_when_the_model_places_every_bar_without(h100):
+    """One H100 and its NIC on a host-passthrough CPU: SeaBIOS 1.16.3 at the host's width puts the
+    one port window at the top of the space, on a multiple of its size: nothing to write."""
     r = rewrite_domain((ROOT / "fixtures/hgx-h100/cases/one-pair/domain.xml").read_bytes(), h100, host_phys_bits=46)
     root = _root(r.xml)
-    assert r.report.mmio.bits is None and root.find("cpu/maxphysaddr") is None
-    assert {p["pref64-reserve"].value for p in mmio_properties(root).values()} == {str(384 * GiB)}
+    plan = r.report.mmio.seabios
+    assert plan.complete and plan.bits is None and plan.reserves == {}
+    assert root.find("cpu/maxphysaddr") is None and mmio_properties(root) == {}
     nics = [b for b in gpus_and_nics(h100) if h100.role(b).value == "nic"][:2]
     assert mmio_properties(_root(rewrite_domain(_domain(h100, nics), h100).xml)) == {}  # 32 MiB BARs: nothing
+
+
+def test_no_setting_is_written_that_the_model_says_places_fewer(h100, b200):
+    """Every fixture host and CPU mode under SeaBIOS: with the settings the model places at least
+    as many BARs as without (tests/e2e/test_mmio_boot.py checks the same on the real firmware)."""
+    for host in (h100, b200):
+        for mode in ("host-passthrough", "host-model", "custom"):
+            plan = rewrite_domain(_domain(host, gpus_and_nics(host), mode), host, host_phys_bits=46).report.mmio.seabios
+            assert plan.placement.assigned >= plan.baseline.assigned, (host, mode)
 
 
 def test_mmio_errors_live_in_topology_errors():

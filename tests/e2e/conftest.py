@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config, items):
     ``PCITOPO_E2E_SLOW=1`` (``make test-slow`` sets it); see :func:`paths.slow_tier_on`."""
     if slow_tier_on():
         return
-    skip = pytest.mark.skip(reason="slow OVMF boot: run with PCITOPO_E2E_SLOW=1 (make test-slow)")
+    skip = pytest.mark.skip(reason="slow boot: run with PCITOPO_E2E_SLOW=1 (make test-slow)")
     for item in items:
         if item.get_closest_marker("e2e_slow"):
             item.add_marker(skip)

@@ -1,5 +1,5 @@
-"""The MMIO tier (issue 11): boot rewritten domains with large-BAR stand-ins and count the BARs
-the guest kernel assigned.
+"""The MMIO tier (issues 11 and 18): boot rewritten domains with large-BAR stand-ins and count the
+BARs the guest kernel assigned.
 
 A GPU's BARs are stood in for by QEMU ``ivshmem-plain`` devices: its BAR2 is a 64-bit
 prefetchable BAR of exactly the size of its ``memory-backend-ram`` (``share=on,reserve=off``: the
@@ -22,8 +22,14 @@ from pathlib import Path
 
 from lxml import etree
 
-from topology.model.bars import Bar
+from testkit import REPO
+from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
+from testkit.synth import host_from_topo
+from topology.guest.rewrite import rewrite_domain
+from topology.host.sysfs import open_host
 from topology.libvirt.domain import parse_int
+from topology.model.bars import Bar
+from topology.model.tree import Topology
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 Q = f"{{{QEMU_NS}}}"
@@ -152,3 +158,156 @@ def count_bars(serial_text: str, want_sizes: list[int]) -> BarCount:
 
 def serial_text(path: Path) -> str:
     return path.read_text(errors="replace")
+
+
+# -- the cases of the boot table ---------------------------------------------------------------
+
+HOST_BITS = 46  # the hosts' CPUs (Sapphire/Emerald Rapids)
+GPU_PRESETS = {"h100": "128 GiB + 32 MiB", "b200": "256 GiB + 32 MiB"}
+
+
+def switch_host(gpu: str, nics: bool = True, direct: bool = False) -> Topology:
+    """Eight root complexes, one root port each, and below it either the GPU itself (``direct``)
+    or, as on an OCI H100 node, a two-level switch holding the GPU and (``nics``) a
+    dual-function ConnectX-7 (testkit/synth.py presets: real BAR sizes)."""
+    lines = ["numa 0 cpus=0-15", "numa 1 cpus=16-31"]
+    for i in range(8):
+        b = 0x10 + i * 0x10
+        lines += [f"rc 0000:{b:02x} numa={i // 4}", f"  rp {b:02x}:01.0 preset=intel-rp"]
+        if direct:
+            lines.append(f"    ep {b + 1:02x}:00.0 preset={gpu}")
+            continue
+        lines += [f"    us {b + 1:02x}:00.0 preset=pex-gen5-top", f"      ds {b + 2:02x}:00.0",
+                  f"        us {b + 3:02x}:00.0 preset=pex-gen5-virt", f"          ds {b + 4:02x}:00.0",
+                  f"            ep {b + 5:02x}:00.0 preset={gpu}"]
+        if nics:
+            lines += [f"          ds {b + 4:02x}:01.0",
+                      f"            ep {b + 6:02x}:00.0 preset=cx7-ib functions=2 driver=vfio-pci"]
+    return host_from_topo("\n".join(lines) + "\n", f"switch-{gpu}")
+
+
+CASES = {
+    "oci-h100": lambda: switch_host("h100"),
+    "oci-b200": lambda: switch_host("b200"),
+    "oci-h100-gpus-only": lambda: switch_host("h100", nics=False),
+    "oci-b200-gpus-only": lambda: switch_host("b200", nics=False),
+    "gpu-on-root-port": lambda: switch_host("h100", direct=True),
+    "two-per-switch": lambda: open_host(REPO / "fixtures" / "hgx-b200"),  # B200s, GPUs + NICs
+}
+
+
+@dataclass
+class BootDomain:
+    xml: bytes  # rewritten
+    sizes: dict[str, tuple[int, ...]]  # hostdev alias -> its 64-bit prefetchable BAR sizes
+    report: object  # the rewrite's report
+    memory_mib: int  # the domain's RAM, which the boot gives the guest
+
+
+def boot_domain(case: str, efi: bool) -> BootDomain:
+    """A KubeVirt-shaped domain of every GPU and NIC of ``case`` (CPU custom qemu64), rewritten."""
+    host = CASES[case]()
+    root = etree.fromstring(kubevirt_domain(host, DomainSpec(f"mmio-{case}", tuple(gpus_and_nics(host)))))
+    cpu = root.find("cpu")
+    cpu.set("mode", "custom")
+    model = etree.Element("model", fallback="allow")
+    model.text = "qemu64"
+    cpu.insert(0, model)
+    xml = etree.tostring(root)
+    r = rewrite_domain(with_efi(xml) if efi else xml, host, host_phys_bits=HOST_BITS)
+    sizes = {}
+    out = etree.fromstring(r.xml)
+    for hd in out.iter("hostdev"):
+        src = hd.find("source/address")
+        bdf = "%04x:%02x:%02x.%x" % tuple(int(src.get(k), 16) for k in ("domain", "bus", "slot", "function"))
+        bars = host.function(bdf).bars or ()
+        sizes[hd.find("alias").get("name")] = tuple(sorted((b.size for b in bars if b.is_mem64_pref and b.index < 6), reverse=True))
+    mem = out.find("memory")
+    return BootDomain(r.xml, sizes, r.report, parse_int(mem.text, "memory") * _UNIT[mem.get("unit", "KiB")] // MiB)
+
+
+_UNIT = {"b": 1, "bytes": 1, "KiB": 1 << 10, "k": 1 << 10, "MiB": MiB, "M": MiB, "GiB": GiB, "G": GiB}
+
+
+def mmio_settings(xml: bytes) -> str:
+    """What the mmio option wrote, in a few words (the table's settings column)."""
+    root = etree.fromstring(xml)
+    out = []
+    m = root.find("cpu/maxphysaddr")
+    if m is not None:
+        out.append(f"{m.get('bits')} bits" if m.get("bits") else "width passthrough")
+    if root.find("cpu/feature[@name='pdpe1gb']") is not None:
+        out.append("pdpe1gb")
+    res = [int(p.get("value")) for p in root.iter(f"{Q}property") if p.get("name") == "pref64-reserve"]
+    if res:
+        out.append(f"pref64-reserve {'/'.join(_fmt(v) for v in sorted(set(res), reverse=True))} x{len(res)}")
+    return ", ".join(out) or "none"
+
+
+@dataclass
+class BootRow:
+    """One case under one firmware, booted with the rewrite's settings and without any."""
+
+    case: str
+    firmware: str
+    settings: str
+    with_settings: BarCount
+    without: BarCount
+    boot_with: object  # guestboot.GuestResult
+    boot_without: object
+    refused: str = ""
+
+    @staticmethod
+    def header() -> list[str]:
+        return [f"{'case':<20} {'firmware':<8} {'with':>7} {'without':>7}  {'s (QEMU CPU s)':<26} "
+                "guest firmware / settings", "-" * 110]
+
+    def line(self) -> str:
+        w, wo = self.with_settings, self.without
+        times = "/".join(f"{r.timings['total']:.0f} ({r.timings.get('qemu_cpu') or 0:.0f})"
+                         for r in (self.boot_with, self.boot_without))
+        return (f"{self.case:<20} {self.firmware:<8} {w.assigned:>3}/{w.expected:<3} {wo.assigned:>3}/{wo.expected:<3}  "
+                f"{times:<26} {self.boot_with.firmware} / {self.settings}"
+                + ("  [refused: recommends EFI]" if self.refused else ""))
+
+
+def stack_versions(libvirtd) -> tuple[str, str]:
+    """(the line naming QEMU, libvirt, SeaBIOS and OVMF the boots ran on, SeaBIOS's version)."""
+    versions = getattr(libvirtd, "versions", None)
+    if versions is not None:
+        v = versions()
+        return f"[e2e mmio] stack: {v.line()}", v.seabios
+    import subprocess
+
+    def run(*argv: str) -> str:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip()
+
+    qemu = run("qemu-system-x86_64", "--version").splitlines()[0].split("version")[-1].split()[0]
+    pkgs = {p: run("dpkg-query", "-W", "-f", "${Version}", p) for p in ("libvirt-daemon", "seabios", "ovmf")}
+    seabios = pkgs["seabios"].split("-")[0]
+    return (f"[e2e mmio] stack: QEMU {qemu}, libvirt {pkgs['libvirt-daemon']}, SeaBIOS {pkgs['seabios']}, "
+            f"OVMF {pkgs['ovmf']}"), seabios
+
+
+def native_settings_domain(host: Topology) -> tuple[bytes, object, str]:
+    """A rewritten domain of every GPU and NIC of ``host`` as real vfio hostdevs, which libvirt
+    can translate without starting it: (XML, the rewrite's report, the domain's name)."""
+    name = f"settings-{host.name}" if getattr(host, "name", None) else "settings"
+    root = etree.fromstring(kubevirt_domain(host, DomainSpec(name, tuple(gpus_and_nics(host)))))
+    root.set("type", "qemu")
+    root.find("os/type").set("machine", "q35")
+    for el in [*root.findall("cputune"), *root.findall("numatune"), *root.findall("memoryBacking"),
+               *root.findall("os/smbios")]:
+        el.getparent().remove(el)
+    for tag in ("graphics", "interface", "channel"):
+        for el in root.find("devices").findall(tag):
+            root.find("devices").remove(el)
+    cpu = root.find("cpu")
+    cpu.set("mode", "custom")
+    model = etree.Element("model")
+    model.text = "qemu64"
+    cpu.insert(0, model)
+    for hd in root.iter("hostdev"):
+        hd.insert(0, etree.Element("driver", name="vfio"))  # libvirt fills this in at start
+    r = rewrite_domain(etree.tostring(root), host, host_phys_bits=HOST_BITS)
+    return r.xml, r.report, root.findtext("name")

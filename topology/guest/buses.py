@@ -92,6 +92,12 @@ def hotplug_reserve(highest_index: int) -> int:
     return max(0, KUBEVIRT_HOTPLUG_INDEX_LIMIT - 1 - highest_index)
 
 
+def root_ports_added(unplaced_pcie: int, unplaced_conventional: int, highest_index: int) -> int:
+    """Root ports that appear after our call: one per unplaced PCIe device, one per
+    pcie-to-pci-bridge libvirt adds for conventional ones, and KubeVirt's hotplug ports."""
+    return unplaced_pcie + -(-unplaced_conventional // PCI_BRIDGE_SLOTS) + hotplug_reserve(highest_index)
+
+
 def budget_buses(pxb_sizes: list[int], pcie_root_needed: int) -> list[int]:
     """busNr per expander bus (in order), packed at the top of the 256 buses so pcie-root keeps
     everything below the lowest one. Each pxb reserves its root bus plus one bus per bridge."""

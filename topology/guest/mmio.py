@@ -3,29 +3,30 @@ give it.
 
 A GPU's large BARs are 64-bit prefetchable (H100: 128 GiB + 32 MiB, B200: 256 GiB + 32 MiB). In
 the guest every bridge above a device opens a window holding its subtree's BARs; we size each
-window as the next power of two of its children's sum (what SeaBIOS and OVMF's PCI bus driver
-do at worst: each window aligned to its largest member), per root port and in total.
+window as the sum of its members rounded up to the largest alignment, per root port and in total.
 
-Whether the firmware can place them depends on the guest's physical-address width and on the
-firmware (measured under QEMU 7.2/TCG with a Linux 6.1 guest; see docs/DEPLOY.md "MMIO"):
-- Linux ignores a PCI window above the CPU's address width ("not CPU addressable"); QEMU's
-  default width for non-host CPU models is 40 bits (1 TiB).
-- SeaBIOS places the 64-bit windows above guest RAM: it needs RAM top + the windows below
-  2^bits.
-- OVMF (edk2 ``OvmfPkg/Library/PlatformInitLib``, ``PlatformDynamicMmioWindow``) sizes its 64-bit
-  aperture from the address width, as the top eighth of the address space, but only when the CPU
-  offers 1 GiB pages (``pdpe1gb``), else it keeps its 32 GiB default.
-- SeaBIOS 1.16.3 (what KubeVirt's virt-launcher ships) misplaces large BARs when the guest has more
-  than 4 GiB of RAM unless each root port reserves its window (QEMU ``pcie-root-port``
-  ``pref64-reserve``); with two large-BAR GPUs below one switch even that is not enough (fixed
-  upstream in SeaBIOS 1.17.0): a typed warning recommends EFI.
+Whether the firmware places them, per firmware as KubeVirt 1.8-1.9's virt-launcher ships it
+(docs/SOURCES.md, "Guest MMIO window"):
+- Linux ignores a PCI window above the CPU's address width ("not CPU addressable"), and a BAR
+  not on a multiple of its size; QEMU's default width for non-host CPU models is 40 bits.
+- SeaBIOS 1.16.3: :mod:`.seabios` models its placement step for step. The rule written from it:
+  with RAM above 4 GiB it aligns every root and downstream port to 2^bits/2048 and packs the
+  top-level windows from the top of the space, so each of our root ports holding a larger BAR
+  gets a power-of-two ``pref64-reserve`` (power-of-two windows packed biggest first each start on
+  a multiple of their size), and the width is the smallest from 41 bits (trusted on any CPU
+  vendor) at which the model places every BAR. Two such BARs below one switch cannot both be
+  placed at any width or reserve (the second downstream port starts 2^bits/2048 past a multiple
+  of the first's size): a typed warning recommends EFI (fixed upstream in SeaBIOS 1.17.0).
+  No setting is written that the model says places fewer BARs than none.
+- OVMF 2025.02 (edk2 ``OvmfPkg/Library/PlatformInitLib``, ``PlatformDynamicMmioWindow``) sizes
+  its 64-bit aperture from the address width, as the top eighth of the address space, but only
+  when the CPU offers 1 GiB pages (``pdpe1gb``), else it keeps its 32 GiB default.
 
 What this module emits into the domain (idempotent, every call, since KubeVirt's domain struct
 keeps neither ``<maxphysaddr>`` nor ``<qemu:override>``): ``<cpu><maxphysaddr>`` (``passthrough``
 for host-passthrough/maximum CPUs, ``emulate`` with ``bits`` otherwise), ``<feature
 name='pdpe1gb' policy='require'/>`` for OVMF where the CPU mode does not pass the host's flags
-through, and for SeaBIOS ``pref64-reserve`` on exactly our root ports (by alias, via
-``<qemu:override>``).
+through, and for SeaBIOS ``pref64-reserve`` on our root ports (by alias, via ``<qemu:override>``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import NamedTuple
 from lxml import etree
 
 from ..errors import FirmwareWarning, MmioError, PcitopoError
-from ..libvirt.domain import OUR_ALIAS_PREFIX, PciController, ROOT_PORT, UPSTREAM
+from ..libvirt.domain import DOWNSTREAM, OUR_ALIAS_PREFIX, PciController, ROOT_PORT, UPSTREAM
 from ..libvirt.machine import (
     FEATURE_OFF_POLICIES,
     cpu_feature_policies,
@@ -52,14 +53,22 @@ from ..libvirt.overrides import Property, set_properties
 from ..model.bars import device_bars
 from ..model.cpuinfo import HostWidth, local_width
 from ..model.tree import Bdf, Topology
+from .seabios import MAX_TOP_BITS, PAD_SHIFT, Placement, Width, place, window_entry
+from .seabios import VERSION as SEABIOS_VERSION
+from .seabios import Bar as FwBar
+from .seabios import Bridge as FwBridge
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 QEMU_DEFAULT_BITS = 40  # QEMU's phys-bits for CPU models other than host/max
 OVMF_DEFAULT_APERTURE = 32 * GiB  # OVMF's PcdPciMmio64Size when it cannot size the window itself
 OVMF_MIN_DYNAMIC_BITS = 41  # OVMF sizes the window from the width only above 40 bits
-# SeaBIOS 1.16.3 aligns slot windows to 32 GiB only (guest RAM above 4 GiB): larger BARs below one
-# switch cannot be placed together.
-SEABIOS_1163_ALIGN = 32 * GiB
+OVMF_VERSION = "2025.02"
+FIRMWARE_OF = "as KubeVirt 1.8-1.9's virt-launcher ships it"
+SEABIOS_MIN_BITS = 41  # the narrowest width SeaBIOS trusts whatever the CPU vendor
+CPU_VENDORS = ("AuthenticAMD", "GenuineIntel")  # a host-model CPU's signature is the host's
+# bridges SeaBIOS gives a hot-plug slot (root/downstream ports; SHPC bridges) and those it does not
+SLOT_BRIDGES = frozenset({ROOT_PORT, DOWNSTREAM, "pci-bridge", "pcie-to-pci-bridge"})
+BRIDGES = SLOT_BRIDGES | {UPSTREAM, "dmi-to-pci-bridge"}
 PREF64_RESERVE = "pref64-reserve"
 PASSTHROUGH_CPU_MODES = frozenset({"host-passthrough", "maximum"})
 FEATURE_1G_PAGES = "pdpe1gb"
@@ -94,7 +103,6 @@ class PortBudget:
     window: int
     largest_bar: int
     devices: tuple[Bdf, ...]
-    large_bars_below_one_switch: int = 0  # most BARs > 32 GiB below one switch of this port
 
 
 @dataclass
@@ -106,7 +114,7 @@ class MmioBudget:
     other: int = 0  # 64-bit prefetchable space of devices not below one of our root ports
     host_bits: int | None = None
     host_bits_from: str = "not given"  # where host_bits came from (HostWidth.origin)
-    seabios_bits: int | None = None  # None: QEMU's default width is enough
+    seabios: SeabiosPlan | None = None
     ovmf_bits: int | None = None
     applied: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -121,6 +129,11 @@ class MmioBudget:
         return max([p.window for p in self.ports] + [pow2ceil(self.other)], default=0)
 
     @property
+    def seabios_bits(self) -> int | None:
+        """The width asked for under SeaBIOS (None: QEMU's default, or the CPU's own)."""
+        return self.seabios.bits if self.seabios is not None else None
+
+    @property
     def bits(self) -> int | None:
         """The width asked for under this domain's firmware."""
         return self.ovmf_bits if self.firmware == "ovmf" else self.seabios_bits
@@ -131,17 +144,6 @@ class MmioBudget:
     def summary(self) -> dict:
         return {"firmware": self.firmware, "total_bytes": self.total, "ports": len(self.ports),
                 "bits": self.bits, "host_bits": self.host_bits, "applied": list(self.applied)}
-
-
-def seabios_bits(ram: int, windows: list[int]) -> int | None:
-    """SeaBIOS puts the 64-bit windows above RAM (biggest first, each aligned to its size)."""
-    if not windows:
-        return None
-    top = 4 * GiB + ram
-    align = pow2ceil(max(windows))  # at most the largest window's size
-    end = -(-top // align) * align + sum(windows)
-    bits = bits_for(end)
-    return bits if bits > QEMU_DEFAULT_BITS else None
 
 
 def ovmf_bits(total: int) -> int | None:
@@ -192,24 +194,27 @@ def _chain(ctrls: dict[int, Ctl], bus: int | None) -> list[Ctl]:
 
 
 def port_budgets(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf, int | None]]
-                 ) -> tuple[list[PortBudget], int, list[str]]:
-    """Per root port of ours: the power-of-two window of its subtree (nested bridges each
-    rounding their own sum up). ``hostdevs`` = (host BDF, guest bus index or None)."""
+                 ) -> tuple[list[PortBudget], int, list[str], dict[int, list[FwBar]]]:
+    """Per root port of ours: the window of its subtree (nested bridges each rounding their own
+    sum up). ``hostdevs`` = (host BDF, guest bus index or None). Also every 64-bit prefetchable
+    BAR by the guest bus it sits on (for the firmware model)."""
     notes: list[str] = []
     members: dict[int, list[int]] = {}  # controller index → BAR sizes, then child windows
     aligns_of: dict[int, list[int]] = {}  # ... and their alignments
-    large_below: dict[tuple[int, int], int] = {}  # (root port, upstream port) → devices with a BAR > 32 GiB
     depth: dict[int, int] = {}
     parent_of: dict[int, int] = {}
     devices: dict[int, list[Bdf]] = {}
     largest: dict[int, int] = {}
+    on_bus: dict[int, list[FwBar]] = {}
     other = 0
     for bdf, bus in hostdevs:
         bars = host.function(bdf).bars
         if bars is None:
             notes.append(f"{bdf}: no BARs in sysfs (resource file absent); not counted in the MMIO budget")
             continue
-        sizes = [b.size for b in device_bars(bars) if b.is_mem64_pref]
+        mine = [b for b in device_bars(bars) if b.is_mem64_pref]
+        sizes = [b.size for b in mine]
+        on_bus.setdefault(bus or 0, []).extend(FwBar(f"{bdf} BAR{b.index}", b.size) for b in mine)
         chain = _chain(ctrls, bus)
         rp = next((i for i, c in enumerate(chain) if c.model == ROOT_PORT), None)
         if rp is None or not chain[rp].ours:
@@ -225,36 +230,106 @@ def port_budgets(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf
         top = chain[-1].index
         devices.setdefault(top, []).append(bdf)
         largest[top] = max([largest.get(top, 0)] + sizes)
-        if any(s > SEABIOS_1163_ALIGN for s in sizes):
-            for c in chain:
-                if c.model == UPSTREAM:
-                    key = (top, c.index)
-                    large_below[key] = large_below.get(key, 0) + 1
     windows: dict[int, int] = {}
-    aligns: dict[int, int] = {}
     for i in sorted(depth, key=lambda i: -depth[i]):
-        sizes = members.get(i, [])
-        windows[i], aligns[i] = window_of(sizes, aligns_of.get(i, []))
+        windows[i], align = window_of(members.get(i, []), aligns_of.get(i, []))
         if i in parent_of:
             members.setdefault(parent_of[i], []).append(windows[i])
-            aligns_of.setdefault(parent_of[i], []).append(aligns[i])
-    ports = [
-        PortBudget(ctrls[i].alias or "", i, windows[i], largest.get(i, 0), tuple(devices.get(i, ())),
-                   max([n for (rp, _), n in large_below.items() if rp == i], default=0))
-        for i in sorted(windows) if depth[i] == 0 and windows[i]
-    ]
-    return ports, other, notes
+            aligns_of.setdefault(parent_of[i], []).append(align)
+    ports = [PortBudget(ctrls[i].alias or "", i, windows[i], largest.get(i, 0), tuple(devices.get(i, ())))
+             for i in sorted(windows) if depth[i] == 0 and windows[i]]
+    return ports, other, notes, on_bus
+
+
+# -- SeaBIOS: the rule, from the firmware model ---------------------------------------------------
+
+@dataclass
+class SeabiosPlan:
+    """What SeaBIOS needs written: a width (None: leave QEMU's default or the CPU's own) and
+    ``pref64-reserve`` per root port alias; the model's placement with them and without any."""
+
+    bits: int | None
+    reserves: dict[str, int]
+    placement: Placement
+    baseline: Placement
+    width: int  # the width the placement assumed
+
+    @property
+    def complete(self) -> bool:
+        return self.placement.assigned == len(self.placement.bars)
+
+
+def guest_tree(ctrls: dict[int, Ctl], on_bus: dict[int, list[FwBar]], reserves: dict[str, int],
+               extra_ports: int) -> list[FwBar | FwBridge]:
+    """The guest's bridges and 64-bit BARs as the firmware sees them; root ports libvirt and
+    KubeVirt add after us (``extra_ports``) as empty slots."""
+    nodes = {i: FwBridge(c.alias or f"pci.{i}", c.model in SLOT_BRIDGES, reserve=reserves.get(c.alias or "", 0))
+             for i, c in ctrls.items() if c.model in BRIDGES}
+    tops: list[FwBar | FwBridge] = []
+
+    def holder(bus: int | None) -> list:
+        seen = set()
+        while bus is not None and bus not in nodes and bus in ctrls and bus not in seen:
+            seen.add(bus)  # expander buses and pcie-root: everything there is top level
+            bus = ctrls[bus].parent
+        return nodes[bus].members if bus in nodes else tops
+
+    for i, n in nodes.items():
+        holder(ctrls[i].parent).append(n)
+    for bus, bars in on_bus.items():
+        holder(bus).extend(bars)
+    return tops + [FwBridge(f"(added root port {k})", True) for k in range(extra_ports)]
+
+
+def seabios_plan(tree, ours: list[PortBudget], ram: int, cpu_mode: str, host_bits: int | None) -> SeabiosPlan:
+    """The rule: the narrowest width from 41 bits (the host's own for passthrough CPUs) at which
+    SeaBIOS 1.16.3 places every BAR, with a power-of-two ``pref64-reserve`` on each of our root
+    ports holding a BAR larger than the padded slot alignment. Nothing when no setting is
+    needed, or when the best the settings reach is no better than none. A width beyond the host's
+    is returned only when it alone places everything (``check_host`` then refuses it).
+    ``tree(reserves)`` builds the guest tree."""
+    passthrough = cpu_mode in PASSTHROUGH_CPU_MODES
+    default = (host_bits or MAX_TOP_BITS) if passthrough else QEMU_DEFAULT_BITS
+    bare = [place(tree({}), ram, Width(default, v)) for v in CPU_VENDORS]
+    worst, best_bare = min(bare, key=lambda p: p.assigned), max(bare, key=lambda p: p.assigned)
+    none = SeabiosPlan(None, {}, worst, worst, default)
+    if worst.assigned == len(worst.bars):
+        return none
+    widths = [w for w in range(SEABIOS_MIN_BITS, MAX_TOP_BITS + 1) if not passthrough or w > default]
+    best = None
+    for bits in ([default] if passthrough else []) + widths:
+        reserves = _reserves(tree, ours, bits)
+        plan = SeabiosPlan(bits, reserves, place(tree(reserves), ram, Width(bits)), worst, bits)
+        if plan.complete:
+            return plan
+        reachable = host_bits is None or bits <= host_bits
+        if reachable and (best is None or plan.placement.assigned > best.placement.assigned):
+            best = plan
+    if best is None or best.placement.assigned <= best_bare.assigned:
+        return none
+    return best
+
+
+def _reserves(tree, ours: list[PortBudget], bits: int) -> dict[str, int]:
+    top = 1 << min(bits, MAX_TOP_BITS)
+    slot_align = top >> PAD_SHIFT
+    sized = {n.label: window_entry(n, True, top).size for n in tree({}) if isinstance(n, FwBridge)}
+    return {p.alias: pow2ceil(sized[p.alias]) for p in ours
+            if p.alias in sized and p.largest_bar > slot_align}
 
 
 def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int | None]],
-           controllers: list[PciController], host_bits: int | HostWidth | None) -> MmioBudget:
+           controllers: list[PciController], host_bits: int | HostWidth | None, added_ports: int = 0) -> MmioBudget:
+    """``added_ports``: root ports libvirt and KubeVirt add after the hook (empty slots to
+    SeaBIOS, each padded like ours)."""
     ctrls = snapshot(controllers)
     width = as_width(host_bits)
     b = MmioBudget(firmware_of(root), cpu_mode_of(root), guest_ram(root), host_bits=width.bits,
                    host_bits_from=width.origin)
-    b.ports, b.other, b.notes = port_budgets(host, ctrls, hostdevs)
-    windows = [p.window for p in b.ports] + ([pow2ceil(b.other)] if b.other else [])
-    b.seabios_bits = seabios_bits(b.ram, windows)
+    b.ports, b.other, b.notes, on_bus = port_budgets(host, ctrls, hostdevs)
+    if b.ports or b.other:
+        b.seabios = seabios_plan(lambda reserves: guest_tree(ctrls, on_bus, reserves, added_ports), b.ports,
+                                 b.ram, b.cpu_mode, width.bits)
     b.ovmf_bits = ovmf_bits(b.total)
     return b
 
@@ -285,29 +360,34 @@ def check_host(b: MmioBudget) -> None:
         )
 
 
-def seabios_1163_warning(b: MmioBudget) -> None:
-    if b.firmware != "seabios" or b.ram <= 4 * GiB:
+def seabios_warning(b: MmioBudget) -> None:
+    """A typed warning recommending EFI when SeaBIOS cannot place every BAR whatever we write:
+    two BARs above the padded slot alignment below one switch."""
+    plan = b.seabios
+    if b.firmware != "seabios" or plan is None or plan.complete:
         return
-    bad = [p for p in b.ports if p.large_bars_below_one_switch >= 2]
-    if bad:
-        b.warnings.append(FirmwareWarning(
-            f"SeaBIOS 1.16.3 (KubeVirt's) cannot place two BARs above 32 GiB below one switch when the guest has "
-            f"more than 4 GiB of RAM ({len(bad)} root port(s), e.g. {bad[0].alias}): some GPUs will show "
-            f"BAR1 0M; boot with EFI (spec.domain.firmware.bootloader.efi), fixed in SeaBIOS 1.17.0"
-        ))
+    p = plan.placement
+    misaligned = [label for label, why in p.lost.items() if "multiple of its size" in why]
+    if not misaligned:
+        return  # the width: check_host says so
+    b.warnings.append(FirmwareWarning(
+        f"SeaBIOS {SEABIOS_VERSION} (KubeVirt's default firmware) leaves {len(p.lost)} of {len(p.bars)} 64-bit BARs "
+        f"unusable whatever the domain says: it aligns each switch port to {fmt_size(p.slot_align)} "
+        f"(2^{plan.width}/2048), so the second BAR above that below one switch lands misaligned "
+        f"({misaligned[0]}, {p.lost[misaligned[0]]}); boot with EFI (spec.domain.firmware.bootloader.efi), "
+        f"fixed in SeaBIOS 1.17.0"))
 
 
 def apply(root: etree._Element, b: MmioBudget) -> None:
     """Write what the budget needs; replace what an earlier call wrote. Idempotent."""
-    bits = b.bits
-    # SeaBIOS: reserve each root port's window whenever the width must grow or a BAR is above
-    # 32 GiB (SeaBIOS 1.16.3 misaligns those whatever the width, unless the port reserves them)
-    large = any(p.largest_bar > SEABIOS_1163_ALIGN for p in b.ports)
-    reserve = {p.alias: [Property(PREF64_RESERVE, "unsigned", str(p.window))]
-               for p in b.ports if b.firmware == "seabios" and p.alias and (bits is not None or large)}
+    plan = b.seabios if b.firmware == "seabios" else None
+    reserve = {alias: [Property(PREF64_RESERVE, "unsigned", str(size))]
+               for alias, size in (plan.reserves if plan is not None else {}).items()}
     set_properties(root, lambda alias, name: name == PREF64_RESERVE and alias.startswith(OUR_ALIAS_PREFIX), reserve)
     if reserve:
-        b.applied.append(f"pref64-reserve on {len(reserve)} root port(s)")
+        sizes = sorted({fmt_size(v) for v in plan.reserves.values()}, reverse=True)
+        b.applied.append(f"pref64-reserve {'/'.join(sizes)} on {len(reserve)} root port(s)")
+    bits = b.bits
     if bits is None:
         return
     cpu = ensure_cpu(root)
@@ -341,13 +421,13 @@ def fmt_size(n: int) -> str:
 
 
 __all__ = ["FirmwareWarning", "MmioBudget", "MmioError", "PortBudget", "apply", "budget", "check_host",
-           "firmware_of", "host_phys_bits", "seabios_1163_warning"]
+           "firmware_of", "host_phys_bits", "seabios_warning"]
 
 
 # -- the one call the rewrite makes ---------------------------------------------------------------
 
 def apply_mmio_settings(root: etree._Element, host: Topology, hostdevs: list, controllers: list[PciController],
-                        *, mmio: bool, p2p_clique: bool, host_bits: int | HostWidth | None):
+                        *, mmio: bool, p2p_clique: bool, host_bits: int | HostWidth | None, added_ports: int = 0):
     """Budget + settings (``mmio``) and P2P cliques (``p2p_clique``) on an already placed domain.
     ``hostdevs``: the domain's ``PciHostdev`` views. Returns (MmioBudget | None, CliquePlan | None);
     raises MmioError when even the host's address width is too small."""
@@ -359,44 +439,12 @@ def apply_mmio_settings(root: etree._Element, host: Topology, hostdevs: list, co
         for hd in hostdevs:
             a = hd.address
             placed.append((hd.source, a.bus if a is not None else None))
-        b = budget(root, host, placed, controllers, host_bits)
+        b = budget(root, host, placed, controllers, host_bits, added_ports)
         check_host(b)
-        seabios_1163_warning(b)
+        seabios_warning(b)
         apply(root, b)
     cliques = None
     if p2p_clique:
         cliques = plan_cliques(host, [(hd.source, hd.alias) for hd in hostdevs])
         apply_cliques(root, cliques)
     return b, cliques
-
-
-def budget_lines(b: MmioBudget | None, cliques=None) -> list[str]:
-    """The MMIO budget and P2P cliques as text (``xmlfix --explain``)."""
-    if b is None:
-        out = ["64-bit MMIO: not managed (mmio: off)"]
-    else:
-        host = f"{b.host_bits} bits" if b.host_bits else "unknown"
-        host += f", {b.host_bits_from}"
-        out = [f"64-bit MMIO budget ({b.firmware}, CPU {b.cpu_mode}, guest RAM {fmt_size(b.ram)}, host width {host}):"]
-        for p in b.ports:
-            out.append(f"  {p.alias}: window {fmt_size(p.window)} (largest BAR {fmt_size(p.largest_bar)}, "
-                       f"{len(p.devices)} function(s))")
-        if b.other:
-            out.append(f"  elsewhere (not below pcitopo's root ports): {fmt_size(b.other)}")
-        for fw, bits in (("seabios", b.seabios_bits), ("ovmf", b.ovmf_bits)):
-            if fw == "ovmf":
-                window = f"window {fmt_size(b.ovmf_window(bits))}"
-            else:
-                window = f"windows above RAM below {fmt_size(1 << (bits or QEMU_DEFAULT_BITS))}"
-            need = f"{bits} bits" if bits else f"QEMU's default ({QEMU_DEFAULT_BITS} bits) is enough"
-            mark = "  <- this domain" if fw == b.firmware else ""
-            out.append(f"  {fw}: total {fmt_size(b.total)}, needs {need}, {window}{mark}")
-        out.append("  applied: " + ("; ".join(b.applied) if b.applied else "nothing needed"))
-        out += [f"  warning: {w.kind}: {w.reason}" for w in b.warnings]
-    if cliques is not None:
-        if cliques.members:
-            for n, members in sorted(cliques.members.items()):
-                out.append(f"P2P clique {n}: {', '.join(str(m) for m in members)}")
-        else:
-            out.append("P2P cliques: none (no two PCIe GPUs below one host switch)")
-    return out

@@ -40,6 +40,7 @@ from ..model.cpuinfo import HostWidth
 from ..model.tree import Bdf, Role, Topology
 from ..paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 from ..paths.ncclxml import FWCFG_NAME
+from .buses import root_ports_added
 from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan
 from .plan import plan
 from .tree import GuestView, guest_view
@@ -269,8 +270,10 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     p = plan(host, facts)
     created, normalised = apply_plan(view, p)
     # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
-    budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), view.pci_controllers(),
-                                          mmio=mmio, p2p_clique=p2p_clique, host_bits=host_phys_bits)
+    controllers = view.pci_controllers()
+    added = root_ports_added(*view.unplaced_pci_devices(), max((c.index for c in controllers), default=0))
+    budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), controllers, mmio=mmio,
+                                          p2p_clique=p2p_clique, host_bits=host_phys_bits, added_ports=added)
     link_ports = apply_links(view.root, {c.alias: c.link for c in p.controllers if link and c.link is not None})
     report = Report(
         created=created,

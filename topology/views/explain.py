@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..guest.mmio import budget_lines
+from ..guest.mmio import (
+    FIRMWARE_OF,
+    OVMF_DEFAULT_APERTURE,
+    OVMF_VERSION,
+    QEMU_DEFAULT_BITS,
+    SEABIOS_MIN_BITS,
+    SEABIOS_VERSION,
+    MmioBudget,
+    fmt_size,
+)
 from ..guest.predict import KUBEVIRT_NUMA_ADVICE, cell_less_devices, guest_ib_hcas, guest_nvlink, pair_views, verdict
 from ..model.labels import Labeled, label_devices
 from ..model.tree import Role, Topology
@@ -203,3 +212,62 @@ def diff_text(before: bytes, after: bytes, name: str) -> str:
             if tag != "equal":
                 out += ["+" + line for line in b[b1:b2]]
     return "".join(out) if len(out) > 2 else ""
+
+
+# -- the MMIO budget and the firmware rules behind it ---------------------------------------------
+
+def budget_lines(b: MmioBudget | None, cliques=None) -> list[str]:
+    """The MMIO budget, the rule behind it and P2P cliques as text (``xmlfix --explain``)."""
+    if b is None:
+        out = ["64-bit MMIO: not managed (mmio: off)"]
+    else:
+        host = f"{b.host_bits} bits" if b.host_bits else "unknown"
+        host += f", {b.host_bits_from}"
+        out = [f"64-bit MMIO budget ({b.firmware}, CPU {b.cpu_mode}, guest RAM {fmt_size(b.ram)}, host width {host}):"]
+        for p in b.ports:
+            out.append(f"  {p.alias}: window {fmt_size(p.window)} (largest BAR {fmt_size(p.largest_bar)}, "
+                       f"{len(p.devices)} function(s))")
+        if b.other:
+            out.append(f"  elsewhere (not below pcitopo's root ports): {fmt_size(b.other)}")
+        out += _seabios_lines(b) + _ovmf_lines(b)
+        out.append("  applied: " + ("; ".join(b.applied) if b.applied else "nothing needed"))
+        out += [f"  warning: {w.kind}: {w.reason}" for w in b.warnings]
+    if cliques is not None:
+        if cliques.members:
+            for n, members in sorted(cliques.members.items()):
+                out.append(f"P2P clique {n}: {', '.join(str(m) for m in members)}")
+        else:
+            out.append("P2P cliques: none (no two PCIe GPUs below one host switch)")
+    return out
+
+
+def _mark(b: MmioBudget, fw: str) -> str:
+    return "  <- this domain" if fw == b.firmware else ""
+
+
+def _seabios_lines(b: MmioBudget) -> list[str]:
+    head = f"  seabios (SeaBIOS {SEABIOS_VERSION}, {FIRMWARE_OF}):"
+    plan = b.seabios
+    if plan is None:
+        return [f"{head} no 64-bit BARs{_mark(b, 'seabios')}"]
+    rule = ("rule: with RAM above 4 GiB it aligns each root/downstream port to 2^bits/2048 and packs the windows "
+            "from the top of 2^bits, so each root port holding a larger BAR reserves a power-of-two window and the "
+            f"width is the narrowest from {SEABIOS_MIN_BITS} bits at which every BAR lands on a multiple of its size")
+    p, base = plan.placement, plan.baseline
+    if plan.bits is None and not plan.reserves:
+        what = f"no setting needed, model {p.assigned}/{len(p.bars)} BARs placed at QEMU's default width"
+        if not plan.complete:
+            what = f"no setting written (none does better), model {p.assigned}/{len(p.bars)} BARs placed"
+    else:
+        sizes = "/".join(sorted({fmt_size(v) for v in plan.reserves.values()}, reverse=True)) or "none"
+        what = (f"{plan.width} bits, pref64-reserve {sizes} on {len(plan.reserves)} root port(s): model "
+                f"{p.assigned}/{len(p.bars)} BARs placed (without settings {base.assigned}/{len(base.bars)})")
+    return [f"{head} {rule}", f"  seabios: {what}{_mark(b, 'seabios')}"]
+
+
+def _ovmf_lines(b: MmioBudget) -> list[str]:
+    bits = b.ovmf_bits
+    need = f"{bits} bits" if bits else f"QEMU's default ({QEMU_DEFAULT_BITS} bits) is enough"
+    return [f"  ovmf (OVMF {OVMF_VERSION}, {FIRMWARE_OF}): rule: the 64-bit window is the top eighth of 2^bits "
+            f"when the CPU has 1 GiB pages (pdpe1gb), else {fmt_size(OVMF_DEFAULT_APERTURE)}",
+            f"  ovmf: total {fmt_size(b.total)}, needs {need}, window {fmt_size(b.ovmf_window(bits))}{_mark(b, 'ovmf')}"]
