@@ -10,11 +10,9 @@
   and chassis/port on ports, a root port on pcie-root and an address for every PCI device that
   has none, the primary video at 00:01.0, hostdev ``mode``/``<driver>`` and source addresses
   without ``type``).
-- :func:`kubevirt_reparse`: KubeVirt's lossy re-parse between hook calls (the fields of its Go
-  structs in ``pkg/virt-launcher/virtwrap/api/schema.go``; docs/SOURCES.md):
-  drops controller ``<model name>``, ``target chassis/port``, ``address multifunction``, hostdev
-  ``<driver>``, ``<rom>`` and ``mode``, ``<cpu><maxphysaddr>`` and ``<qemu:override>``; keeps
-  type/index/model, alias, address, busNr, hotplug, node, ``<cpu><feature>``.
+- :func:`kubevirt_reparse`: KubeVirt's lossy re-parse between hook calls, per release
+  (:mod:`testkit.kubevirt_releases`: which fields each release's Go struct has).
+- :func:`hook_calls`: the 1–3 calls of one boot through one release's re-parse.
 """
 
 from __future__ import annotations
@@ -26,6 +24,8 @@ from lxml import etree
 
 from topology.domain import ROOT_PORT, parse_cpuset, parse_int
 from topology.model import Bdf, Role, Topology
+
+from .kubevirt_releases import Release, reparse
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 KUBEVIRT_NS = "http://kubevirt.io"
@@ -347,44 +347,27 @@ def libvirt_define(xml: bytes) -> bytes:
     return to_kubevirt_bytes(root)
 
 
-def kubevirt_reparse(xml: bytes, decimal_bus: bool = False) -> bytes:
-    root = etree.fromstring(xml)
-    for c in root.iter("controller"):
-        m = c.find("model")
-        if m is not None:
-            c.remove(m)
-        t = c.find("target")
-        if t is not None:
-            for a in ("chassis", "port"):
-                t.attrib.pop(a, None)
-            if not t.attrib and len(t) == 0:
-                c.remove(t)
-    for a in root.iter("address"):
-        a.attrib.pop("multifunction", None)
-        if decimal_bus and a.getparent().tag != "source" and a.get("bus") is not None:
-            a.set("bus", str(parse_int(a.get("bus"), "bus")))
-    for hd in root.iter("hostdev"):
-        hd.attrib.pop("mode", None)
-        for tag in ("driver", "rom"):
-            for el in hd.findall(tag):
-                hd.remove(el)
-    # issue 11: KubeVirt's api.DomainSpec has no <maxphysaddr> (its CPU struct: mode, model,
-    # features, topology, numa) and no <qemu:override>; it keeps <cpu><feature> and
-    # <qemu:commandline>.
-    for el in root.findall("cpu/maxphysaddr") + root.findall(f"{{{QEMU_NS}}}override"):
-        el.getparent().remove(el)
-    return to_kubevirt_bytes(root)
+def kubevirt_reparse(xml: bytes, decimal_bus: bool = False, release: Release = Release.MAIN) -> bytes:
+    """``xml`` read into ``release``'s ``api.DomainSpec`` and marshalled again, in KubeVirt's style."""
+    return to_kubevirt_bytes(reparse(xml, release, decimal_bus))
 
 
-def hook_calls(xml: bytes, rewrite, calls: int = 3, decimal_bus: bool = False) -> list[bytes]:
+def next_call_input(output: bytes, release: Release = Release.MAIN, decimal_bus: bool = False) -> bytes:
+    """What the next ``OnDefineDomain`` call receives: a call's output after libvirt's define
+    additions and ``release``'s re-parse."""
+    return kubevirt_reparse(libvirt_define(output), decimal_bus=decimal_bus, release=release)
+
+
+def hook_calls(xml: bytes, rewrite, calls: int = 3, decimal_bus: bool = False,
+               release: Release = Release.MAIN) -> list[bytes]:
     """The 1–3 OnDefineDomain calls of one boot: each later call gets the previous output after
-    libvirt's define additions and KubeVirt's lossy re-parse."""
+    libvirt's define additions and ``release``'s lossy re-parse; the last output is defined raw."""
     outputs = []
     current = xml
     for i in range(calls):
         out = rewrite(current)
         outputs.append(out)
-        current = kubevirt_reparse(libvirt_define(out), decimal_bus=decimal_bus and i % 2 == 0)
+        current = next_call_input(out, release, decimal_bus=decimal_bus and i % 2 == 0)
     return outputs
 
 
