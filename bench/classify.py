@@ -15,9 +15,10 @@ import sys
 import time
 
 from testkit import FIXTURES
-from topology.classify import classify, pairs
-from topology.model import Role, Topology
-from topology.sysfs import MemoryTree, SysfsReader, open_source
+from topology.paths.classify import classify, pairs
+from topology.model.tree import Role, Topology
+from topology.host.sysfs import SysfsReader
+from topology.host.sources import MemoryTree, open_source
 
 
 def pick16(source) -> list:

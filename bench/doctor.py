@@ -48,9 +48,9 @@ def ms(s: float) -> str:
 
 def in_process(host_dir: Path, domain: bytes, n: int) -> list[tuple[str, str, str, int]]:
     from sidecar.core import handle_define_domain
-    from topology.doctor import run_checks
-    from topology.model import Bdf
-    from topology.sysfs import open_host
+    from topology.checks.doctor import run_checks
+    from topology.model.tree import Bdf
+    from topology.host.sysfs import open_host
 
     topo = open_host(host_dir)
     placed = [d.host for d in handle_define_domain(domain, None, topo).result.report.placed]

@@ -141,7 +141,7 @@ def floor_paths(sysfs: Path, domain: bytes) -> tuple[list[str], list[str]]:
     """(files, links) the job cannot avoid: for every assigned device and every bridge above it,
     its bus/pci/devices link, each attribute file in its directory and each symlink there (driver,
     iommu_group, physfn); plus every NUMA node's cpulist. Listed once, outside the timing."""
-    from topology.model import is_bdf
+    from topology.model.tree import is_bdf
 
     files: list[str] = []
     links: list[str] = []
@@ -175,8 +175,8 @@ def measure(args: argparse.Namespace) -> dict:
 
     from testkit.hookkit import vmi_json
     from sidecar.core import handle_define_domain
-    from topology.rewrite import rewrite_domain
-    from topology.sysfs import open_host
+    from topology.guest.rewrite import rewrite_domain
+    from topology.host.sysfs import open_host
 
     n, calls, starts = args.samples, args.calls, args.starts
     ensure_bytecode()

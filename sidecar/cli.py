@@ -21,13 +21,14 @@ from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
 # -- pcitopo topo ----------------------------------------------------------------------------
 
 def _cmd_topo(args: argparse.Namespace) -> int:
-    from topology.classify import NvlinkOracle, load_nvlink_table
-    from topology.model import Bdf
-    from topology.report import default_devices, topo_json, topo_text, tree_text
-    from topology.sysfs import open_host
+    from topology.paths.classify import NvlinkOracle, load_nvlink_table
+    from topology.model.tree import Bdf
+    from topology.model.labels import default_devices
+    from topology.views.report import topo_json, topo_text, tree_text
+    from topology.host.sysfs import open_host
 
     chosen = [f"--{name}" for name in ("json", "tree", "dot") if getattr(args, name)]
-    if len(chosen) > 1:  # finding 12 (and 11's --dot): one output per run, never a silent choice
+    if len(chosen) > 1:  # one output per run, never a silent choice
         raise ConfigError(f"{' and '.join(chosen)} are different outputs: give one of them")
     if args.tree or args.dot:  # pictures of the PCIe tree: no NVLink in them, so no NVLink input
         from_env = {"fabric": os.environ.get("PCITOPO_FABRIC") or None, "module_map": os.environ.get("PCITOPO_MODULE_MAP") or None}
@@ -41,8 +42,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     if args.fabric:
         if args.nvlink_table:
             raise ConfigError("--fabric and --nvlink-table exclude each other (the fabric says what the table would guess)")
-        from topology.fabric import load_fabric
-        from topology.partitions import FabricNvlink
+        from topology.paths.fabric import load_fabric
+        from topology.paths.partitions import FabricNvlink
 
         oracle = FabricNvlink(load_fabric(args.fabric, args.module_map, topo))
     else:
@@ -53,9 +54,9 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     # Named devices in the order given, each once (a repeated BDF is not a second device).
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
-    if args.dot:  # issue 14 #11: host and predicted guest as one Graphviz picture
-        from topology.dot import topo_dot
-        from topology.vfs import group_vfs
+    if args.dot:  # host and predicted guest as one Graphviz picture
+        from topology.views.dot import topo_dot
+        from topology.paths.vfs import group_vfs
 
         sys.stdout.write(topo_dot(topo, group_vfs(topo, bdfs).heads, live_root))
         return EXIT_OK
@@ -65,7 +66,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.tree:
         labels = {}
-        from topology.labels import label_devices
+        from topology.model.labels import label_devices
 
         for lab in label_devices(topo, bdfs):
             labels[lab.function.bdf] = lab.label
@@ -81,11 +82,10 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 
 
 def _cmd_partitions(args: argparse.Namespace) -> int:
-    from topology.fabric import load_fabric
-    from topology.partitions import partition_rows, partitions_json, partitions_text
-    from topology.labels import label_devices
-    from topology.report import default_devices
-    from topology.sysfs import open_host
+    from topology.paths.fabric import load_fabric
+    from topology.paths.partitions import partition_rows, partitions_json, partitions_text
+    from topology.model.labels import default_devices, label_devices
+    from topology.host.sysfs import open_host
 
     if not args.fabric:
         raise ConfigError("no fabric file: give --fabric FILE (the output of `fmpm -l`) or set PCITOPO_FABRIC")
@@ -110,9 +110,9 @@ def _fabric_args(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _cmd_capture(args: argparse.Namespace) -> int:
-    from topology.capture import capture
+    from topology.host.capture import capture
 
-    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # finding 4: -o - is stdout
+    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
         f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
@@ -125,13 +125,14 @@ def _cmd_capture(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- pcitopo doctor (issue 13) ------------------------------------------------------------------
+# -- pcitopo doctor -----------------------------------------------------------------------------
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from topology.doctor import run_checks
-    from topology.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
-    from topology.model import Bdf, Topology
-    from topology.sysfs import SysfsReader, open_source
+    from topology.checks.doctor import run_checks
+    from topology.checks.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
+    from topology.model.tree import Bdf, Topology
+    from topology.host.sysfs import SysfsReader
+    from topology.host.sources import open_source
 
     source = open_source(args.sysfs)
     topo = Topology(SysfsReader(source))
@@ -170,11 +171,11 @@ def _add_doctor_parser(sub, default_sysfs: str) -> None:
     d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")
 
 
-# -- pcitopo verify (issue 14, finding 5): the guest against xmlfix --json ------------------
+# -- pcitopo verify: the guest against xmlfix --json ------------------------------------------
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from topology.sysfs import open_host
-    from topology.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
+    from topology.host.sysfs import open_host
+    from topology.checks.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
 
     try:
         with open(args.expect, "rb") as fh:
@@ -201,13 +202,13 @@ def _cmd_serve(argv: Sequence[str]) -> int:
 
 
 def pcitopo_main(argv: Sequence[str] | None = None) -> int:
-    from topology.sysfs import default_sysfs
+    from topology.host.sources import default_sysfs
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
         return run_door("pcitopo serve", lambda: _cmd_serve(argv[1:]))
     parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
-    parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")  # finding 6
+    parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     t = sub.add_parser("topo", help="GPU/NIC matrix like `nvidia-smi topo -m`, or the tree")
     t.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")

@@ -13,7 +13,7 @@ be mirrored, and logs why; the default ``fail`` stops the VM start with our one-
 because an operator who attached this sidecar wants the topology or a loud failure, not a
 silently slow VM.
 
-``nvlink`` is the NVLink fabric check (topology/partitions.py): with the sidecar started with
+``nvlink`` is the NVLink fabric check (topology/paths/partitions.py): with the sidecar started with
 ``--fabric FILE``, the VM's NVIDIA GPUs must be exactly one active Fabric Manager partition with
 all links. ``require`` fails the VM start with one line when they are not (whatever
 ``on-error`` says: booting without NVLink is what the operator asked us to prevent); ``warn``
@@ -28,7 +28,7 @@ unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and neve
 
 ``mmio: auto`` sizes the guest's 64-bit MMIO space for the assigned devices' BARs (address
 width, 1 GiB pages for OVMF, SeaBIOS root-port reserves); ``p2p-clique: auto`` gives PCIe GPUs
-below one host switch a GPUDirect P2P clique id (topology/mmio.py, topology/cliques.py).
+below one host switch a GPUDirect P2P clique id (topology/guest/mmio.py, topology/guest/cliques.py).
 
 Values are exact, lower-case strings. An unknown annotation under the prefix is an error too
 (a typo such as ``pcitopo.kubevirt.io/on-eror`` must not silently fall back to a default).
@@ -83,7 +83,7 @@ class HookOptions(BaseModel):
         description="host-readiness checks for the placed devices: require (a failed check stops the VM start), "
         "warn (log only), off",
     )
-    # issue 11: the MMIO budget and P2P cliques
+    # The MMIO budget and P2P cliques: on by default, as large-BAR GPUs need them to work in the guest
     mmio: Literal["auto", "off"] = Field(
         "auto", description="size the guest's 64-bit MMIO space for the devices' BARs (address width, firmware settings)"
     )

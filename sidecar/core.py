@@ -3,7 +3,7 @@
 The gRPC server (``sidecar.server``) and the sidecar-shim entry point (``sidecar.shim``) are
 thin doors around :func:`handle_define_domain`; it reads the hook options from the VMI's own
 annotations (``sidecar.config``) and calls the one rewrite function every door shares,
-``topology.rewrite.rewrite_domain`` (the same one ``xmlfix`` runs).
+``topology.guest.rewrite.rewrite_domain`` (the same one ``xmlfix`` runs).
 
 What it promises its doors:
 - the returned XML is never empty (libvirt gets it raw; empty bytes fail the VM start);
@@ -21,7 +21,7 @@ What it promises its doors:
 - a bug inside those checks is one line too (:class:`InternalError`): under ``nvlink:
   require`` it stops the VM (NVLink could not be confirmed), otherwise it is logged (``nvlink``
   ``internal-error``, ``doctor.error``) and the VM starts as the rewrite or passthrough left it;
-- a typed firmware warning of the rewrite (``topology.mmio.FirmwareWarning``: BARs the firmware
+- a typed firmware warning of the rewrite (``topology.guest.mmio.FirmwareWarning``: BARs the firmware
   will leave unassigned whatever we set) fails the call under ``on-error: fail``; under
   ``passthrough`` the rewritten domain boots and the warning is in the summary.
 """
@@ -31,11 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
-from topology.doctor import DoctorError, DoctorReport, run_checks
-from topology.domain import readable_hostdev_sources
+from topology.checks.doctor import DoctorError, DoctorReport, run_checks
+from topology.libvirt.domain import readable_hostdev_sources
 from topology.errors import DomainError, FabricError, InternalError, NvlinkError, PcitopoError
-from topology.model import Bdf, Topology
-from topology.rewrite import RewriteResult, rewrite_domain
+from topology.model.tree import Bdf, Topology
+from topology.guest.rewrite import RewriteResult, rewrite_domain
 
 from .config import DEFAULT_OPTIONS, HookOptions, VmiFacts, annotation, options_from_vmi
 
@@ -43,8 +43,8 @@ __all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 HostArg = Union[Topology, Callable[[], Topology]]
-# The NVLink fabric (topology.fabric.Fabric), a callable returning it (read per call, so a
-# refreshed file counts; topology.fabric.FabricFile), or None when the door was started
+# The NVLink fabric (topology.paths.fabric.Fabric), a callable returning it (read per call, so a
+# refreshed file counts; topology.paths.fabric.FabricFile), or None when the door was started
 # without --fabric.
 FabricArg = Any
 
@@ -90,7 +90,7 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
     topo: Topology | None = None
     try:
         topo = host() if callable(host) else host
-        # issue 11: MMIO settings and P2P cliques by option; the host's address width from its source
+        # MMIO settings and P2P cliques by option; the host's address width from its source
         result = rewrite_domain(domain_xml, topo, mmio=options.mmio == "auto", p2p_clique=options.p2p_clique == "auto",
                                 host_phys_bits=topo.host_width() if options.mmio == "auto" else None)
         if result.report.warnings and options.on_error == "fail":
@@ -164,14 +164,14 @@ def nvlink_note(fields: dict[str, Any]) -> str:
 
 def nvlink_fields(topo: Topology, fabric: FabricArg, policy: str, bdfs: list[Bdf]) -> tuple[dict[str, Any], Any]:
     """The NVLink check on the NVIDIA GPUs among ``bdfs``: the log fields and the verdict
-    (``topology.partitions.NvlinkVerdict``, None when the check did not run). Under ``require``
+    (``topology.paths.partitions.NvlinkVerdict``, None when the check did not run). Under ``require``
     a GPU set that will not get full NVLink raises NvlinkError (so does a missing fabric file),
     and a fabric file that cannot be read, or a bug, raises too; under ``warn`` they become the
     fields. Without a fabric file and under ``warn`` nothing is said (the operator has not set
     the check up)."""
     if policy == "off" or (fabric is None and policy == "warn"):
         return {}, None  # nothing to check or say: and no import on the sidecar's common path
-    from topology.partitions import check_gpu_set, nvidia_gpus
+    from topology.paths.partitions import check_gpu_set, nvidia_gpus
 
     try:
         fab = fabric() if callable(fabric) else fabric

@@ -1,8 +1,9 @@
 """``pcitopo serve``: KubeVirt's hook API over a Unix socket (gRPC), a thin door around
 :func:`sidecar.core.handle_define_domain`.
 
-This module is the transport only: the messages' bytes are ``sidecar.wire``, the process
-tweaks ``sidecar.process``, the shared door parts ``sidecar.doors``. What virt-launcher does
+This module is the transport only: what each call does is ``sidecar.hooks``, the messages'
+bytes are ``sidecar.wire``, the process tweaks ``sidecar.process``, the shared door parts
+``sidecar.doors``. What virt-launcher does
 and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "KubeVirt hook API"):
 - It lists the socket folder in a loop, dials each entry (a short timeout; a failed dial is
   retried on the next pass), calls ``Info`` with a 1 s deadline and fails the VM start on an
@@ -34,27 +35,23 @@ sysfs file twice).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import stat
-import sys
 import threading
 import time
 from concurrent import futures
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from topology import __version__
-from topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
-from topology.model import Topology
-from topology.sysfs import default_sysfs, open_host
+from topology.errors import ConfigError, PcitopoError, SysfsError
+from topology.host.sources import default_sysfs
 
-from . import core, wire
-from .config import parse_vmi
-from .doors import EXIT_OK, Parser, one_line
-from .hookproto import INFO_NAME, ON_DEFINE_DOMAIN, SHUTDOWN, VERSIONS
+from . import wire
+from .doors import EXIT_OK, Parser
+from .hookproto import VERSIONS
+from .hooks import CallFailed, HostCache, Hooks, JsonLog, elapsed_ms
 
 if TYPE_CHECKING:
     import grpc
@@ -71,159 +68,6 @@ SOCKET_MODE = 0o660
 WORKERS = 2
 # How long in-flight calls may run on when we are asked to stop.
 STOP_GRACE_S = 5.0
-
-
-# -- logging ---------------------------------------------------------------------------------
-
-class JsonLog:
-    """One JSON object per line on a text stream; safe across threads."""
-
-    def __init__(self, stream=None):
-        self._stream = stream if stream is not None else sys.stderr
-        self._lock = threading.Lock()
-
-    def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
-        now = datetime.now(timezone.utc)
-        rec = {"ts": now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z", "level": level, "event": event}
-        rec.update({k: v for k, v in fields.items() if v is not None})
-        line = json.dumps(rec, separators=(",", ":"), default=str)
-        with self._lock:
-            try:
-                self._stream.write(line + "\n")
-                self._stream.flush()
-            except (OSError, ValueError):
-                pass  # a closed stderr must not fail a call
-
-
-# -- the host model, opened once ---------------------------------------------------------
-
-class HostCache:
-    """Opens the host model once and shares it; an error is retried on the next call (the
-    caller gets the same one-line SysfsError until the path becomes readable)."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self._lock = threading.Lock()
-        self._topology: Topology | None = None
-
-    def __call__(self) -> Topology:
-        topo = self._topology
-        if topo is not None:
-            return topo
-        with self._lock:
-            if self._topology is None:
-                self._topology = open_host(self.path)
-            return self._topology
-
-
-# -- the calls -------------------------------------------------------------------------------
-
-_GRPC_CODE = {
-    "config": "INVALID_ARGUMENT",
-    "vmi": "INVALID_ARGUMENT",
-    "domain": "INVALID_ARGUMENT",
-    "malformed-bdf": "INVALID_ARGUMENT",
-    "unknown-device": "FAILED_PRECONDITION",
-    "sysfs": "FAILED_PRECONDITION",
-    "plan": "FAILED_PRECONDITION",
-    "doctor": "FAILED_PRECONDITION",  # pcitopo doctor (issue 13): doctor: require and a check failed
-    "internal": "INTERNAL",
-    "fabric": "FAILED_PRECONDITION",
-    "nvlink": "FAILED_PRECONDITION",
-    # issue 11: the host's address width cannot hold the BARs; a firmware limit under on-error: fail
-    "mmio": "FAILED_PRECONDITION",
-    "mmio-firmware": "FAILED_PRECONDITION",
-    "output": "FAILED_PRECONDITION",  # doctor --prometheus-out/--nfd-out: the host's file system refuses the write
-    # The base class raised as is: a failure no subclass names is our bug, not the caller's input.
-    "error": "INTERNAL",
-}
-
-
-def status_name(err: PcitopoError) -> str:
-    """The gRPC status code (its name) a failure of this kind ends the call with."""
-    return _GRPC_CODE.get(err.kind, "UNKNOWN")
-
-
-def error_details(err: PcitopoError) -> str:
-    """The gRPC status details: one line, prefixed so virt-launcher's log names us."""
-    return f"pcitopo: {err.kind}: {err.reason}"
-
-
-class CallFailed(Exception):
-    """A call that ends with a gRPC error: the status code's name and the one-line details."""
-
-    def __init__(self, code: str, details: str):
-        super().__init__(details)
-        self.code = code
-        self.details = details
-
-
-class Hooks:
-    """What every version's servicer calls; owns the call counter, the log and the stop event.
-    Knows nothing of gRPC: a failure is a :class:`CallFailed`, which the transport turns into
-    the call's status."""
-
-    def __init__(self, host: Callable[[], Topology], log: JsonLog, stop: threading.Event, fabric: Callable | None = None):
-        self.host = host
-        self.fabric = fabric  # topology.fabric.FabricFile, or None without --fabric
-        self.log = log
-        self.stop = stop
-        self._calls = 0
-        self._lock = threading.Lock()
-
-    def info(self) -> bytes:
-        self.log("Info", name=INFO_NAME, pcitopo_version=__version__, versions=list(VERSIONS))
-        return wire.INFO_RESULT
-
-    def on_define_domain(self, version: str, domain_xml: bytes, vmi_json: bytes) -> bytes:
-        with self._lock:
-            self._calls += 1
-            call = self._calls
-        t0 = time.perf_counter()
-        try:
-            out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric)
-        except PcitopoError as e:
-            self.log(
-                ON_DEFINE_DOMAIN, level="error", version=version, vmi=_vmi_ref(vmi_json), call=call,
-                outcome="failed", error=e.kind, reason=e.reason, duration_ms=_ms(t0),
-            )
-            raise CallFailed(status_name(e), error_details(e)) from None
-        except Exception as e:  # core wraps bugs already; this is the door's last line of defence
-            reason = f"{type(e).__name__}: {e}"
-            self.log(ON_DEFINE_DOMAIN, level="error", version=version, call=call, outcome="failed", error="internal", reason=reason, duration_ms=_ms(t0))
-            raise CallFailed("INTERNAL", f"pcitopo: internal: {one_line(reason)}") from None
-        if len(out.xml) + wire.REPLY_FRAMING_BYTES > wire.MAX_REPLY_BYTES:  # issue 14 finding 12: a reply the client can read
-            e = DomainError(
-                f"the {out.outcome} domain is {len(out.xml)} bytes: virt-launcher's gRPC client (grpc-go defaults) "
-                f"refuses replies over {wire.MAX_REPLY_BYTES} bytes, so the VM could not start with it"
-            )
-            self.log(ON_DEFINE_DOMAIN, level="error", version=version, vmi=out.vmi.ref, call=call, outcome="failed",
-                     error=e.kind, reason=e.reason, in_bytes=len(domain_xml), out_bytes=len(out.xml), duration_ms=_ms(t0))
-            raise CallFailed("RESOURCE_EXHAUSTED", error_details(e))
-        self.log(
-            ON_DEFINE_DOMAIN, level="warning" if out.outcome == "passthrough" else "info", version=version,
-            vmi=out.vmi.ref, call=call, outcome=out.outcome, reason=out.reason, duration_ms=_ms(t0),
-            in_bytes=len(domain_xml), out_bytes=len(out.xml), **out.summary,
-        )
-        return out.xml
-
-    def pre_cloud_init_iso(self, version: str) -> None:
-        self.log("PreCloudInitIso", version=version, outcome="unchanged")
-
-    def shutdown(self) -> None:
-        self.log(SHUTDOWN, reason="virt-launcher asked us to stop")
-        self.stop.set()
-
-
-def _ms(t0: float) -> float:
-    return round((time.perf_counter() - t0) * 1000, 2)
-
-
-def _vmi_ref(vmi_json: bytes) -> str:
-    try:
-        return parse_vmi(vmi_json).ref
-    except PcitopoError:
-        return "-/-"
 
 
 # -- the transport: raw bytes in and out -----------------------------------------------------
@@ -339,7 +183,7 @@ class HookServer:
         self.host = HostCache(sysfs)
         self.fabric = None
         if fabric:
-            from topology.fabric import FabricFile
+            from topology.paths.fabric import FabricFile
 
             self.fabric = FabricFile(fabric, module_map, self.host)
         self.hooks = Hooks(self.host, self.log, self.stop_event, self.fabric)
@@ -408,7 +252,7 @@ class HookServer:
         self._ident = (st.st_dev, st.st_ino)
         self.log(
             "serving", pcitopo_version=__version__, socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
-            replaced_stale_socket=replaced or None, ready_ms=_ms(t0),
+            replaced_stale_socket=replaced or None, ready_ms=elapsed_ms(t0),
         )
 
     def wait(self) -> None:
@@ -483,7 +327,7 @@ def serve_main(argv: list[str]) -> int:
 
 
 def _hook_version_arg(value: str | None) -> str | None:
-    """``serve --version`` (issue 14 finding 6): None to print our version, "" when absent, the
+    """``serve --version``: None to print our version, "" when absent, the
     hook API version when one is named (accepted, ignored); anything else is a one-line error."""
     if value == "":
         return None

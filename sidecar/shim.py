@@ -75,7 +75,8 @@ class _Once:
 
 
 def run(argv: Sequence[str]) -> int:
-    from topology.sysfs import default_sysfs, open_host
+    from topology.host.sysfs import open_host
+    from topology.host.sources import default_sysfs
 
     from .core import handle_define_domain
 
@@ -90,7 +91,7 @@ def run(argv: Sequence[str]) -> int:
     host = _Once(lambda: open_host(sysfs))
     fabric = None
     if os.environ.get("PCITOPO_FABRIC"):  # the shim has no flags of ours: the environment says it
-        from topology.fabric import FabricFile
+        from topology.paths.fabric import FabricFile
 
         fabric = FabricFile(os.environ["PCITOPO_FABRIC"], os.environ.get("PCITOPO_MODULE_MAP") or None, host)
     outcome = handle_define_domain(domain, vmi, host, fabric)

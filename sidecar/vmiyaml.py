@@ -1,4 +1,4 @@
-"""A VMI as people paste it (issue 14, finding 8): ``kubectl get vmi NAME -o yaml`` as well as
+"""A VMI as people paste it: ``kubectl get vmi NAME -o yaml`` as well as
 ``-o json``, for ``xmlfix --vmi``. KubeVirt itself always hands the hook JSON, so the gRPC
 door never comes here, and PyYAML is imported only when the input is not JSON (the sidecar's
 memory budget stays as it was)."""

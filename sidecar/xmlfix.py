@@ -18,9 +18,9 @@ import sys
 from typing import Sequence
 
 from topology import __version__
-from topology.domain import MAX_DOMAIN_BYTES
+from topology.libvirt.document import MAX_DOMAIN_BYTES
 from topology.errors import ConfigError, DomainError
-from topology.sysfs import default_sysfs
+from topology.host.sources import default_sysfs
 
 from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser
 
@@ -55,7 +55,7 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.")
-    p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")  # finding 6
+    p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")
     p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
@@ -78,21 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def xmlfix(argv: Sequence[str]) -> int:
     from .core import handle_define_domain
-    from topology.report import diff_text, explain_text
-    from topology.sysfs import open_host
+    from topology.views.explain import diff_text, explain_text
+    from topology.host.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))
     _one_document(args)
     domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
-    if vmi is not None:  # finding 8: `kubectl get vmi -o yaml` is what people paste
+    if vmi is not None:  # `kubectl get vmi -o yaml` is what people paste
         from .vmiyaml import vmi_as_json
 
         vmi = vmi_as_json(vmi, args.vmi)
     host = open_host(args.sysfs)
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
-        from topology.fabric import FabricFile
+        from topology.paths.fabric import FabricFile
 
         fabric_file = FabricFile(args.fabric, args.module_map, host)
     elif args.module_map:
@@ -106,8 +106,8 @@ def xmlfix(argv: Sequence[str]) -> int:
 
     if args.json:
         _print_prediction(outcome, host, fabric)
-    if args.dot:  # issue 14 #11: the explanation as a picture
-        from topology.dot import explain_dot
+    if args.dot:  # the explanation as a picture
+        from topology.views.dot import explain_dot
 
         sys.stdout.write(explain_dot(result, host, outcome.reason))
     elif args.explain:
@@ -116,10 +116,10 @@ def xmlfix(argv: Sequence[str]) -> int:
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
-                from topology.fleet import doctor_text
+                from topology.checks.fleet import doctor_text
 
                 sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + doctor_text(outcome.doctor))
-    if args.diff:  # finding 1: only what changed in meaning (both sides serialised alike)
+    if args.diff:  # only what changed in meaning (both sides serialised alike)
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:
         _write_atomic(args.output, out)
@@ -127,7 +127,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         sys.stdout.buffer.write(out)
         sys.stdout.flush()
 
-    # finding 2: a passthrough or off outcome is never silent, whatever was asked for.
+    # A passthrough or off outcome is never silent, whatever was asked for.
     if result is None:
         print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
     if args.check:
@@ -152,7 +152,7 @@ def _warnings(outcome) -> list[str]:
     """One line per thing the hook would boot the VM with and only log: the rewrite's firmware
     warnings, the NVLink verdict under ``nvlink: warn``, failed host-readiness checks under
     ``doctor: warn`` (or a doctor that could not run)."""
-    from topology.predict import firmware_warnings
+    from topology.guest.predict import firmware_warnings
 
     from .core import nvlink_note
 
@@ -171,7 +171,7 @@ def _warnings(outcome) -> list[str]:
 
 
 def _one_document(args: argparse.Namespace) -> None:
-    """What goes to stdout must read as one document: --json (finding 5) and --dot (finding 11)
+    """What goes to stdout must read as one document: --json and --dot
     each print one, so neither mixes with another kind (--explain text, --diff, each other).
     --dot is --explain drawn, so the two together are just the picture."""
     if args.json and (args.explain or args.diff or args.dot):
@@ -181,8 +181,8 @@ def _one_document(args: argparse.Namespace) -> None:
 
 
 def _check(outcome, host, fabric=None) -> int:
-    """--check: exit 0 only if the guest will see what the host has (finding 2)."""
-    from topology.predict import beyond_pairs, check_problems, verdict
+    """--check: exit 0 only if the guest will see what the host has."""
+    from topology.guest.predict import beyond_pairs, check_problems, verdict
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
@@ -197,10 +197,10 @@ def _check(outcome, host, fabric=None) -> int:
 
 
 def _print_prediction(outcome, host, fabric=None) -> None:
-    """--json (finding 5): what `pcitopo verify --expect` checks in the guest."""
+    """--json: what `pcitopo verify --expect` checks in the guest."""
     import json
 
-    from topology.predict import prediction
+    from topology.guest.predict import prediction
 
     doc = prediction(outcome.result, host, fabric) if outcome.result is not None else {
         "devices": [], "pairs": [], "notes": [f"domain left unchanged ({outcome.outcome}): {outcome.reason}"]}

@@ -22,8 +22,8 @@ from typing import Iterable, Sequence
 
 from lxml import etree
 
-from topology.domain import ROOT_PORT, parse_cpuset, parse_int
-from topology.model import Bdf, Role, Topology
+from topology.libvirt.domain import ROOT_PORT, parse_cpuset, parse_int
+from topology.model.tree import Bdf, Role, Topology
 
 from .kubevirt_releases import Release, reparse
 
@@ -387,8 +387,8 @@ def canonical(xml: bytes) -> bytes:
 def _strip_mmio_owned(root: etree._Element) -> None:
     """issue 11: what the mmio and p2p-clique options own: <cpu><maxphysaddr>, the pdpe1gb
     feature, and the pref64-reserve / x-nv-gpudirect-clique properties in <qemu:override>."""
-    from topology.cliques import CLIQUE_PROPERTY
-    from topology.mmio import FEATURE_1G_PAGES, PREF64_RESERVE
+    from topology.guest.cliques import CLIQUE_PROPERTY
+    from topology.guest.mmio import FEATURE_1G_PAGES, PREF64_RESERVE
 
     for el in root.findall("cpu/maxphysaddr") + root.findall(f"cpu/feature[@name='{FEATURE_1G_PAGES}']"):
         el.getparent().remove(el)

@@ -38,9 +38,10 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from lxml import etree
 
-from topology.domain import ROOT_PORT, parse_int
-from topology.model import Bdf, Role, Topology
-from topology.sysfs import MemoryTree, SysfsReader, open_host
+from topology.libvirt.domain import ROOT_PORT, parse_int
+from topology.model.tree import Bdf, Role, Topology
+from topology.host.sysfs import SysfsReader, open_host
+from topology.host.sources import MemoryTree
 
 from . import FIXTURES
 from .kubevirt_sim import (
@@ -572,7 +573,7 @@ def mutated_domains(draw, base: st.SearchStrategy[Case] | None = None) -> tuple[
     case = draw(base if base is not None else cases())
     xml = case.xml
     if draw(st.booleans()):
-        from topology.rewrite import rewrite_domain
+        from topology.guest.rewrite import rewrite_domain
         from topology.errors import PcitopoError
 
         try:

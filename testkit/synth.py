@@ -11,7 +11,7 @@ The format is documented in ``fixtures/README.md``. In short::
 
 The builder writes exactly what the kernel shows (relative ``bus/pci/devices`` links, one
 directory per function nested along the PCI hierarchy, attribute files with the kernel's
-formatting) and nothing else: only the attribute names :mod:`topology.sysfs` reads.
+formatting) and nothing else: only the attribute names :mod:`topology.host.sysfs` reads.
 """
 
 from __future__ import annotations
@@ -22,21 +22,20 @@ import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
-from topology.bars import Bar, format_resource
-from topology.domain import parse_cpuset
+from topology.model.bars import Bar, format_resource
+from topology.libvirt.domain import parse_cpuset
 from topology.errors import PcitopoError, SysfsError
-from topology.model import Bdf, Topology
-from topology.sysfs import (
+from topology.model.tree import Bdf, Topology
+from topology.host.sysfs import (
     LINK_ATTRS,
     NODE_ATTRS,
     NODE_DIR,
     OPTIONAL_ATTRS,
-    PCI_DEVICES_DIR,
     REQUIRED_ATTRS,
     RESOURCE_ATTRS,
-    MemoryTree,
     SysfsReader,
 )
+from topology.host.sources import MemoryTree, PCI_DEVICES_DIR
 
 from . import synth_doctor
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol, Sequence
 
-from topology.configspace import (
+from topology.host.configspace import (
     ACS_CR,
     ACS_DT,
     ACS_RR,
@@ -30,8 +30,9 @@ from topology.configspace import (
     LEGACY_BYTES,
     PCIE_BYTES,
 )
-from topology.model import Bdf
-from topology.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR, MemoryTree
+from topology.model.tree import Bdf
+from topology.host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
+from topology.host.sources import MemoryTree
 
 
 class Look(Protocol):

@@ -8,9 +8,9 @@ import json
 
 from sidecar.config import PREFIX
 from sidecar.core import handle_define_domain
-from sidecar.server import error_details, status_name
+from sidecar.hooks import error_details, status_name
 from topology.errors import PcitopoError
-from topology.model import Topology
+from topology.model.tree import Topology
 
 from .kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, pick
 from .strategies import build_domain, fixture_world

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from topology.bars import (
+from topology.model.bars import (
     IORESOURCE_MEM,
     IORESOURCE_MEM_64,
     IORESOURCE_PREFETCH,
@@ -15,10 +15,11 @@ from topology.bars import (
     format_resource,
     parse_resource,
 )
-from topology.capture import capture
+from topology.host.capture import capture
 from topology.errors import SysfsError
-from topology.model import Topology
-from topology.sysfs import MemoryTree, SysfsReader, open_host
+from topology.model.tree import Topology
+from topology.host.sysfs import SysfsReader, open_host
+from topology.host.sources import MemoryTree
 
 GiB, MiB = 1 << 30, 1 << 20
 

@@ -1,17 +1,18 @@
-"""Bus, slot, index and chassis accounting (topology/buses.py), one rule at a time."""
+"""Bus, slot, index and chassis accounting (topology/guest/buses.py), one rule at a time."""
 
 from __future__ import annotations
 
 import pytest
 
-from topology import buses
+from topology.guest import buses
+from topology.model.address import address_in_range
 from topology.errors import PlanError
 
 
 def test_address_limits():
-    assert buses.address_in_range(0xFFFF, 0xFF, 0x1F, 7)
+    assert address_in_range(0xFFFF, 0xFF, 0x1F, 7)
     for bad in [(0x10000, 0, 0, 0), (0, 0x100, 0, 0), (0, 0, 0x20, 0), (0, 0, 0, 8), (-1, 0, 0, 0)]:
-        assert not buses.address_in_range(*bad), bad
+        assert not address_in_range(*bad), bad
 
 
 def test_conventional_pci_devices_cost_two_buses_per_31():

@@ -42,8 +42,8 @@ from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
 from testkit.server_proc import PrivateServer
 from testkit.synth import load_topo_file
 from topology.errors import PcitopoError
-from topology.rewrite import rewrite_domain
-from topology.sysfs import open_host
+from topology.guest.rewrite import rewrite_domain
+from topology.host.sysfs import open_host
 
 HERE = Path(__file__).resolve().parent
 HOSTILE = HERE / "hostile"
@@ -213,8 +213,8 @@ def materialize_domain(case: dict) -> bytes:
 def open_host_for(case: dict):
     kind, _, arg = case["host"].partition(":")
     if kind == "topo":
-        from topology.model import Topology
-        from topology.sysfs import SysfsReader
+        from topology.model.tree import Topology
+        from topology.host.sysfs import SysfsReader
 
         return Topology(SysfsReader(load_topo_file(HOSTILE / arg)))
     return open_host(REPO / "fixtures" / arg)
@@ -457,10 +457,11 @@ import json, os, sys, threading
 # not what the claims are about.
 import grpc
 from sidecar import server as srv
+from sidecar.hooks import JsonLog
 from sidecar.core import handle_define_domain
 from sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
-from topology.sysfs import open_host
-import topology.rewrite, topology.guest, topology.report, encodings.idna
+from topology.host.sysfs import open_host
+import topology.guest.rewrite, topology.guest.tree, topology.views.report, encodings.idna
 
 events = []
 WATCH = ("open", "os.listdir", "os.scandir", "os.remove", "os.unlink", "os.rename", "os.mkdir", "os.rmdir",
@@ -478,7 +479,7 @@ events.clear()
 if mode == "library":
     handle_define_domain(domain, vmi.encode(), open_host(sysfs))
 else:
-    server = srv.HookServer(sock, sysfs, log=srv.JsonLog(open(os.devnull, "w")))
+    server = srv.HookServer(sock, sysfs, log=JsonLog(open(os.devnull, "w")))
     events.clear()
     server.start()
     with grpc.insecure_channel("unix:" + sock) as ch:
@@ -613,9 +614,9 @@ def test_the_output_carries_no_new_kinds_of_elements():
 
 
 def _plan_lines(xml: bytes, host) -> int:
-    """Python lines executed in topology/plan.py for one rewrite: a deterministic measure of
+    """Python lines executed in topology/guest/plan.py for one rewrite: a deterministic measure of
     work (no clocks)."""
-    import topology.plan as plan_mod
+    import topology.guest.plan as plan_mod
 
     target = plan_mod.__file__
     count = 0

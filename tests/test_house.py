@@ -1,5 +1,7 @@
-"""House rules that can be checked mechanically (issue 10): no function longer than 80 lines in
-the library (topology/) or the doors (sidecar/), generated code (sidecar/hookproto) aside; no
+"""House rules that can be checked mechanically (issues 10 and 17): in the library (topology/)
+and the doors (sidecar/), generated code (sidecar/hookproto) aside, no function longer than 60
+lines, no module longer than 450, no folder of more than 12 modules; topology/ keeps only its
+``__init__`` and errors at the top, the rest in rooms whose imports go one way (ORDER); no
 import cycle among the project's modules; nothing edits ``sys.path`` outside a conftest.py; no
 file refers to documents outside the repository."""
 
@@ -12,7 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 450
+MAX_FOLDER_MODULES = 12
 GENERATED = ("hookproto",)
 
 
@@ -36,12 +40,49 @@ def test_the_measure_sees_a_long_function():
     assert [x.split()[1] for x in long_functions(nested, "t.py")] == ["m"]
 
 
-@pytest.mark.parametrize("package", ["topology", "sidecar"])
-def test_no_function_longer_than_80_lines(package):
+def _product_files(package: str) -> list[Path]:
     files = [p for p in sorted((ROOT / package).rglob("*.py")) if not set(GENERATED) & set(p.parts)]
     assert files
-    too_long = [x for p in files for x in long_functions(p.read_text(), str(p.relative_to(ROOT)))]
+    return files
+
+
+@pytest.mark.parametrize("package", ["topology", "sidecar"])
+def test_no_function_longer_than_60_lines(package):
+    too_long = [x for p in _product_files(package) for x in long_functions(p.read_text(), str(p.relative_to(ROOT)))]
     assert too_long == []
+
+
+@pytest.mark.parametrize("package", ["topology", "sidecar"])
+def test_no_module_longer_than_450_lines(package):
+    lengths = {p.relative_to(ROOT): len(p.read_text().splitlines()) for p in _product_files(package)}
+    too_long = [f"{p} ({n} lines)" for p, n in lengths.items() if n > MAX_MODULE_LINES]
+    assert too_long == []
+
+
+def crowded_folders(files: list[Path], limit: int = MAX_FOLDER_MODULES) -> list[str]:
+    """Folders holding more than ``limit`` modules (``__init__.py`` aside: it is the folder's
+    own, not one more thing to look through)."""
+    from collections import Counter
+
+    counts = Counter(p.parent for p in files if p.name != "__init__.py")
+    return sorted(f"{d} ({n} modules)" for d, n in counts.items() if n > limit)
+
+
+def test_the_measure_sees_a_crowded_folder():
+    files = [Path(f"pkg/m{i}.py") for i in range(MAX_FOLDER_MODULES)] + [Path("pkg/__init__.py")]
+    assert crowded_folders(files) == []
+    assert crowded_folders(files + [Path("pkg/one_more.py")]) == [f"pkg ({MAX_FOLDER_MODULES + 1} modules)"]
+
+
+@pytest.mark.parametrize("package", ["topology", "sidecar"])
+def test_no_folder_of_more_than_12_modules(package):
+    assert crowded_folders([p.relative_to(ROOT) for p in _product_files(package)]) == []
+
+
+def test_topology_top_level_holds_only_its_init_and_errors():
+    """Every other module lives in a room (see ORDER), so a newcomer finds it by folder name."""
+    top = sorted(p.name for p in (ROOT / "topology").glob("*.py"))
+    assert top == ["__init__.py", "errors.py"]
 
 
 PACKAGES = ("topology", "sidecar", "testkit")
@@ -113,8 +154,48 @@ def test_the_cycle_finder_sees_a_cycle():
 
 def test_no_import_cycle():
     graph = module_graph()
-    assert "topology.rewrite" in graph["sidecar.core"]  # the graph really holds the project's edges
+    assert "topology.guest.rewrite" in graph["sidecar.core"]  # the graph really holds the project's edges
     assert find_cycle(graph) is None
+
+
+# topology/'s rooms in the order the data flows, bottom first: a module may import from its own
+# room and the rooms before it, never from a later one (docs/ARCHITECTURE.md draws the same).
+ORDER = ("errors", "model", "host", "paths", "libvirt", "guest", "checks", "views")
+
+
+def room_of(module: str) -> str | None:
+    """``topology.guest.plan`` -> ``guest``; ``topology.errors`` -> ``errors``; None outside
+    topology/ or for the package itself."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "topology" and len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, set[str]], order: tuple[str, ...] = ORDER) -> list[str]:
+    """Every import in topology/ that goes from a room to a later one in ``order``."""
+    rank = {room: i for i, room in enumerate(order)}
+    return sorted(
+        f"{m} -> {d}" for m, deps in graph.items() if room_of(m) in rank
+        for d in deps if room_of(d) in rank and rank[room_of(d)] > rank[room_of(m)]
+    )
+
+
+def test_the_order_check_sees_an_upward_import():
+    graph = {"topology.model.tree": {"topology.errors"}, "topology.guest.plan": {"topology.model.tree"}}
+    assert upward_imports(graph) == []
+    graph["topology.model.tree"].add("topology.guest.plan")
+    assert upward_imports(graph) == ["topology.model.tree -> topology.guest.plan"]
+
+
+def test_every_room_is_in_the_order():
+    rooms = {p.stem if p.is_file() else p.name for p in (ROOT / "topology").iterdir()
+             if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").is_file())}
+    assert rooms == set(ORDER)
+
+
+def test_topology_imports_go_one_way_between_rooms():
+    graph = module_graph()
+    assert "topology.model.tree" in graph["topology.guest.plan"]  # the graph holds topology's edges
+    assert upward_imports(graph) == []
 
 
 def _project_files(suffixes: tuple[str, ...]) -> list[Path]:
@@ -149,7 +230,7 @@ def test_no_reference_to_documents_outside_the_repository():
     assert hits == []
 
 
-# Calls that spell XML (paths, tags): topology/domain.py's business, not a computing module's.
+# Calls that spell XML (paths, tags): topology/libvirt/'s business, not a computing module's.
 XML_CALLS = frozenset({"find", "findall", "iterfind", "findtext", "xpath", "Element", "SubElement"})
 
 
@@ -169,11 +250,11 @@ def test_the_measure_sees_an_xml_spelling():
 
 
 def test_mmio_computes_domain_spells():
-    """topology/mmio.py decides what the MMIO budget needs; the <os>/<cpu>/<memory> spellings it
-    reads and writes (and the memory-unit table) live in topology/domain.py."""
-    path = ROOT / "topology" / "mmio.py"
+    """topology/guest/mmio.py decides what the MMIO budget needs; the <os>/<cpu>/<memory> spellings it
+    reads and writes (and the memory-unit table) live in topology/libvirt/machine.py."""
+    path = ROOT / "topology" / "guest" / "mmio.py"
     text = path.read_text()
-    assert xml_spellings(text, "topology/mmio.py") == []
+    assert xml_spellings(text, "topology/guest/mmio.py") == []
     assert "_UNITS" not in text and '"kib"' not in text
 # -- nothing in the library or the doors that only tests use -------------------------------------
 
@@ -210,7 +291,7 @@ def test_the_unused_name_finder_sees_one():
 def test_no_test_only_code_in_the_library_or_the_doors():
     """Test helpers live in testkit/ (e.g. build_config in testkit/synth_doctor.py), dead
     constants go: the product's modules hold only what the product uses."""
-    sources = {str(p.relative_to(ROOT)): p.read_text() for d in ("topology", "sidecar") for p in (ROOT / d).glob("*.py")}
+    sources = {str(p.relative_to(ROOT)): p.read_text() for d in ("topology", "sidecar") for p in (ROOT / d).rglob("*.py") if not set(GENERATED) & set(p.parts)}
     entry_points = (ROOT / "pyproject.toml").read_text()
     found = [u for u in unused_names(sources, entry_points) if u.split(": ")[1] not in TEST_ONLY_OK]
     assert found == []

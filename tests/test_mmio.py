@@ -14,8 +14,8 @@ from testkit import REPO as ROOT
 from testkit.kubevirt_releases import RELEASES
 from testkit.kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
 from sidecar.core import handle_define_domain
-from topology.cliques import CLIQUE_PROPERTY
-from topology.mmio import (
+from topology.guest.cliques import CLIQUE_PROPERTY
+from topology.guest.mmio import (
     GiB,
     MiB,
     TiB,
@@ -28,9 +28,9 @@ from topology.mmio import (
     seabios_bits,
     window_of,
 )
-from topology.overrides import properties
-from topology.rewrite import rewrite_domain
-from topology.sysfs import open_host
+from topology.libvirt.overrides import properties
+from topology.guest.rewrite import rewrite_domain
+from topology.host.sysfs import open_host
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 
@@ -280,7 +280,7 @@ def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
 
 
 def test_check_problems_and_prediction_carry_the_firmware_warning(b200):
-    from topology.predict import check_problems, prediction
+    from topology.guest.predict import check_problems, prediction
 
     seabios = _domain(b200, gpus_and_nics(b200))
     r = rewrite_domain(seabios, b200, host_phys_bits=46)
@@ -336,7 +336,7 @@ def test_pcie_gpus_below_one_switch_share_a_clique(topo):
 
 
 def _bdf(bus: str):
-    from topology.model import Bdf
+    from topology.model.tree import Bdf
 
     return Bdf(0, int(bus, 16), 0, 0)
 
@@ -349,7 +349,7 @@ def test_sxm_gpus_get_no_clique(h100, b200):
 
 
 def test_explain_shows_the_budget_per_root_port_and_firmware(h100):
-    from topology.report import explain_text
+    from topology.views.explain import explain_text
 
     r = rewrite_domain(_domain(h100, gpus_and_nics(h100), "host-model", efi=True), h100, host_phys_bits=46)
     text = explain_text(r, h100)
@@ -393,9 +393,9 @@ def _cpuinfo(tmp_path, bits: int):
 def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatch):
     """An operator's dry run: `pcitopo capture` on the node (46 bits), `xmlfix --sysfs node.tar.gz`
     on a laptop whose CPU has 39 bits: the node's MMIO is judged with the node's width."""
-    from topology.capture import capture
-    from topology.cpuinfo import ADDRESS_SIZES_MEMBER
-    from topology.sysfs import MemoryTree
+    from topology.host.capture import capture
+    from topology.model.cpuinfo import ADDRESS_SIZES_MEMBER
+    from topology.host.sources import MemoryTree
 
     node = tmp_path / "node.tar.gz"
     monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 46))  # the node's /proc/cpuinfo
@@ -417,7 +417,7 @@ def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatc
 
 
 def test_capture_without_the_record_is_unknown_not_this_machine(tmp_path, monkeypatch):
-    from topology.capture import capture
+    from topology.host.capture import capture
 
     old = tmp_path / "old.tar.gz"
     monkeypatch.setenv("PCITOPO_CPUINFO", str(tmp_path / "absent"))
@@ -432,7 +432,7 @@ def test_capture_without_the_record_is_unknown_not_this_machine(tmp_path, monkey
 
 def test_explain_says_where_the_width_came_from(tmp_path, monkeypatch, capsys):
     from sidecar.xmlfix import xmlfix
-    from topology.capture import capture
+    from topology.host.capture import capture
 
     node = tmp_path / "node.tar.gz"
     monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 46))

@@ -13,13 +13,15 @@ import textwrap
 from pathlib import Path
 
 
-from topology.capture import capture
-from topology.model import Bdf, Topology
-from topology.nvswitch_mgmt import management_reason, parse_vpd, vpd_says_switch_management
-from topology.partitions import compute_nics
-from topology.report import default_devices, tree_text
+from topology.host.capture import capture
+from topology.model.tree import Bdf, Topology
+from topology.model.nvswitch_mgmt import management_reason, parse_vpd, vpd_says_switch_management
+from topology.paths.partitions import compute_nics
+from topology.model.labels import default_devices
+from topology.views.report import tree_text
 from testkit.synth import build_tree, parse_topo
-from topology.sysfs import PCI_DEVICES_DIR, MemoryTree, SysfsReader, open_host, resolve
+from topology.host.sysfs import SysfsReader, open_host
+from topology.host.sources import MemoryTree, PCI_DEVICES_DIR, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +141,7 @@ def test_an_unreadable_vpd_falls_back_to_the_driver_signal():
             os.chmod(p, 0o600)
         # Python loads as root (the interpreter lives under /root here), then drops to nobody for
         # good before reading the tree, as the sidecar reads it as uid 107.
-        code = ("import os; from topology.sysfs import open_host; from topology.nvswitch_mgmt import management_reason\n"
+        code = ("import os; from topology.host.sysfs import open_host; from topology.model.nvswitch_mgmt import management_reason\n"
                 "if os.geteuid() == 0:\n    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
                 f"h = open_host({str(src / 'sys')!r}); f = h.function('{MGMT}')\n"
                 "print(h.extra('vpd', f.bdf), management_reason(h, f))")

@@ -12,7 +12,7 @@ OnDefineDomain calls with libvirt's define additions and KubeVirt's lossy re-par
   NUMA placement being taken over;
 - with guest NUMA cells (and ACPI), every pair of devices is classified in the guest exactly
   as on the host (NCCL always; NVML except the Broadcom PXB→PIX collapse), judged on a guest
-  tree derived here from the XML, independently of topology/guest.py;
+  tree derived here from the XML, independently of topology/guest/tree.py;
 - any failure is a PcitopoError subclass with a one-line message, and only for reasons the
   input explains (a device behind a PCIe-to-PCI bridge, more buses than a PCI domain has).
 
@@ -58,10 +58,11 @@ from testkit.strategies import (
 from sidecar.config import PREFIX, parse_vmi
 from sidecar.core import handle_define_domain
 from topology.errors import PcitopoError
-from topology.model import Topology
-from topology.overrides import properties as override_properties
-from topology.rewrite import Why, rewrite_domain
-from topology.sysfs import MemoryTree, SysfsReader
+from topology.model.tree import Topology
+from topology.libvirt.overrides import properties as override_properties
+from topology.guest.rewrite import Why, rewrite_domain
+from topology.host.sysfs import SysfsReader
+from topology.host.sources import MemoryTree
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 RUNS: Counter = Counter()

@@ -14,20 +14,19 @@ from hypothesis import strategies as st
 import testkit.synth as synth
 from testkit import FIXTURES, fixture_script
 from testkit.synth import build_tree, format_cpus, load_topo_file, parse_topo
-from topology.domain import parse_cpuset
+from topology.libvirt.domain import parse_cpuset
 from topology.errors import SysfsError
-from topology.model import Topology
-from topology.sysfs import (
+from topology.model.tree import Topology
+from topology.host.sysfs import (
     DOCTOR_ATTRS,
     LINK_ATTRS,
     NODE_ATTRS,
     OPTIONAL_ATTRS,
     REQUIRED_ATTRS,
     RESOURCE_ATTRS,
-    MemoryTree,
     SysfsReader,
-    resolve,
 )
+from topology.host.sources import MemoryTree, resolve
 
 generate = fixture_script("generate")
 FIXTURE_NAMES = generate.fixture_names()
@@ -380,7 +379,7 @@ def test_check_mode_flags_a_stale_tarball(tmp_path, monkeypatch, capsys):
 
 
 def test_fixtures_read_back_through_the_project_reader():
-    from topology.sysfs import open_host
+    from topology.host.sysfs import open_host
 
     for name in SMALL_FIXTURES:
         host = open_host(FIXTURES / name)

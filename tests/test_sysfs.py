@@ -9,11 +9,12 @@ import subprocess
 
 import pytest
 
-from topology.capture import capture
+from topology.host.capture import capture
 from topology.errors import MalformedBdfError, SysfsError
-from topology.model import Bdf
-from topology.sysfs import DirSource, MemoryTree, SysfsReader, open_host, resolve
-from topology.model import Topology
+from topology.model.tree import Bdf
+from topology.host.sysfs import SysfsReader, open_host
+from topology.host.sources import DirSource, MemoryTree, resolve
+from topology.model.tree import Topology
 
 LIVE = os.path.isdir("/sys/bus/pci/devices") and bool(os.listdir("/sys/bus/pci/devices"))
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO as ROOT
-from topology.classify import classify
-from topology.report import default_devices
-from topology.sysfs import open_host
-from topology.vfs import group_vfs
+from topology.paths.classify import classify
+from topology.model.labels import default_devices
+from topology.host.sysfs import open_host
+from topology.paths.vfs import group_vfs
 
 BIN = Path(sys.executable).parent
 SRIOV = "fixtures/sriov-4k"

@@ -114,7 +114,7 @@ class FirmwareWarning(PcitopoError):
     kind = "mmio-firmware"
 
 
-# -- the doctor and its fleet outputs (moved here from topology/doctor.py and topology/fleet.py) --
+# -- the doctor and its fleet outputs (moved here from topology/checks/doctor.py and topology/checks/fleet.py) --
 
 class DoctorError(PcitopoError):
     """``doctor: require`` and a check failed: the VM must not start on this host as it is."""

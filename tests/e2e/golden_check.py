@@ -1,9 +1,9 @@
 """Judge a booted guest against what the rewrite promised.
 
-The rewrite's report (``topology.rewrite.RewriteResult.report``) promises, per placed hostdev,
+The rewrite's report (``topology.guest.rewrite.RewriteResult.report``) promises, per placed hostdev,
 a guest BDF and a guest NUMA cell (``numa_map[host node]``, or none), and per pair of placed
 devices a guest class (NCCL and NVML, ``PairReport.guest``). ``check_booted`` reads the booted
-guest's PCI printout with the project's own reader (``topology.sysfs.open_host`` on a
+guest's PCI printout with the project's own reader (``topology.host.sysfs.open_host`` on a
 sysfs-shaped tree), maps every guest BDF back to its hostdev through the stand-in that replaced
 it (matched by place, see guesttree.py), classifies every promised pair with the project's own
 classifier and lists every difference as a :class:`Problem`. ``GuestCheck.assert_ok()`` raises
@@ -23,12 +23,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topology.classify import classify
+from topology.paths.classify import classify
 from topology.errors import PcitopoError
-from topology.model import Bdf, Topology, root_complex_sort_key
-from topology.report import label_devices, tree_text
-from topology.rewrite import RewriteResult
-from topology.sysfs import open_host
+from topology.model.tree import Bdf, Topology, root_complex_sort_key
+from topology.views.report import label_devices, tree_text
+from topology.guest.rewrite import RewriteResult
+from topology.host.sysfs import open_host
 
 from .guestboot import GuestResult
 from .guesttree import bus_overlaps

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from lxml import etree
 
-from topology.bars import Bar
-from topology.domain import parse_int
+from topology.model.bars import Bar
+from topology.libvirt.domain import parse_int
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 Q = f"{{{QEMU_NS}}}"

@@ -23,13 +23,14 @@ import time
 import pytest
 from lxml import etree
 
-from topology.model import Topology
-from topology.rewrite import RewriteResult, rewrite_domain
-from topology.sysfs import open_host
+from topology.model.tree import Topology
+from topology.guest.rewrite import RewriteResult, rewrite_domain
+from topology.host.sysfs import open_host
 
 from .golden_check import check_booted
 from .guestboot import GuestResult, boot
 from .paths import REPO_ROOT
+from .terminal import show_past_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -91,16 +92,7 @@ def boot_time_summary(request):
         lines.append(f"  {label:<50} {n:>3} devs  {t['define']:5.2f} {t['run']:6.2f} {t['total']:6.2f}")
     total = sum(t["total"] for _, _, t in _BOOTS)
     lines.append(f"  sum of boots {total:.1f}s; module wall time {time.monotonic() - start:.1f}s")
-    # Shown without -s too: write past output capture, straight to the terminal.
-    pm = request.config.pluginmanager
-    tr, capman = pm.getplugin("terminalreporter"), pm.getplugin("capturemanager")
-    if tr is None or capman is None:  # pragma: no cover
-        print("\n".join(lines))
-        return
-    with capman.global_and_fixture_disabled():
-        tr.write_line("")
-        for line in lines:
-            tr.write_line(line)
+    show_past_capture(request.config, lines)
 
 
 # -- the promise itself (no boot) ------------------------------------------------------------

@@ -21,12 +21,13 @@ from lxml import etree
 
 from testkit import REPO as ROOT
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
-from topology.model import Role
-from topology.rewrite import rewrite_domain
-from topology.sysfs import open_host
+from topology.model.tree import Role
+from topology.guest.rewrite import rewrite_domain
+from topology.host.sysfs import open_host
 
 from .guestboot import boot
 from .mmio_boot import GiB, KEEP_CPU, MiB, OVMF, count_bars, large_bar_standins, serial_text, strip_mmio_settings
+from .terminal import show_past_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -178,14 +179,5 @@ def test_libvirt_hands_the_settings_to_qemu(libvirtd, tmp_path):
 
 def test_zz_mmio_results(request):
     """Print every MMIO boot of this session (also without -s: past output capture)."""
-    if not RESULTS:
-        return
-    pm = request.config.pluginmanager
-    tr, capman = pm.getplugin("terminalreporter"), pm.getplugin("capturemanager")
-    if tr is None or capman is None:  # pragma: no cover
-        print("\n".join(RESULTS))
-        return
-    with capman.global_and_fixture_disabled():
-        tr.write_line("")
-        for line in RESULTS:
-            tr.write_line(line)
+    if RESULTS:
+        show_past_capture(request.config, RESULTS)

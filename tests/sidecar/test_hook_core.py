@@ -9,8 +9,8 @@ from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
 from sidecar.config import PREFIX
 from sidecar.core import InternalError, handle_define_domain
 from topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
-from topology.rewrite import rewrite_domain
-from topology.sysfs import open_host
+from topology.guest.rewrite import rewrite_domain
+from topology.host.sysfs import open_host
 
 PASSTHROUGH = {f"{PREFIX}on-error": "passthrough"}
 
@@ -120,7 +120,7 @@ def h100():
 
 @pytest.fixture(scope="module")
 def h100_fabric(h100):
-    from topology.fabric import load_fabric
+    from topology.paths.fabric import load_fabric
 
     # no active partition: the seven GPUs the host has get no NVLink
     return load_fabric(str(REPO / "fixtures" / "hgx-h100" / "fabric" / "fmpm-l.json"), None, h100)
@@ -145,7 +145,7 @@ def test_nvlink_warn_on_a_passthrough_logs_the_verdict(h100, h100_fabric):
 
 
 def test_doctor_require_stops_a_passthrough():
-    from topology.doctor import DoctorError
+    from topology.checks.doctor import DoctorError
 
     faults = open_host(fixture_sysfs("hgx-h100-faults"))
     ann = {**PASSTHROUGH, f"{PREFIX}doctor": "require"}

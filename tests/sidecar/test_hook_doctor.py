@@ -11,9 +11,10 @@ from sidecar.config import DEFAULT_OPTIONS, PREFIX, options_from_annotations
 from sidecar.core import handle_define_domain
 from testkit import REPO
 from testkit.hookkit import BIN, fixture_domain, fixture_sysfs, vmi_json
-from topology.doctor import DoctorError
-from topology.model import Topology
-from topology.sysfs import MemoryTree, SysfsReader, open_host, resolve
+from topology.checks.doctor import DoctorError
+from topology.model.tree import Topology
+from topology.host.sysfs import SysfsReader, open_host
+from topology.host.sources import MemoryTree, resolve
 
 DOMAIN = fixture_domain("hgx-h100")  # 20 hostdevs, the same BDFs as hgx-h100-faults
 ONE_PAIR = fixture_domain("hgx-h100", "one-pair")  # GPU0 and NIC0 (both on vfio-pci)
@@ -96,7 +97,7 @@ def test_the_shim_log_line_carries_the_findings(tmp_path):
 def test_a_doctor_that_cannot_run_is_logged_and_never_stops_the_vm(clean):
     """The checks need a sysfs source; a host model without one (or any failure inside the
     checks) is an error entry in the log line, under require too."""
-    from topology.model import Topology as Topo
+    from topology.model.tree import Topology as Topo
 
     class NoSource:  # a loader with no sysfs behind it, like a guest layout
         def __init__(self, topo):
@@ -117,7 +118,7 @@ def test_a_doctor_that_cannot_run_is_logged_and_never_stops_the_vm(clean):
 
 
 def test_require_over_the_socket_is_failed_precondition():
-    from sidecar.server import status_name
+    from sidecar.hooks import status_name
 
     assert status_name(DoctorError("x")) == "FAILED_PRECONDITION"
 

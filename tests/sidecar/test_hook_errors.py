@@ -13,7 +13,7 @@ import pytest
 
 import sidecar
 import topology
-from sidecar.server import _GRPC_CODE, status_name
+from sidecar.hooks import _GRPC_CODE, status_name
 from topology.errors import PcitopoError
 
 DELIBERATE = {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL"}
@@ -50,7 +50,7 @@ def test_every_error_kind_maps_to_a_deliberate_grpc_code(cls):
 
 def test_errors_live_in_topology_errors_except_the_doors_own():
     """House rule: typed errors in topology/errors.py (the doors' own failures excepted)."""
-    moved = [c for c in CLASSES if c.__module__ in ("topology.doctor", "topology.fleet")]
+    moved = [c for c in CLASSES if c.__module__ in ("topology.checks.doctor", "topology.checks.fleet")]
     assert moved == []
 
 

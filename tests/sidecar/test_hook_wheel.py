@@ -125,7 +125,7 @@ def test_the_wheel_carries_the_generated_code_and_the_console_scripts(wheel):
         entry_points = z.read(f"{dist}/entry_points.txt").decode()
     for stem in ("info", "v1alpha1", "v1alpha2", "v1alpha3"):
         assert f"sidecar/hookproto/{stem}_pb2.py" in names and f"sidecar/hookproto/{stem}_pb2_grpc.py" in names
-    assert {"sidecar/server.py", "sidecar/shim.py", "sidecar/core.py", "sidecar/config.py", "topology/rewrite.py"} <= names
+    assert {"sidecar/server.py", "sidecar/shim.py", "sidecar/core.py", "sidecar/config.py", "topology/guest/rewrite.py"} <= names
     # The two packages the image runs, nothing else: no test kit (testkit/), tests, fixtures or bench.
     assert {n.split("/")[0] for n in names if n.split("/")[0] != dist} == {"topology", "sidecar"}
     for line in ("pcitopo = sidecar.cli:pcitopo_main", "onDefineDomain = sidecar.shim:main", "xmlfix = sidecar.cli:xmlfix_main"):

@@ -1,0 +1,178 @@
+"""What each hook call does, gRPC aside: the call log, the host model opened once, the
+failure kinds' status codes, and :class:`Hooks`, which every API version's servicer calls.
+
+:mod:`sidecar.server` carries the bytes (gRPC over the Unix socket); a failure here is a
+:class:`CallFailed`, which the transport turns into the call's status.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from topology import __version__
+from topology.errors import DomainError, PcitopoError
+from topology.host.sysfs import open_host
+from topology.model.tree import Topology
+
+from . import core, wire
+from .config import parse_vmi
+from .doors import one_line
+from .hookproto import INFO_NAME, ON_DEFINE_DOMAIN, SHUTDOWN, VERSIONS
+
+
+# -- logging ---------------------------------------------------------------------------------
+
+class JsonLog:
+    """One JSON object per line on a text stream; safe across threads."""
+
+    def __init__(self, stream=None):
+        self._stream = stream if stream is not None else sys.stderr
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
+        now = datetime.now(timezone.utc)
+        rec = {"ts": now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z", "level": level, "event": event}
+        rec.update({k: v for k, v in fields.items() if v is not None})
+        line = json.dumps(rec, separators=(",", ":"), default=str)
+        with self._lock:
+            try:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed stderr must not fail a call
+
+
+# -- the host model, opened once ---------------------------------------------------------
+
+class HostCache:
+    """Opens the host model once and shares it; an error is retried on the next call (the
+    caller gets the same one-line SysfsError until the path becomes readable)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.Lock()
+        self._topology: Topology | None = None
+
+    def __call__(self) -> Topology:
+        topo = self._topology
+        if topo is not None:
+            return topo
+        with self._lock:
+            if self._topology is None:
+                self._topology = open_host(self.path)
+            return self._topology
+
+
+# -- the calls -------------------------------------------------------------------------------
+
+_GRPC_CODE = {
+    "config": "INVALID_ARGUMENT",
+    "vmi": "INVALID_ARGUMENT",
+    "domain": "INVALID_ARGUMENT",
+    "malformed-bdf": "INVALID_ARGUMENT",
+    "unknown-device": "FAILED_PRECONDITION",
+    "sysfs": "FAILED_PRECONDITION",
+    "plan": "FAILED_PRECONDITION",
+    "doctor": "FAILED_PRECONDITION",  # doctor: require, and a check failed: the host is not ready
+    "internal": "INTERNAL",
+    "fabric": "FAILED_PRECONDITION",
+    "nvlink": "FAILED_PRECONDITION",
+    # The host's address width cannot hold the BARs; a firmware limit under on-error: fail
+    "mmio": "FAILED_PRECONDITION",
+    "mmio-firmware": "FAILED_PRECONDITION",
+    "output": "FAILED_PRECONDITION",  # doctor --prometheus-out/--nfd-out: the host's file system refuses the write
+    # The base class raised as is: a failure no subclass names is our bug, not the caller's input.
+    "error": "INTERNAL",
+}
+
+
+def status_name(err: PcitopoError) -> str:
+    """The gRPC status code (its name) a failure of this kind ends the call with."""
+    return _GRPC_CODE.get(err.kind, "UNKNOWN")
+
+
+def error_details(err: PcitopoError) -> str:
+    """The gRPC status details: one line, prefixed so virt-launcher's log names us."""
+    return f"pcitopo: {err.kind}: {err.reason}"
+
+
+class CallFailed(Exception):
+    """A call that ends with a gRPC error: the status code's name and the one-line details."""
+
+    def __init__(self, code: str, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class Hooks:
+    """What every version's servicer calls; owns the call counter, the log and the stop event.
+    Knows nothing of gRPC: a failure is a :class:`CallFailed`, which the transport turns into
+    the call's status."""
+
+    def __init__(self, host: Callable[[], Topology], log: JsonLog, stop: threading.Event, fabric: Callable | None = None):
+        self.host = host
+        self.fabric = fabric  # topology.paths.fabric.FabricFile, or None without --fabric
+        self.log = log
+        self.stop = stop
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    def info(self) -> bytes:
+        self.log("Info", name=INFO_NAME, pcitopo_version=__version__, versions=list(VERSIONS))
+        return wire.INFO_RESULT
+
+    def on_define_domain(self, version: str, domain_xml: bytes, vmi_json: bytes) -> bytes:
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        t0 = time.perf_counter()
+        try:
+            out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric)
+        except PcitopoError as e:
+            self.log(
+                ON_DEFINE_DOMAIN, level="error", version=version, vmi=_vmi_ref(vmi_json), call=call,
+                outcome="failed", error=e.kind, reason=e.reason, duration_ms=elapsed_ms(t0),
+            )
+            raise CallFailed(status_name(e), error_details(e)) from None
+        except Exception as e:  # core wraps bugs already; this is the door's last line of defence
+            reason = f"{type(e).__name__}: {e}"
+            self.log(ON_DEFINE_DOMAIN, level="error", version=version, call=call, outcome="failed", error="internal", reason=reason, duration_ms=elapsed_ms(t0))
+            raise CallFailed("INTERNAL", f"pcitopo: internal: {one_line(reason)}") from None
+        if len(out.xml) + wire.REPLY_FRAMING_BYTES > wire.MAX_REPLY_BYTES:  # only a reply the client can read
+            e = DomainError(
+                f"the {out.outcome} domain is {len(out.xml)} bytes: virt-launcher's gRPC client (grpc-go defaults) "
+                f"refuses replies over {wire.MAX_REPLY_BYTES} bytes, so the VM could not start with it"
+            )
+            self.log(ON_DEFINE_DOMAIN, level="error", version=version, vmi=out.vmi.ref, call=call, outcome="failed",
+                     error=e.kind, reason=e.reason, in_bytes=len(domain_xml), out_bytes=len(out.xml), duration_ms=elapsed_ms(t0))
+            raise CallFailed("RESOURCE_EXHAUSTED", error_details(e))
+        self.log(
+            ON_DEFINE_DOMAIN, level="warning" if out.outcome == "passthrough" else "info", version=version,
+            vmi=out.vmi.ref, call=call, outcome=out.outcome, reason=out.reason, duration_ms=elapsed_ms(t0),
+            in_bytes=len(domain_xml), out_bytes=len(out.xml), **out.summary,
+        )
+        return out.xml
+
+    def pre_cloud_init_iso(self, version: str) -> None:
+        self.log("PreCloudInitIso", version=version, outcome="unchanged")
+
+    def shutdown(self) -> None:
+        self.log(SHUTDOWN, reason="virt-launcher asked us to stop")
+        self.stop.set()
+
+
+def elapsed_ms(t0: float) -> float:
+    return round((time.perf_counter() - t0) * 1000, 2)
+
+
+def _vmi_ref(vmi_json: bytes) -> str:
+    try:
+        return parse_vmi(vmi_json).ref
+    except PcitopoError:
+        return "-/-"

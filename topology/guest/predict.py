@@ -1,0 +1,205 @@
+"""What the guest will see, judged pair by pair: the verdict line, what ``--check`` fails on, and
+the prediction ``xmlfix --json`` prints (and ``pcitopo verify`` checks inside the guest).
+
+A pair "matters" in a view only where that view uses the PCIe path: two GPUs joined by NVLink
+read ``NV#`` in ``nvidia-smi topo -m`` on both sides, and NCCL routes them over NVLink, so a
+PCIe class difference between them is listed nowhere (it is counted once, as a footnote).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..model.labels import label_devices
+from ..model.tree import Bdf, Topology
+from ..paths.classify import NvlinkOracle
+
+from .rewrite import Why
+
+if TYPE_CHECKING:
+    from .rewrite import PairReport, RewriteResult
+
+# Short forms of the rewrite's reasons (``PairReport.why``), for the verdict line; the full
+# reason is printed in the explanation.
+SHORT_REASONS = {
+    Why.BROADCOM_COLLAPSE: "by design (Broadcom flattening)",
+    Why.NO_ACPI: "(no ACPI: the guest sees no NUMA)",
+    Why.NO_CELLS: "(no guest NUMA cells)",
+    Why.UNEXPRESSIBLE: "(host firmware NUMA mismatch: no guest can show it)",
+    Why.NOT_PLACED: "(not placed in the guest)",
+}
+KUBEVIRT_NUMA_ADVICE = (
+    "the VM has no guest NUMA cells tied to host nodes. In KubeVirt set "
+    "spec.domain.cpu.dedicatedCpuPlacement: true, spec.domain.cpu.numa.guestMappingPassthrough: {} "
+    "and spec.domain.memory.hugepages.pageSize (e.g. 1Gi): virt-launcher then writes one guest "
+    "cell per host node the VM's CPUs come from (<numatune><memnode>), and pcitopo puts each "
+    "expander bus on its host node's cell"
+)
+
+
+def short_reason(why: Why | None) -> str:
+    return SHORT_REASONS.get(why, f"({why})") if why is not None else ""
+
+
+@dataclass(frozen=True)
+class PairView:
+    """One pair as a reader of the matrices sees it."""
+
+    p: PairReport
+    labels: tuple[str, str]
+    nvlink: int | None
+
+    def differs(self, view: str) -> bool:
+        """Whether this view shows the pair differently in the guest (and it matters)."""
+        if self.nvlink:
+            return False
+        if self.p.guest is None:
+            return True
+        return getattr(self.p.host, view) != getattr(self.p.guest, view)
+
+    def transition(self, view: str) -> str:
+        h = getattr(self.p.host, view).value
+        return f"{h}→{getattr(self.p.guest, view).value if self.p.guest else '?'}"
+
+    @property
+    def by_design(self) -> bool:
+        return self.p.why is Why.BROADCOM_COLLAPSE
+
+    @property
+    def name(self) -> str:
+        return f"{self.labels[0]}-{self.labels[1]}"
+
+
+def guest_nvlink(result: RewriteResult, host: Topology, fabric=None):
+    """What gives the guest's NV# (an object with ``count(fa, fb)``), or None for no NVLink.
+
+    Without a fabric file (topology/paths/fabric.py): the SXM board table's inference. With one: the
+    NVLink check's verdict (``report.nvlink``, sidecar/core.py ``nvlink_check``) decides, so
+    the guest has NV# only inside its own partition when that is active; None when the check
+    did not run (``pcitopo.kubevirt.io/nvlink: off``)."""
+    if fabric is None:
+        return NvlinkOracle(host)
+    verdict = result.report.nvlink
+    return verdict.guest_nvlink(fabric) if verdict is not None else None
+
+
+def pair_views(result: RewriteResult, host: Topology, fabric=None) -> list[PairView]:
+
+    label_of = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in result.report.placed])}
+    oracle = guest_nvlink(result, host, fabric)
+
+    def links(p: PairReport) -> int | None:
+        return oracle.count(host.function(p.a), host.function(p.b)) if oracle is not None else None
+
+    return [PairView(p, (label_of[p.a], label_of[p.b]), links(p)) for p in result.report.pairs]
+
+
+def cell_less_devices(result: RewriteResult) -> dict[int, list[Bdf]]:
+    """Host NUMA node → placed devices on it that get no guest cell (numa_node -1 in the
+    guest), when the VM has guest cells for other host nodes: the guest cannot show where
+    those devices are."""
+    report = result.report
+    if not report.numa_map:
+        return {}
+    out: dict[int, list[Bdf]] = {}
+    for d in report.placed:
+        if d.host_node >= 0 and d.guest_cell is None:
+            out.setdefault(d.host_node, []).append(d.host)
+    return out
+
+
+def _view_summary(views: list[PairView], view: str, title: str) -> str:
+    n = len(views)
+    diff = Counter((v.transition(view), short_reason(v.p.why)) for v in views if v.differs(view))
+    same = n - sum(diff.values())
+    text = f"{title}: {same}/{n} pairs as on the host"
+    if diff:
+        text += ", " + ", ".join(f"{c} {t} {why}" for (t, why), c in sorted(diff.items(), key=lambda kv: -kv[1]))
+    return text
+
+
+def verdict(result: RewriteResult, host: Topology, fabric=None) -> str:
+    """One line: how many pairs each view shows as on the host, and why the others differ."""
+    if not result.report.placed:
+        return "no PCI hostdevs: nothing to mirror, the guest sees no host device"
+    views = pair_views(result, host, fabric)
+    parts = [_view_summary(views, "nccl", "NCCL"), _view_summary(views, "nvml", "nvidia-smi")]
+    if not result.report.numa_map and result.report.placed:
+        parts.append("NUMA: no guest cells")
+    for node, bdfs in sorted(cell_less_devices(result).items()):
+        parts.append(f"NUMA: {len(bdfs)} device(s) of host node {node} have no guest cell")
+    return "; ".join(parts)
+
+
+def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[str]:
+    """Everything that keeps the guest from seeing what the host has, one line each; empty
+    when it will. The only accepted difference is the documented Broadcom flattening
+    (nvidia-smi PXB → PIX where NCCL already says PIX on the host). A firmware warning (a GPU
+    whose BARs the guest firmware will not assign) and, with a fabric file, GPUs that will not
+    get NVLink (the NVLink check's verdict) are problems too (:func:`beyond_pairs`)."""
+    views = pair_views(result, host, fabric)
+    groups: dict[str, list[PairView]] = {}
+    for v in views:
+        if (v.differs("nccl") or v.differs("nvml")) and not (v.by_design and not v.differs("nccl")):
+            groups.setdefault(str(getattr(v.p.why, "value", v.p.why)), []).append(v)
+    out = []
+    for why, vs in groups.items():
+        e = vs[0]
+        view = "nccl" if e.differs("nccl") else "nvml"
+        out.append(f"{len(vs)} pair(s) differ, e.g. {e.name} ({e.p.a}-{e.p.b}) {view.upper()} {e.transition(view)}: {why}")
+    for node, bdfs in sorted(cell_less_devices(result).items()):
+        out.append(
+            f"{len(bdfs)} device(s) of host NUMA node {node} (e.g. {bdfs[0]}) have no guest cell: "
+            f"the guest shows numa_node -1 for them; give the VM a guest cell backed by host node {node}"
+        )
+    if not result.report.numa_map and len({d.host_node for d in result.report.placed if d.host_node >= 0}) > 1:
+        out.append(KUBEVIRT_NUMA_ADVICE)
+    return out + beyond_pairs(result, fabric)
+
+
+def firmware_warnings(result: RewriteResult) -> list[str]:
+    """The rewrite's typed warnings (``topology.guest.mmio.FirmwareWarning``: BARs the guest firmware
+    will leave unassigned whatever the domain sets), one ``kind: reason`` line each."""
+    return [f"{w.kind}: {w.reason}" for w in result.report.warnings]
+
+
+def beyond_pairs(result: RewriteResult, fabric=None) -> list[str]:
+    """The problems the verdict line does not show: firmware warnings, and with a fabric file
+    GPUs that will not get NVLink (the NVLink check's verdict)."""
+    out = firmware_warnings(result)
+    nv = result.report.nvlink
+    if fabric is not None and nv is not None and not nv.nvlink_ok:
+        out.append(f"NVLink: {nv.message}")
+    return out
+
+
+def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
+    """The predicted guest, keyed by host BDF: what ``pcitopo verify --expect`` checks. Its notes
+    are the report's, then the firmware warnings."""
+
+    report = result.report
+    labels = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in report.placed])}
+    views = {(v.p.a, v.p.b): v.nvlink for v in pair_views(result, host, fabric)}
+    devices = [
+        {
+            "host_bdf": str(d.host),
+            "guest_bdf": str(d.guest) if d.guest else None,
+            "kind": d.role,
+            "label": labels[d.host],
+            "numa": -1 if d.guest_cell is None else d.guest_cell,
+        }
+        for d in sorted(report.placed, key=lambda d: d.host)
+    ]
+    pairs = [
+        {
+            "a": str(p.a),
+            "b": str(p.b),
+            "nccl": p.guest.nccl.value if p.guest else None,
+            "nvml": p.guest.nvml.value if p.guest else None,
+            "nvlink": views[p.a, p.b],
+        }
+        for p in report.pairs
+    ]
+    return {"devices": devices, "pairs": pairs, "notes": list(report.notes) + firmware_warnings(result)}

@@ -1,0 +1,344 @@
+"""The one function every door calls: domain XML + host model → rewritten domain XML + report.
+
+parse (hardened) → facts → plan (pure) → edit the tree with lxml → derive the guest tree from the
+output alone → classify host and guest pairs with the same classifier → report.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from lxml import etree
+
+from ..errors import DomainError
+from ..libvirt.document import (
+    append_child,
+    indent_subtree,
+    indent_unit,
+    parse_domain,
+    remove_element,
+    serialize,
+)
+from ..libvirt.domain import (
+    DOWNSTREAM,
+    DomainView,
+    GuestAddress,
+    PCIE_ROOT,
+    PXB,
+    ROOT_PORT,
+    UPSTREAM,
+    pci_controller_element,
+    read_guest_address,
+    write_guest_address,
+)
+from ..model.cpuinfo import HostWidth
+from ..model.tree import Bdf, Role, Topology
+from ..paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
+from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan
+from .plan import plan
+from .tree import GuestView, guest_view
+
+# The MMIO budget and P2P cliques are decided in their own modules; the rewrite only applies them.
+from .cliques import CliquePlan
+from .mmio import MmioBudget, apply_mmio_settings
+
+
+class Why(StrEnum):
+    """Why a pair's guest class differs from the host's (the value is the report text)."""
+
+    NOT_PLACED = "not placed in the guest"
+    BROADCOM_COLLAPSE = (
+        "Broadcom two-level complex collapsed into one virtual switch, as NCCL flattens it (nvidia-smi on the host says PXB)"
+    )
+    NO_ACPI = "no <features><acpi/>: the guest sees no NUMA, so SYS/NODE collapse"
+    NO_CELLS = "no guest NUMA cells tied to host nodes: cross-node pairs cannot show SYS"
+    # A host shape no guest can express; ``PairReport.detail`` says which.
+    UNEXPRESSIBLE = "no guest can show this"
+    UNEXPECTED = "unexpected difference (planner bug: please report with `pcitopo capture`)"
+
+
+@dataclass(frozen=True)
+class PlacedDevice:
+    host: Bdf
+    alias: str | None
+    guest: Bdf | None
+    role: str
+    host_node: int
+    guest_cell: int | None
+
+
+@dataclass(frozen=True)
+class PairReport:
+    a: Bdf
+    b: Bdf
+    host: PairClass
+    guest: PairClass | None
+    why: Why | None
+    detail: str | None = None  # what exactly, for Why.UNEXPRESSIBLE
+
+    @property
+    def reason(self) -> str | None:
+        """The reason as the report prints it: the why, and its detail if any."""
+        if self.why is None:
+            return None
+        return f"{self.why}: {self.detail}" if self.detail else str(self.why)
+
+    @property
+    def nccl_same(self) -> bool:
+        return self.guest is not None and self.guest.nccl == self.host.nccl
+
+    @property
+    def nvml_same(self) -> bool:
+        return self.guest is not None and self.guest.nvml == self.host.nvml
+
+
+@dataclass
+class Report:
+    placed: list[PlacedDevice] = field(default_factory=list)
+    created: Counter = field(default_factory=Counter)
+    removed: int = 0
+    numa_map: dict[int, int] = field(default_factory=dict)
+    numa_source: str = "none"
+    notes: list[str] = field(default_factory=list)
+    pairs: list[PairReport] = field(default_factory=list)
+    # The NVLink fabric verdict (topology.paths.partitions.NvlinkVerdict) when the door checked one.
+    nvlink: object | None = None
+    # the 64-bit MMIO budget and settings, P2P cliques, typed firmware warnings
+    mmio: MmioBudget | None = None
+    cliques: CliquePlan | None = None
+    warnings: list = field(default_factory=list)
+
+    @property
+    def fidelity_lost(self) -> list[PairReport]:
+        """Pairs whose guest class differs from the host's for a reason that is neither the
+        documented Broadcom collapse (NVML PXB → PIX where NCCL already says PIX) nor a host
+        shape no guest can express (reported, with the reason, but not counted as lost)."""
+        return [
+            p for p in self.pairs
+            if (not p.nccl_same or (not p.nvml_same and not broadcom_collapse(p.host, p.guest)))
+            and p.why is not Why.UNEXPRESSIBLE
+        ]
+
+    def summary(self) -> dict:
+        return {
+            "devices_placed": len(self.placed),
+            "pxbs": self.created.get(PXB, 0),
+            "root_ports": self.created.get(ROOT_PORT, 0),
+            "switches": self.created.get(UPSTREAM, 0),
+            "downstream_ports": self.created.get(DOWNSTREAM, 0),
+            "controllers_removed": self.removed,
+            "numa": self.numa_source,
+            "pairs": len(self.pairs),
+            "pairs_nccl_equal": sum(p.nccl_same for p in self.pairs),
+            "pairs_nvml_equal": sum(p.nvml_same for p in self.pairs),
+            "fidelity_lost": len(self.fidelity_lost),
+            "notes": list(self.notes),
+            "mmio": self.mmio.summary() if self.mmio is not None else None,
+            "p2p_cliques": len(self.cliques.members) if self.cliques is not None else 0,
+            "warnings": [f"{w.kind}: {w.reason}" for w in self.warnings],
+        }
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    xml: bytes
+    report: Report
+    guest: GuestView
+    input_xml: bytes
+
+    @property
+    def changed(self) -> bool:
+        """Whether the rewrite changed anything beyond formatting (xmlfix --check asks; the
+        sidecar never does, so the two canonicalisations stay off the per-call path)."""
+        return _canonical(self.xml) != _canonical(self.input_xml)
+
+
+def broadcom_collapse(host: PairClass, guest: PairClass | None) -> bool:
+    """The one documented difference: a Broadcom two-level complex mirrored as one virtual
+    switch, the way NCCL flattens it. NCCL's class is unchanged; nvidia-smi's PXB reads PIX."""
+    return guest is not None and host.nccl == guest.nccl and (host.nvml.value, guest.nvml.value) == ("PXB", "PIX")
+
+
+def domain_facts(view: DomainView) -> DomainFacts:
+    hostdevs = tuple(
+        HostdevFact(i, hd.source, hd.alias, hd.address) for i, hd in enumerate(view.pci_hostdevs())
+    )
+    controllers = tuple(
+        ControllerFact(c.index, c.model, c.alias, c.address, c.bus_nr, c.chassis) for c in view.pci_controllers()
+    )
+    others: list[GuestAddress] = []
+    for el in view.devices:
+        if not isinstance(el.tag, str):
+            continue
+        if (el.tag == "hostdev" and el.get("type") == "pci") or (el.tag == "controller" and el.get("type") == "pci"):
+            continue
+        a = read_guest_address(el)
+        if a is not None:
+            others.append(a)
+    pcie, conventional = view.unplaced_pci_devices()
+    view_cells = tuple(view.numa_cells())
+    return DomainFacts(
+        hostdevs=hostdevs,
+        controllers=controllers,
+        other_addresses=tuple(others),
+        unplaced_pcie=pcie,
+        unplaced_conventional=conventional,
+        cells=view_cells,
+        memnodes=tuple(view.memnodes()),
+        vcpupins=tuple(view.vcpupins()),
+        acpi=view.has_acpi(),
+    )
+
+
+def _controller_element(c: GuestController) -> etree._Element:
+    return pci_controller_element(
+        c.index, c.model, alias=c.alias, bus_nr=c.bus_nr, node=c.node, chassis=c.chassis, port=c.port or 0,
+        # spares (slot -1) get their pcie-root slot from libvirt
+        address=GuestAddress(c.parent, c.slot, 0) if c.slot >= 0 else None,
+    )
+
+
+def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
+    devices = view.devices
+    unit = indent_unit(view.tree)
+    removed = set(p.removed)
+    for c in view.pci_controllers():
+        if c.index in removed:
+            remove_element(c.el)
+    anchor = None
+    for el in devices:
+        if isinstance(el.tag, str) and el.tag == "controller":
+            anchor = el
+    if p.added_pcie_root:
+        root = pci_controller_element(0, PCIE_ROOT)
+        if anchor is None and len(devices):
+            devices[0].addprevious(root)
+            root.tail = devices.text
+        else:
+            append_child(devices, root, after=anchor)
+        anchor = root
+    created: Counter = Counter()
+    for c in p.controllers:
+        el = _controller_element(c)
+        indent_subtree(el, 2, unit)
+        append_child(devices, el, after=anchor)
+        anchor = el
+        created[c.model] += 1
+    hostdevs = view.pci_hostdevs()
+    normalised = False
+    for pl in p.placements:
+        hd = hostdevs[pl.key]
+        write_guest_address(hd.el, pl.address, pl.multifunction)
+        src = hd.source_address
+        # libvirt's schema has no `type` on a hostdev source address (KubeVirt writes one);
+        # we format it the way libvirt does so the output validates.
+        if src is not None and "type" in src.attrib:
+            del src.attrib["type"]
+            normalised = True
+    return created, normalised
+
+
+def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_clique: bool = True,
+                   host_phys_bits: int | HostWidth | None = None) -> RewriteResult:
+    """``mmio``/``p2p_clique``: the hook options of the same names (``auto`` = True);
+    ``host_phys_bits``: the host CPU's address width (``host.host_width()``, which says where it
+    came from, or a bare number; None: unknown, not checked)."""
+    tree = parse_domain(domain_xml)
+    view = DomainView(tree)
+    view.check_q35()
+    facts = domain_facts(view)
+    p = plan(host, facts)
+    created, normalised = apply_plan(view, p)
+    # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
+    budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), view.pci_controllers(),
+                                          mmio=mmio, p2p_clique=p2p_clique, host_bits=host_phys_bits)
+    out = serialize(tree, domain_xml)
+    report = Report(
+        created=created,
+        removed=len(p.removed),
+        numa_map=dict(p.numa_map),
+        numa_source=p.numa_source,
+        notes=list(p.notes),
+    )
+    if created.get(UPSTREAM):
+        report.notes.append(
+            "QEMU's emulated switch upstream ports report a 2.5 GT/s x1 link: path classes are the host's, but "
+            "NCCL's bandwidth estimate for paths from a switch up to the CPU is low (PIX paths, GPU to its own NIC, "
+            "do not cross that link)"
+        )
+    # The MMIO budget replaces a <pcihole64> note: pcihole64 only sizes pcie.0's window
+    report.mmio, report.cliques = budget, cliques
+    if budget is not None:
+        report.notes += budget.notes
+        report.warnings += budget.warnings
+    if cliques is not None:
+        report.notes += cliques.notes
+    if normalised:
+        report.notes.append("hostdev source addresses written without type='pci', as libvirt formats them (its schema has no such attribute)")
+    guest = verify(tree, host, facts, report)
+    return RewriteResult(out, report, guest, domain_xml)
+
+
+def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report: Report) -> GuestView:
+    """Derive the guest tree from the output alone and judge every pair of placed devices with
+    the same classifier as the host."""
+    guest = guest_view(tree, host)
+    report.notes += guest.notes
+    placed = []
+    for hd in facts.hostdevs:
+        f = host.function(hd.source)
+        gbdf = guest.host_to_guest.get(f.bdf)
+        cell = None
+        if gbdf is not None:
+            gf = guest.topology.function(gbdf)
+            cell = gf.numa_node if gf.numa_node >= 0 else None
+        placed.append(PlacedDevice(f.bdf, hd.alias, gbdf, host.role(f).value, host.numa_of(f), cell))
+    report.placed = placed
+    no_cells = not report.numa_map
+    for a, b in pairs([d.host for d in placed]):
+        hc = classify(host, a, b)
+        ga, gb = guest.host_to_guest.get(a), guest.host_to_guest.get(b)
+        gc = classify(guest.topology, ga, gb) if ga is not None and gb is not None else None
+        why, detail = None, None
+        if gc is None:
+            why = Why.NOT_PLACED
+        elif gc != hc:
+            why = _why_differs(hc, gc, no_cells, facts.acpi)
+            odd = [f for f in (host.function(a), host.function(b)) if _numa_divergent(host, f)]
+            if odd:
+                f = odd[0]
+                why = Why.UNEXPRESSIBLE
+                detail = (f"above {f.bdf} the host reports numa_node "
+                          f"{nccl_path(host, f).cpu} where NCCL looks (the top-most PCI node), while its "
+                          f"root complex {f.root_complex} is on node {host.numa_of(f)}; an expander bus has one guest cell")
+        report.pairs.append(PairReport(a, b, hc, gc, why, detail))
+    return guest
+
+
+def _numa_divergent(host: Topology, f) -> bool:
+    """NCCL's CPU for a device (raw numa_node of its top-most PCI node) is not the node the
+    model (and so the planner) places it on: firmware left numa_node out or at -1 somewhere."""
+    return nccl_path(host, f).cpu != host.numa_of(nccl_device(host, f))
+
+
+def _why_differs(hc: PairClass, gc: PairClass, no_cells: bool, acpi: bool) -> Why:
+    # The Broadcom collapse is judged first: it happens with or without NUMA cells.
+    if broadcom_collapse(hc, gc):
+        return Why.BROADCOM_COLLAPSE
+    if not acpi:
+        return Why.NO_ACPI
+    if no_cells:
+        return Why.NO_CELLS
+    return Why.UNEXPECTED
+
+
+def _canonical(xml: bytes) -> bytes:
+    try:
+        return etree.tostring(etree.fromstring(xml, etree.XMLParser(remove_blank_text=True, resolve_entities=False)), method="c14n")
+    except etree.XMLSyntaxError:
+        raise DomainError("output XML does not parse (internal error)") from None
+
+
+__all__ = ["PairReport", "RewriteResult", "Report", "Why", "rewrite_domain"]

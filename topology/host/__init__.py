@@ -1,0 +1,1 @@
+"""Reading a host: sysfs (live or captured), captures, configuration space, udev names."""

@@ -1,0 +1,363 @@
+"""Typed views over the PCI side of a libvirt domain: controllers, hostdevs, guest addresses,
+NUMA cells and pins, and the devices libvirt will place itself.
+
+XPath strings and attribute spellings live in this room (``topology/libvirt/``) and nowhere
+else; the document itself (hardened parse, serialisation, indentation) is
+:mod:`topology.libvirt.document`'s, the ``<os>``/``<memory>``/``<cpu>`` spellings
+:mod:`topology.libvirt.machine`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from lxml import etree
+
+from ..errors import DomainError, quoted
+from ..model.address import MAX_CONTROLLER_INDEX, address_in_range
+from ..model.tree import Bdf
+from .document import append_child, parse_domain
+
+QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+
+# Every controller we create carries an alias with this prefix; KubeVirt keeps controller
+# aliases through its re-parse only when they start with "ua-".
+OUR_ALIAS_PREFIX = "ua-pcitopo-"
+
+PXB = "pcie-expander-bus"
+ROOT_PORT = "pcie-root-port"
+UPSTREAM = "pcie-switch-upstream-port"
+DOWNSTREAM = "pcie-switch-downstream-port"
+PCIE_ROOT = "pcie-root"
+
+# libvirt model → QEMU device, written explicitly because KubeVirt's re-parse drops it.
+QEMU_MODEL_NAME = {PXB: "pxb-pcie", ROOT_PORT: "pcie-root-port", UPSTREAM: "x3130-upstream", DOWNSTREAM: "xio3130-downstream"}
+
+
+def parse_int(text: str | None, what: str) -> int:
+    """Addresses come as hex ('0x0a') from libvirt and KubeVirt, or decimal from re-parses."""
+    if text is None:
+        raise DomainError(f"{what} is missing")
+    t = text.strip().lower()
+    try:
+        return int(t, 16) if t.startswith("0x") else int(t, 10)
+    except ValueError:
+        raise DomainError(f"{what}={quoted(text)!r} is not a number") from None
+
+
+class GuestAddress(NamedTuple):
+    """A guest PCI address: ``bus`` is the index of the controller it plugs into."""
+
+    bus: int
+    slot: int
+    function: int
+    domain: int = 0
+
+
+def read_guest_address(el: etree._Element) -> GuestAddress | None:
+    addr = el.find("address")
+    if addr is None or addr.get("type") != "pci":
+        return None
+    where = f"<{el.tag}> address"
+    a = GuestAddress(
+        bus=parse_int(addr.get("bus", "0"), f"{where} bus"),
+        slot=parse_int(addr.get("slot", "0"), f"{where} slot"),
+        function=parse_int(addr.get("function", "0"), f"{where} function"),
+        domain=parse_int(addr.get("domain", "0"), f"{where} domain"),
+    )
+    if not address_in_range(a.domain, a.bus, a.slot, a.function):
+        raise DomainError(f"{where} {a.domain:x}:{a.bus:x}:{a.slot:x}.{a.function:x} is out of range")
+    return a
+
+
+def write_guest_address(el: etree._Element, a: GuestAddress, multifunction: bool = False) -> None:
+    old = el.find("address")
+    new = etree.Element("address")
+    new.set("type", "pci")
+    new.set("domain", f"0x{a.domain:04x}")
+    new.set("bus", f"0x{a.bus:02x}")
+    new.set("slot", f"0x{a.slot:02x}")
+    new.set("function", f"0x{a.function:x}")
+    if multifunction:
+        new.set("multifunction", "on")
+    if old is not None:
+        new.tail = old.tail
+        el.replace(old, new)
+    else:
+        append_child(el, new)
+
+
+def pci_controller_element(
+    index: int,
+    model: str,
+    *,
+    alias: str | None = None,
+    bus_nr: int | None = None,
+    node: int | None = None,
+    chassis: int | None = None,
+    port: int = 0,
+    address: GuestAddress | None = None,
+) -> etree._Element:
+    """A ``<controller type='pci'>`` as we write it: the QEMU model name, target, alias and
+    address re-emitted explicitly, since KubeVirt's re-parse drops some of them."""
+    el = etree.Element("controller")
+    el.set("type", "pci")
+    el.set("index", str(index))
+    el.set("model", model)
+    if model in QEMU_MODEL_NAME:
+        etree.SubElement(el, "model").set("name", QEMU_MODEL_NAME[model])
+    if bus_nr is not None:
+        target = etree.SubElement(el, "target")
+        target.set("busNr", str(bus_nr))
+        if node is not None:
+            etree.SubElement(target, "node").text = str(node)
+    elif chassis is not None:
+        target = etree.SubElement(el, "target")
+        target.set("chassis", str(chassis))
+        target.set("port", f"0x{port:x}")
+    if alias is not None:
+        etree.SubElement(el, "alias").set("name", alias)
+    if address is not None:
+        write_guest_address(el, address)
+    return el
+
+
+# -- views ------------------------------------------------------------------------------------
+
+@dataclass
+class PciController:
+    """A ``<controller type='pci'>``."""
+
+    el: etree._Element
+
+    @property
+    def index(self) -> int:
+        index = parse_int(self.el.get("index"), "pci controller index")
+        if not 0 <= index <= MAX_CONTROLLER_INDEX:
+            raise DomainError(f"pci controller index {index} is out of range (0-{MAX_CONTROLLER_INDEX})")
+        return index
+
+    @property
+    def model(self) -> str:
+        return self.el.get("model") or ""
+
+    @property
+    def alias(self) -> str | None:
+        a = self.el.find("alias")
+        return a.get("name") if a is not None else None
+
+    @property
+    def ours(self) -> bool:
+        return (self.alias or "").startswith(OUR_ALIAS_PREFIX)
+
+    @property
+    def address(self) -> GuestAddress | None:
+        return read_guest_address(self.el)
+
+    @property
+    def bus_nr(self) -> int | None:
+        t = self.el.find("target")
+        return parse_int(t.get("busNr"), "busNr") if t is not None and t.get("busNr") is not None else None
+
+    @property
+    def chassis(self) -> int | None:
+        t = self.el.find("target")
+        return parse_int(t.get("chassis"), "chassis") if t is not None and t.get("chassis") is not None else None
+
+    @property
+    def node(self) -> int | None:
+        n = self.el.find("target/node")
+        return parse_int(n.text, "target node") if n is not None else None
+
+
+@dataclass
+class PciHostdev:
+    """A ``<hostdev mode='subsystem' type='pci'>`` (KubeVirt omits mode)."""
+
+    el: etree._Element
+
+    @property
+    def source_address(self) -> etree._Element | None:
+        return self.el.find("source/address")
+
+    @property
+    def source(self) -> Bdf:
+        a = self.source_address
+        if a is None:
+            raise DomainError(f"hostdev {quoted(self.alias or '')} has no <source><address>".replace("  ", " "))
+        where = f"hostdev {quoted(self.alias or '(no alias)')} source"
+        dom = parse_int(a.get("domain", "0"), f"{where} domain")
+        bus = parse_int(a.get("bus"), f"{where} bus")
+        slot = parse_int(a.get("slot"), f"{where} slot")
+        fn = parse_int(a.get("function", "0"), f"{where} function")
+        if not address_in_range(dom, bus, slot, fn):
+            raise DomainError(f"{where} {dom:x}:{bus:x}:{slot:x}.{fn:x} is out of range")
+        return Bdf(dom, bus, slot, fn)
+
+    @property
+    def alias(self) -> str | None:
+        a = self.el.find("alias")
+        return a.get("name") if a is not None else None
+
+    @property
+    def address(self) -> GuestAddress | None:
+        return read_guest_address(self.el)
+
+
+@dataclass(frozen=True)
+class NumaCell:
+    id: int
+    cpus: str | None
+
+
+class DomainView:
+    """Read-only facts from a domain that the planner needs, and the elements it edits."""
+
+    def __init__(self, tree: etree._ElementTree):
+        self.tree = tree
+        self.root = tree.getroot()
+        devices = self.root.find("devices")
+        if devices is None:
+            raise DomainError("domain has no <devices>")
+        self.devices = devices
+
+    def machine(self) -> str:
+        t = self.root.find("os/type")
+        return (t.get("machine") or "") if t is not None else ""
+
+    def check_q35(self) -> None:
+        machine = self.machine()
+        if "q35" not in machine:
+            raise DomainError(
+                f"machine type is {quoted(machine or 'unset')!r}, not q35: PCIe expander buses and switches need q35"
+            )
+
+    def pci_controllers(self) -> list[PciController]:
+        return [PciController(el) for el in self.devices.findall("controller") if el.get("type") == "pci"]
+
+    def pci_hostdevs(self) -> list[PciHostdev]:
+        return [PciHostdev(el) for el in self.devices.findall("hostdev") if el.get("type") == "pci"]
+
+    def has_acpi(self) -> bool:
+        return self.root.find("features/acpi") is not None
+
+    def numa_cells(self) -> list[NumaCell]:
+        cells = []
+        for c in self.root.findall("cpu/numa/cell"):
+            cid = c.get("id")
+            if cid is None:
+                continue
+            cells.append(NumaCell(parse_int(cid, "numa cell id"), c.get("cpus")))
+        return cells
+
+    def memnodes(self) -> list[tuple[int, str]]:
+        """(guest cell, host nodeset) from <numatune><memnode>."""
+        out = []
+        for m in self.root.findall("numatune/memnode"):
+            if m.get("cellid") is not None and m.get("nodeset"):
+                out.append((parse_int(m.get("cellid"), "memnode cellid"), m.get("nodeset") or ""))
+        return out
+
+    def unplaced_pci_devices(self) -> tuple[int, int]:
+        """(PCIe, conventional PCI) devices without a guest address: libvirt will place each
+        PCIe one on a new root port of pcie-root, and the conventional ones behind a
+        pcie-to-pci-bridge (what that costs in buses: :func:`topology.guest.buses.pcie_root_buses_for`)."""
+        pcie = conventional = 0
+        for el in self.devices:
+            if isinstance(el.tag, str) and el.find("address") is None and _needs_pci_slot(el):
+                if _conventional_pci(el):
+                    conventional += 1
+                else:
+                    pcie += 1
+        return pcie, conventional
+
+    def vcpupins(self) -> list[tuple[int, str]]:
+        out = []
+        for p in self.root.findall("cputune/vcpupin"):
+            if p.get("vcpu") is not None and p.get("cpuset"):
+                out.append((parse_int(p.get("vcpu"), "vcpupin vcpu"), p.get("cpuset") or ""))
+        return out
+
+
+def readable_hostdev_sources(data: bytes) -> list[Bdf]:
+    """The source BDFs of a domain's PCI hostdevs, skipping what cannot be read (a malformed
+    domain has none, a hostdev without a valid source is left out): for checks that run on a
+    domain the rewrite refused (``on-error: passthrough``)."""
+    try:
+        hostdevs = DomainView(parse_domain(data)).pci_hostdevs()
+    except DomainError:
+        return []
+    out = []
+    for h in hostdevs:
+        try:
+            out.append(h.source)
+        except DomainError:
+            continue
+    return out
+
+
+# Linux's largest NR_CPUS; no cpu or node list can name more.
+MAX_CPUSET_MEMBERS = 8192
+
+
+# Devices libvirt puts on a root port of pcie-root when they carry no address.
+_PCI_DEVICE_TAGS = frozenset({"interface", "rng", "memballoon", "vsock", "filesystem", "watchdog", "shmem", "sound"})
+# Models QEMU offers only as conventional PCI on q35: libvirt puts them behind a
+# pcie-to-pci-bridge inside a root port.
+_CONVENTIONAL_PCI_MODELS = frozenset({"i6300esb", "e1000", "rtl8139", "ne2k_pci", "pcnet", "es1370", "ac97", "ich6", "lsilogic"})
+
+
+def _needs_pci_slot(el: etree._Element) -> bool:
+    if el.tag in _PCI_DEVICE_TAGS:
+        model = el.find("model")
+        return not (el.tag == "memballoon" and el.get("model") == "none") and (model is None or model.get("type") != "none")
+    if el.tag == "hostdev":
+        return el.get("type") == "mdev"  # a vGPU: a PCI function in the guest (type='pci' ones are ours)
+    if el.tag == "disk":
+        t = el.find("target")
+        return t is not None and t.get("bus") == "virtio"
+    if el.tag == "controller":
+        return el.get("type") in ("virtio-serial", "scsi") or (el.get("type") == "usb" and el.get("model") not in (None, "none"))
+    if el.tag == "input":
+        return el.get("bus") == "virtio"
+    return False
+
+
+def _conventional_pci(el: etree._Element) -> bool:
+    model = el.get("model") or ""
+    m = el.find("model")
+    if m is not None:
+        model = m.get("type") or model
+    return model in _CONVENTIONAL_PCI_MODELS
+
+
+def parse_cpuset(text: str) -> set[int]:
+    """libvirt/kernel cpu lists: '0-3,8,10-11', with '^N' exclusions. Bounded: a list naming
+    more than MAX_CPUSET_MEMBERS cpus/nodes is refused, whatever its length in bytes."""
+    out: set[int] = set()
+    excluded: set[int] = set()
+    if len(text or "") > 64 * 1024:
+        raise DomainError("cpu/node list is longer than 64 KiB")
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        target = out
+        if part.startswith("^"):
+            target, part = excluded, part[1:]
+        try:
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                lo_i, hi_i = int(lo), int(hi)
+                if lo_i < 0 or hi_i < lo_i or hi_i >= MAX_CPUSET_MEMBERS:
+                    raise ValueError
+                target.update(range(lo_i, hi_i + 1))
+            else:
+                n = int(part)
+                if not 0 <= n < MAX_CPUSET_MEMBERS:
+                    raise ValueError
+                target.add(n)
+        except ValueError:
+            raise DomainError(f"cannot read cpu/node list {text[:60]!r}: want ids 0-{MAX_CPUSET_MEMBERS - 1}") from None
+    return out - excluded

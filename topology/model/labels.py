@@ -1,0 +1,49 @@
+"""Device labels as nvidia-smi numbers them (GPU0.., NIC0..), and which devices a host's views
+and checks list by default: one rule each, used by the matrices, the prediction, the pictures
+and the doctor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from .nvswitch_mgmt import management_reason
+from .tree import Bdf, PciFunction, Role, Topology
+
+LABEL_PREFIX = {Role.GPU: "GPU", Role.NIC: "NIC", Role.NVME: "NVME", Role.NVSWITCH: "NVSW"}
+
+
+@dataclass(frozen=True, slots=True)
+class Labeled:
+    label: str
+    function: PciFunction
+    role: Role
+
+
+def label_devices(topo: Topology, bdfs: Iterable[Bdf]) -> list[Labeled]:
+    """GPU0.., NIC0.. in BDF order, as nvidia-smi numbers them; other roles DEV0.."""
+    fs = sorted((topo.function(b) for b in bdfs), key=lambda f: f.bdf)
+    counters: dict[str, int] = {}
+    out = []
+    for group in ("GPU", "NIC", "NVME", "NVSW", "DEV"):
+        for f in fs:
+            role = topo.role(f)
+            if LABEL_PREFIX.get(role, "DEV") != group:
+                continue
+            n = counters.get(group, 0)
+            counters[group] = n + 1
+            out.append(Labeled(f"{group}{n}", f, role))
+    return out
+
+
+def default_devices(topo: Topology, include_vfs: bool = False) -> list[Bdf]:
+    """GPUs and compute NICs of the host (physical functions only unless asked); ConnectX
+    functions that manage NVLink switch chips are not NICs a workload uses (nvswitch_mgmt)."""
+    out = []
+    for f in topo.functions():
+        role = topo.role(f)
+        if role in (Role.GPU, Role.NIC) and (include_vfs or not f.is_vf):
+            if role == Role.NIC and management_reason(topo, f) is not None:
+                continue
+            out.append(f.bdf)
+    return out

@@ -1,0 +1,1 @@
+"""Path classes between devices: the PCIe classifier, the NVLink fabric, partitions, SR-IOV groups."""

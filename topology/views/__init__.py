@@ -1,0 +1,1 @@
+"""Views for people and tools: matrices, trees, JSON, explanations, Graphviz."""
