@@ -380,8 +380,10 @@ def gpus_and_nics(host: Topology, vfs: bool = False) -> list[Bdf]:
 
 
 def canonical(xml: bytes) -> bytes:
+    """Exclusive c14n: namespaces declared where they are used, so a root that lost an unused
+    ``xmlns:qemu`` in KubeVirt's re-parse reads the same."""
     parser = etree.XMLParser(remove_blank_text=True)
-    return etree.tostring(etree.fromstring(xml, parser), method="c14n")
+    return etree.tostring(etree.fromstring(xml, parser), method="c14n", exclusive=True)
 
 
 def _strip_mmio_owned(root: etree._Element) -> None:
@@ -416,7 +418,7 @@ def non_owned_elements(xml: bytes) -> list[bytes]:
     for el in root:
         if el.tag == "devices":
             continue
-        out.append(etree.tostring(el, method="c14n"))
+        out.append(etree.tostring(el, method="c14n", exclusive=True))
     for el in root.find("devices"):
         if el.tag == "controller" and el.get("type") == "pci":
             continue
@@ -427,7 +429,7 @@ def non_owned_elements(xml: bytes) -> list[bytes]:
             src = el.find("source/address")
             if src is not None:
                 src.attrib.pop("type", None)
-        out.append(etree.tostring(el, method="c14n"))
+        out.append(etree.tostring(el, method="c14n", exclusive=True))
     return sorted(out)
 
 

@@ -19,8 +19,8 @@ from testkit.kubevirt_sim import (
     libvirt_define,
     next_call_input,
 )
-from topology.rewrite import rewrite_domain
-from topology.sysfs import open_host
+from topology.guest.rewrite import rewrite_domain
+from topology.host.sysfs import open_host
 
 Q = f"{{{QEMU_NS}}}"
 IDS = [r.value for r in RELEASES]

@@ -10,7 +10,8 @@ from lxml import etree
 
 from testkit import REPO as ROOT
 from testkit import fixture_script
-from testkit.kubevirt_releases import RELEASES
+from testkit.hookkit import placement
+from testkit.kubevirt_releases import RELEASES, Release
 from testkit.kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
 from topology.errors import DomainError, PlanError
 from topology.guest.rewrite import Why, rewrite_domain
@@ -85,6 +86,9 @@ def test_idempotent_and_through_kubevirt_reparse(hosts, name, case, release):
     again = rewrite_domain(kubevirt_reparse(first, release=release), host).xml
     assert canonical(again) == canonical(rewrite_domain(again, host).xml)
     # The lossy re-parse drops model names, chassis, multifunction: we re-emit them all.
+    assert placement(again) == placement(first)
+    if case == "cases/reparsed" and release is not Release.MAIN:
+        return  # main's re-parse made that input; another release's re-parse changes libvirt's own ports
     assert canonical(again) == canonical(first)
 
 
@@ -103,8 +107,8 @@ def test_three_chained_calls_keep_placement_and_leave_the_rest(hosts, name, rele
 
     def ours(xml):
         root = etree.fromstring(xml, etree.XMLParser(remove_blank_text=True))
-        ctrls = [etree.tostring(c, method="c14n") for c in root.iter("controller") if alias(c).startswith("ua-pcitopo-")]
-        hds = [etree.tostring(h.find("address"), method="c14n") for h in root.iter("hostdev")]
+        ctrls = [etree.tostring(c, method="c14n", exclusive=True) for c in root.iter("controller") if alias(c).startswith("ua-pcitopo-")]
+        hds = [etree.tostring(h.find("address"), method="c14n", exclusive=True) for h in root.iter("hostdev")]
         return sorted(ctrls), hds
 
     assert ours(outs[1]) == ours(outs[0]) == ours(outs[2])

@@ -15,6 +15,7 @@ from lxml import etree
 from ..errors import DomainError
 from ..libvirt.document import (
     append_child,
+    declare_on_root,
     indent_subtree,
     indent_unit,
     parse_domain,
@@ -27,6 +28,7 @@ from ..libvirt.domain import (
     GuestAddress,
     PCIE_ROOT,
     PXB,
+    QEMU_NS,
     ROOT_PORT,
     UPSTREAM,
     pci_controller_element,
@@ -200,7 +202,7 @@ def _controller_element(c: GuestController) -> etree._Element:
     )
 
 
-def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
+def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, set[str]]:
     devices = view.devices
     unit = indent_unit(view.tree)
     removed = set(p.removed)
@@ -227,16 +229,12 @@ def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
         anchor = el
         created[c.model] += 1
     hostdevs = view.pci_hostdevs()
-    normalised = False
+    # Formatted as libvirt formats them, so the output validates against libvirt's schema.
+    normalised: set[str] = set()
     for pl in p.placements:
         hd = hostdevs[pl.key]
         write_guest_address(hd.el, pl.address, pl.multifunction)
-        src = hd.source_address
-        # libvirt's schema has no `type` on a hostdev source address (KubeVirt writes one);
-        # we format it the way libvirt does so the output validates.
-        if src is not None and "type" in src.attrib:
-            del src.attrib["type"]
-            normalised = True
+        normalised.update(hd.format_as_libvirt())
     return created, normalised
 
 
@@ -254,6 +252,9 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
     budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), view.pci_controllers(),
                                           mmio=mmio, p2p_clique=p2p_clique, host_bits=host_phys_bits)
+    # KubeVirt's re-parse loses the root's xmlns:qemu: declare it there again, so every call's
+    # output reads the same
+    declare_on_root(tree, "qemu", QEMU_NS)
     out = serialize(tree, domain_xml)
     report = Report(
         created=created,
@@ -276,7 +277,8 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     if cliques is not None:
         report.notes += cliques.notes
     if normalised:
-        report.notes.append("hostdev source addresses written without type='pci', as libvirt formats them (its schema has no such attribute)")
+        report.notes.append(f"hostdevs written as libvirt formats them (its schema has no room for what KubeVirt "
+                            f"sent): dropped {', '.join(sorted(normalised))}")
     guest = verify(tree, host, facts, report)
     return RewriteResult(out, report, guest, domain_xml)
 
