@@ -172,3 +172,26 @@ def test_sidecar_boot_through_each_release(tmp_path, h100, release):
         launcher.shutdown()
     finally:
         srv.stop()
+
+
+# -- the docs say what the simulation does -----------------------------------------------------------
+
+DEPLOY_MD = (ROOT / "docs" / "DEPLOY.md").read_text()
+DOC_ROWS = {Release.V1_7: "v1.6, v1.7", Release.V1_9: "v1.8, v1.9", Release.MAIN: "main"}
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=IDS)
+def test_deploy_md_reparse_table_matches_the_simulation(release):
+    row = next(ln for ln in DEPLOY_MD.splitlines() if ln.startswith(f"| {DOC_ROWS[release]} |"))
+    target, busnr_node, hotplug, commandline = [c.strip() for c in row.strip("|").split("|")][1:]
+    assert (target == "kept") == release.controller_target and (busnr_node == "kept") == release.controller_target
+    assert (hotplug == "kept") == release.target_hotplug
+    assert commandline.startswith("kept") == release.commandline_restored
+
+
+def test_deploy_md_quotes_the_serving_lines_relies_on():
+    import json
+
+    from sidecar.server import RELIES_ON
+
+    assert f'"relies_on":{json.dumps(RELIES_ON)}' in DEPLOY_MD
