@@ -411,7 +411,8 @@ def _strip_mmio_owned(root: etree._Element) -> None:
 
 def non_owned_elements(xml: bytes) -> list[bytes]:
     """Every top-level domain child and every device except PCI controllers and PCI hostdevs'
-    addresses, canonicalised: what the rewrite promises not to touch."""
+    addresses (and what the rewrite formats as libvirt does: a source address ``type``, an empty
+    ``<driver>``), canonicalised: what the rewrite promises not to touch."""
     root = etree.fromstring(xml, etree.XMLParser(remove_blank_text=True))
     _strip_mmio_owned(root)
     out = []
@@ -429,6 +430,9 @@ def non_owned_elements(xml: bytes) -> list[bytes]:
             src = el.find("source/address")
             if src is not None:
                 src.attrib.pop("type", None)
+            for drv in el.findall("driver"):
+                if not drv.attrib and len(drv) == 0:
+                    el.remove(drv)
         out.append(etree.tostring(el, method="c14n", exclusive=True))
     return sorted(out)
 
