@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,11 +32,24 @@ def serve_argv(socket_path: str | Path, sysfs: str | Path, program: Sequence[str
     return [*(program or [str(BIN / "pcitopo"), "serve"]), "--socket", str(socket_path), "--sysfs", str(sysfs)]
 
 
+def _listening(path: str | Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 def wait_for_socket(path: str | Path, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
-    """Until the socket file exists; an AssertionError if ``proc`` exits first or time runs out."""
+    """Until something listens on the socket; an AssertionError if ``proc`` exits first or time
+    runs out. A file at ``path`` is not enough: a stale socket left by a killed server exists
+    before the new server has replaced it, and dialling it then times out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if os.path.exists(path):
+        if os.path.exists(path) and _listening(path):
             return
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"server exited with {proc.returncode} before creating {path}")

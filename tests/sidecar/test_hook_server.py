@@ -119,6 +119,12 @@ def test_the_folder_holds_our_socket_and_nothing_else(start):
 
 def test_socket_permissions_let_the_compute_container_in_and_nobody_else(start):
     srv = start()
+    # The socket listens (with its mode) before the server hands it to uid 107; "serving" is
+    # logged after the chown, so ownership is judged from then on.
+    deadline = time.monotonic() + 30
+    while not any(r.get("event") == "serving" for r in srv.log_lines()):
+        assert time.monotonic() < deadline, srv.log_text()[-2000:]
+        time.sleep(0.01)
     st = os.lstat(srv.socket)
     assert stat.S_ISSOCK(st.st_mode)
     assert stat.S_IMODE(st.st_mode) == SOCKET_MODE == 0o660
