@@ -177,3 +177,24 @@ def test_f8_snippets_do_not_name_the_directory_they_cd_into(doc):
     at deploy/deploy/."""
     wrong = [w for b in shell_blocks((ROOT / doc).read_text()) for w in paths_after_cd(b)]
     assert wrong == []
+
+
+# -- finding 8: NFD and the tested-with table ------------------------------------------------------
+
+def test_f8_nfd_extra_label_ns_advice_names_the_versions_that_need_it():
+    """Finding 8: nfd-master publishes any namespace outside kubernetes.io since NFD v0.13; only
+    v0.12 and earlier need -extra-label-ns."""
+    text = DOCS.read_text()
+    para = next(p for p in text.split("\n\n") if "extra-label-ns" in p or "extraLabelNs" in p)
+    assert "v0.13" in para and "v0.12" in para
+
+
+def test_f8_tested_with_table_says_what_was_and_was_not_tested():
+    """Finding 8: the versions the e2e tier boots, the KubeVirt releases whose re-parse is
+    simulated, and that no real cluster was used."""
+    text = DOCS.read_text()
+    section = text[text.index("### What was tested, and what was not"):]
+    section = section[:section.index("\n### ", 4)]
+    for needle in ("QEMU 10.0.13", "libvirt 11.3.0", "SeaBIOS 1.16.3", "OVMF 2025.02", "v1.7", "v1.8 to v1.9",
+                   "main", "simulated", "**not tested**"):
+        assert needle in section, needle
