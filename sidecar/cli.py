@@ -1,4 +1,4 @@
-"""Command-line doors: ``pcitopo`` (topo, partitions, capture, verify, doctor, serve) and ``xmlfix``.
+"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, doctor, serve) and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.
@@ -98,6 +98,20 @@ def _cmd_partitions(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(partitions_text(fabric, rows))
+    return EXIT_OK
+
+
+def _cmd_pairs(args: argparse.Namespace) -> int:
+    from topology.host.sysfs import open_host
+    from topology.paths.pairing import host_pairs
+    from topology.views.pairs import pairs_json, pairs_text
+
+    hp = host_pairs(open_host(args.sysfs))
+    if args.json:
+        json.dump(pairs_json(hp), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(pairs_text(hp))
     return EXIT_OK
 
 
@@ -227,6 +241,15 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     _fabric_args(pp, "required")
     pp.add_argument("--json", action="store_true", help='{"partitions": [{"id", "active", "gpus": [{"bdf", "module", "nic", "nic_class"}], "all_pix"}]}')
+    pr = sub.add_parser(
+        "pairs", help="each GPU's best NIC and whether DRA's pcieRoot alignment alone gets it on this host",
+        description="For each GPU: its best NIC on the host with the pair's NCCL and nvidia-smi class (NCCL's decides, "
+        "as it decides GPUDirect RDMA), its pcieRoot (resource.kubernetes.io/pcieRoot), and whether every NIC on that "
+        "root is of the best class, i.e. whether a DRA claim matching on pcieRoot is enough on this host.",
+    )
+    pr.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
+    pr.add_argument("--json", action="store_true", help='{"gpus": [{"gpu", "pcie_root", "nic", "nccl", "nvml", "gdr", '
+                    '"same_pcie_root_nics", "pcie_root_enough"}], "pcie_root_enough", "pcie_root_not_enough_for"}')
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
     c.add_argument("--sysfs", default=default_sysfs(), help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
     c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
@@ -237,7 +260,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
-               "partitions": _cmd_partitions}[args.command]
+               "partitions": _cmd_partitions, "pairs": _cmd_pairs}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

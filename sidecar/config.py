@@ -26,6 +26,13 @@ and puts the findings in the log line: ``warn`` only reports, ``require`` stops 
 when a check fails (whatever ``on-error`` says), ``off`` skips the checks. A check the
 unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and never stops a VM.
 
+``pairing`` compares, for each GPU of the VM, its best NIC in the VM with its best NIC on the
+host (topology/paths/pairing.py): a GPU given a NIC further away, in NCCL's view (the one that
+decides GPUDirect RDMA), than the host offers it is one line naming the GPU, the NIC it got and
+the host's NIC it could have had. ``require`` stops the VM start (whatever ``on-error`` says),
+``warn`` boots and logs the lines, ``off`` skips the check. A VM without NICs, and a GPU whose
+host has no NIC at PXB or closer for it, are never warned.
+
 ``mmio: auto`` sizes the guest's 64-bit MMIO space for the assigned devices' BARs (address
 width, 1 GiB pages for OVMF, SeaBIOS root-port reserves); ``p2p-clique: auto`` gives PCIe GPUs
 below one host switch a GPUDirect P2P clique id (topology/guest/mmio.py, topology/guest/cliques.py).
@@ -89,6 +96,11 @@ class HookOptions(BaseModel):
     )
     p2p_clique: Literal["auto", "off"] = Field(
         "auto", description="give PCIe GPUs below one host switch a GPUDirect P2P clique (x-nv-gpudirect-clique)"
+    )
+    pairing: Literal["require", "warn", "off"] = Field(
+        "warn",
+        description="each GPU's best NIC in the VM against its best NIC on the host (NCCL's class): require "
+        "(a GPU given a worse NIC stops the VM start), warn (log the line and boot), off",
     )
 
 

@@ -13,6 +13,7 @@ What it promises its doors:
   including bugs (wrapped as :class:`InternalError`), so no door ever shows a traceback;
 - a bad option (annotation) or malformed VMI JSON always raises, whatever ``on-error`` says;
 - so does ``nvlink: require`` when the VM's GPUs will not get NVLink (:func:`nvlink_check`),
+  ``pairing: require`` when a GPU got a worse NIC than the host has for it (:func:`pairing_check`),
   and ``doctor: require`` when a readiness check fails (:func:`_doctor`), whatever
   ``on-error`` says: both checks run after a successful rewrite (on the placed devices) and
   after a passthrough too (on the domain's hostdev sources the host has); the NVLink verdict
@@ -33,13 +34,13 @@ from typing import Any, Callable, Literal, Union
 
 from topology.checks.doctor import DoctorError, DoctorReport, run_checks
 from topology.libvirt.domain import readable_hostdev_sources
-from topology.errors import DomainError, FabricError, InternalError, NvlinkError, PcitopoError
+from topology.errors import DomainError, FabricError, InternalError, NvlinkError, PairingError, PcitopoError
 from topology.model.tree import Bdf, Topology
 from topology.guest.rewrite import RewriteResult, rewrite_domain
 
 from .config import DEFAULT_OPTIONS, HookOptions, VmiFacts, annotation, options_from_vmi
 
-__all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check", "summarize"]  # InternalError: re-exported
+__all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check", "pairing_check", "summarize"]  # InternalError: re-exported
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 HostArg = Union[Topology, Callable[[], Topology]]
@@ -109,6 +110,7 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
             return _passthrough(domain_xml, err, vmi, options, topo, fabric)
         raise err from e
     summary.update(nvlink_check(result, topo, fabric, options.nvlink))
+    pairing_check(topo, [d.host for d in result.report.placed], options.pairing, summary, result)
     doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary)
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
 
@@ -142,6 +144,38 @@ def _doctor(topo: Topology, bdfs: list[Bdf], options: HookOptions, summary: dict
         raise DoctorError(f"host not ready (annotation {annotation('doctor')} is require): "
                           f"{first.check} {first.bdf or 'host'}: {first.message}{more}")
     return report
+
+
+def pairing_check(topo: Topology, bdfs: list[Bdf], policy: str, summary: dict[str, Any],
+                  result: RewriteResult | None = None) -> None:
+    """The pairing check (``topology.paths.pairing.check_vm_pairs``) on the VM's devices: the
+    verdict in the log fields ``pairing`` (and ``pairing_findings``: one line per GPU given a
+    worse NIC than the host has for it), on the report and its notes (``xmlfix --explain`` and
+    ``--json``). Under ``require`` a finding, or a check that cannot run, raises PairingError."""
+    if policy == "off":
+        return
+    from topology.paths.pairing import check_vm_pairs
+
+    try:
+        verdict = check_vm_pairs(topo, bdfs)
+    except Exception as e:
+        err = e if isinstance(e, PcitopoError) else InternalError.of(e, "pairing check")
+        if policy == "require":
+            raise PairingError(f"cannot check the GPU-NIC pairs (annotation {annotation('pairing')} is require): "
+                               f"{err.kind}: {err.reason}") from None
+        summary.update(pairing=f"{err.kind}-error", pairing_reason=err.reason)
+        return
+    if verdict.status == "no-gpus":
+        return
+    summary["pairing"] = verdict.status
+    if verdict.findings:
+        summary["pairing_findings"] = verdict.lines
+        if policy == "require":
+            raise PairingError(f"a GPU got a worse NIC than the host has for it (annotation {annotation('pairing')} "
+                               f"is require): {verdict.message}")
+    if result is not None:
+        result.report.pairing = (policy, verdict)
+        result.report.notes.extend(f"pairing: {line}" for line in verdict.lines)
 
 
 def nvlink_check(result: RewriteResult, topo: Topology, fabric: FabricArg, policy: str) -> dict[str, Any]:
@@ -192,12 +226,12 @@ def nvlink_fields(topo: Topology, fabric: FabricArg, policy: str, bdfs: list[Bdf
 
 def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions,
                  topo: Topology | None, fabric: FabricArg) -> HookOutcome:
-    """``on-error: passthrough``: the input back unchanged, with the reason. The NVLink and
-    doctor checks still run, on the domain's hostdev sources the host has: their ``require``
+    """``on-error: passthrough``: the input back unchanged, with the reason. The NVLink, pairing
+    and doctor checks still run, on the domain's hostdev sources the host has: their ``require``
     stops the VM whatever ``on-error`` says."""
     summary: dict[str, Any] = {"error": err.kind}
     doctor = None
-    if options.nvlink == "off" and options.doctor == "off":
+    if options.nvlink == "off" and options.doctor == "off" and options.pairing == "off":
         return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options)
     present, why = None, err  # without a host model the devices cannot be checked
     if topo is not None:
@@ -209,9 +243,13 @@ def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: H
         if options.nvlink == "require":
             raise NvlinkError(f"cannot check the GPUs' NVLink (annotation {annotation('nvlink')} is require): "
                               f"{why.kind}: {why.reason}")
+        if options.pairing == "require":
+            raise PairingError(f"cannot check the GPU-NIC pairs (annotation {annotation('pairing')} is require): "
+                               f"{why.kind}: {why.reason}")
         if options.doctor != "off":
             summary["doctor"] = {"error": f"{why.kind}: {why.reason[:300]}"}
     else:
         summary.update(nvlink_fields(topo, fabric, options.nvlink, present)[0])
+        pairing_check(topo, present, options.pairing, summary)
         doctor = _doctor(topo, present, options, summary)
     return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options, doctor=doctor)

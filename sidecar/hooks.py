@@ -82,6 +82,7 @@ _GRPC_CODE = {
     "internal": "INTERNAL",
     "fabric": "FAILED_PRECONDITION",
     "nvlink": "FAILED_PRECONDITION",
+    "pairing": "FAILED_PRECONDITION",  # pairing: require, and a GPU got a worse NIC than the host has
     # The host's address width cannot hold the BARs; a firmware limit under on-error: fail
     "mmio": "FAILED_PRECONDITION",
     "mmio-firmware": "FAILED_PRECONDITION",

@@ -68,7 +68,7 @@ SOCKET_MODE = 0o660
 WORKERS = 2
 # How long in-flight calls may run on when we are asked to stop.
 STOP_GRACE_S = 5.0
-# What the hook's output relies on from KubeVirt (docs/DEPLOY.md, section 11), said once at start.
+# What the hook's output relies on from KubeVirt (docs/DEPLOY.md, section 12), said once at start.
 RELIES_ON = (
     "KubeVirt v1.6 to main: virt-launcher defines the last OnDefineDomain reply as sent, and each "
     "call re-sends what its re-parse drops (v1.6-1.7: busNr and <node>); no domain-hook Plugins "

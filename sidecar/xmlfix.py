@@ -5,8 +5,8 @@
 Exit 0 on success; 1 when --check finds that the guest will not see what the host has; 2 with
 one line on stderr for bad input. A passthrough or off outcome is always named on stderr, and so
 is everything the hook would only log and boot anyway (``xmlfix: warning: ...``: a firmware
-warning, the NVLink verdict under ``nvlink: warn``, failed readiness checks under ``doctor:
-warn``). ``--fabric`` is read as the hook reads it, when the NVLink check runs: a bad file stops
+warning, the NVLink verdict under ``nvlink: warn``, the pairing findings under ``pairing:
+warn``, failed readiness checks under ``doctor: warn``). ``--fabric`` is read as the hook reads it, when the NVLink check runs: a bad file stops
 only ``nvlink: require``.
 """
 
@@ -150,8 +150,9 @@ def _loaded(fabric_file):
 
 def _warnings(outcome) -> list[str]:
     """One line per thing the hook would boot the VM with and only log: the rewrite's firmware
-    warnings, the NVLink verdict under ``nvlink: warn``, failed host-readiness checks under
-    ``doctor: warn`` (or a doctor that could not run)."""
+    warnings, the NVLink verdict under ``nvlink: warn``, GPUs given a worse NIC than the host has
+    under ``pairing: warn``, failed host-readiness checks under ``doctor: warn`` (or a doctor
+    that could not run)."""
     from topology.guest.predict import firmware_warnings
 
     from .core import nvlink_note
@@ -159,6 +160,9 @@ def _warnings(outcome) -> list[str]:
     out = firmware_warnings(outcome.result) if outcome.result is not None else []
     if outcome.summary.get("nvlink_reason"):
         out.append(nvlink_note(outcome.summary))
+    out += [f"pairing: {line}" for line in outcome.summary.get("pairing_findings", ())]
+    if outcome.summary.get("pairing_reason"):
+        out.append(f"pairing: not checked: {outcome.summary['pairing_reason']}")
     doctor = outcome.summary.get("doctor") or {}
     if "error" in doctor:
         out.append(f"doctor: not run: {doctor['error']}")

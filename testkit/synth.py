@@ -124,6 +124,7 @@ PRESETS: dict[str, Look] = {
     "h100": _look("10de:2330", "10de:16c1", 0x030200, "32", 16, "vfio-pci"),
     "h200": _look("10de:2335", "10de:18be", 0x030200, "32", 16, "vfio-pci"),
     "b200": _look("10de:2901", "10de:1999", 0x030200, "32", 16, "vfio-pci"),  # sub: guess
+    "b300": _look("10de:3182", "10de:20ea", 0x030200, "64", 16, "vfio-pci"),  # sub: guess
     "a100-pcie": _look("10de:20f1", "10de:145f", 0x030200, "16", 16, "vfio-pci"),
     "l40s": _look("10de:26b9", "10de:1851", 0x030200, "16", 16, "vfio-pci"),
     "nvswitch-h100": _look("10de:22a3", "10de:1796", 0x068000, "16", 2, "vfio-pci"),  # sub, link: guess
@@ -131,6 +132,13 @@ PRESETS: dict[str, Look] = {
     "cx7-ib": _look("15b3:1021", "15b3:0023", 0x020700, "32", 16, "mlx5_core", vf=_MLX_VF),
     "cx7-eth": _look("15b3:1021", "15b3:0023", 0x020000, "32", 16, "mlx5_core", vf=_MLX_VF),
     "cx7-switch": _look("15b3:1979", "15b3:0023", 0x060400, "32", 16, "pcieport"),  # sub: guess
+    # ConnectX-8 SuperNIC: NIC 15b3:1023; its integrated switch presents 15b3:197c and 15b3:1979
+    # ports (rdma-core's rdma_topo lists both as "USP/DSP of a CX switch"; which level carries
+    # which id is a guess); the Data Direct DMA function 15b3:2100 (class: guess)
+    "cx8-ib": _look("15b3:1023", "15b3:0026", 0x020700, "64", 16, "mlx5_core", vf=_MLX_VF),  # sub: guess
+    "cx8-switch": _look("15b3:197c", "15b3:0026", 0x060400, "64", 16, "pcieport"),  # sub: guess
+    "cx8-switch-l2": _look("15b3:1979", "15b3:0026", 0x060400, "64", 16, "pcieport"),  # sub: guess
+    "cx8-dd": _look("15b3:2100", "15b3:0026", 0x080100, "64", 16, "mlx5_core"),  # sub, class: guess
     "cx6-dx": _look("15b3:101d", "15b3:0016", 0x020000, "16", 16, "mlx5_core", vf=_MLX_VF),  # sub: guess
     "bf3": _look("15b3:a2dc", "15b3:0051", 0x020000, "32", 16, "mlx5_core", vf=_MLX_VF),  # sub: guess
     # Broadcom PEX switches. NCCL flattens c030 with subsystem 1000:0xxx over 1000:1xxx and
@@ -162,11 +170,13 @@ _BARS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "h100": ((0, 16 * _MiB, _M32), (1, 128 * _GiB, _P64), (3, 32 * _MiB, _P64)),
     "h200": ((0, 16 * _MiB, _M32), (1, 128 * _GiB, _P64), (3, 32 * _MiB, _P64)),
     "b200": ((0, 64 * _MiB, _M32), (1, 256 * _GiB, _P64), (3, 32 * _MiB, _P64)),
+    "b300": ((0, 64 * _MiB, _M32), (1, 256 * _GiB, _P64), (3, 32 * _MiB, _P64)),  # guess: B200's
     "a100-pcie": ((0, 16 * _MiB, _M32), (1, 64 * _GiB, _P64), (3, 32 * _MiB, _P64)),  # guess
     "l40s": ((0, 16 * _MiB, _M32), (1, 64 * _GiB, _P64), (3, 32 * _MiB, _P64)),  # guess
     "nvswitch-h100": ((0, 32 * _MiB, _M32),),  # guess
     "cx7-ib": ((0, 32 * _MiB, _P64),),
     "cx7-eth": ((0, 32 * _MiB, _P64),),
+    "cx8-ib": ((0, 32 * _MiB, _P64),),  # guess: ConnectX-7's
     "cx6-dx": ((0, 32 * _MiB, _P64),),  # guess
     "bf3": ((0, 32 * _MiB, _P64),),  # guess
     "nvme": ((0, 16 * 1024, _N64),),

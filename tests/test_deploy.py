@@ -26,7 +26,7 @@ CHECK_LINE = re.compile(r"^#\s+xmlfix --check (?P<args>.*?)\s*$", re.M)
 
 def manifests() -> list[tuple[Path, int, dict]]:
     out = []
-    for path in sorted(DEPLOY.glob("*.yaml")):
+    for path in sorted(DEPLOY.rglob("*.yaml")):
         for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
             if isinstance(doc, dict) and doc.get("kind") in VM_KINDS:
                 out.append((path, i, doc))

@@ -578,8 +578,8 @@ def test_options_are_only_the_documented_enumerations():
     and nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
     from sidecar.config import HookOptions, describe_options
 
-    # doctor: issue 13, nvlink: issue 12, mmio and p2p_clique: issue 11 (all enumerations)
-    assert set(HookOptions.model_fields) == {"mode", "on_error", "doctor", "nvlink", "mmio", "p2p_clique"}
+    # doctor: issue 13, nvlink: issue 12, mmio and p2p_clique: issue 11, pairing: issue 20 (all enumerations)
+    assert set(HookOptions.model_fields) == {"mode", "on_error", "doctor", "nvlink", "mmio", "p2p_clique", "pairing"}
     for name, allowed, _default, _doc in describe_options():
         assert allowed and all(isinstance(v, str) and v.isascii() and v.replace("-", "").isalpha() for v in allowed), name
 

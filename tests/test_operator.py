@@ -163,7 +163,8 @@ def test_f5_json_is_the_predicted_guest():
     r = run("xmlfix", "--json", "--sysfs", str(H100), str(H100 / "domain.xml"))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc) == {"devices", "pairs", "notes"}
+    assert set(doc) == {"devices", "pairs", "notes", "pairing"}  # pairing: issue 20
+    assert doc["pairing"] == {"policy": "warn", "status": "ok", "gpus_checked": 8, "findings": []}
     assert set(doc["devices"][0]) == {"host_bdf", "guest_bdf", "kind", "label", "numa"}
     assert set(doc["pairs"][0]) == {"a", "b", "nccl", "nvml", "nvlink"}
     assert len(doc["devices"]) == 20 and len(doc["pairs"]) == 190

@@ -83,6 +83,13 @@ class NvlinkError(PcitopoError):
     kind = "nvlink"
 
 
+class PairingError(PcitopoError):
+    """``pcitopo.kubevirt.io/pairing: require`` and a GPU of the VM was given a NIC further than
+    the best one the host has for it."""
+
+    kind = "pairing"
+
+
 class VmiError(ConfigError):
     """The VMI JSON handed to the hook is malformed (not JSON, or not shaped like a VMI)."""
 

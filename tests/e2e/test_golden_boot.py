@@ -37,8 +37,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 FIXTURES = REPO_ROOT / "fixtures"
 
 # The golden outputs booted: both HGX hosts with all devices, the hgx-h100 subsets of one NUMA
-# node and without guest NUMA, dgx-h100 with all devices, and hgx-b200 without guest NUMA (its
-# Broadcom collapse and NUMA-less expander buses together).
+# node and without guest NUMA, dgx-h100 with all devices, hgx-b200 without guest NUMA (its
+# Broadcom collapse and NUMA-less expander buses together), and hgx-b300 with all devices (each
+# GPU two levels inside its ConnectX-8's switch: the guest must keep PXB, nothing flattened).
 BOOT_CASES = (
     "hgx-b200",
     "hgx-h100",
@@ -47,6 +48,8 @@ BOOT_CASES = (
     "dgx-h100",
     "hgx-b200/cases/no-numa",
 )
+# Booted by its own test below, which also checks what that host is there for.
+B300 = "hgx-b300"
 # Broken on purpose; the smallest case keeps these boots short.
 BREAK_BASE = "hgx-h100/cases/one-node"
 
@@ -97,7 +100,7 @@ def boot_time_summary(request):
 
 # -- the promise itself (no boot) ------------------------------------------------------------
 
-@pytest.mark.parametrize("case", BOOT_CASES)
+@pytest.mark.parametrize("case", BOOT_CASES + (B300,))
 def test_promise_is_the_host_class(case):
     """What the boots check against: every device placed, and every promised guest class is
     the host's, except the documented differences: NVML PXB→PIX where a Broadcom two-level
@@ -133,6 +136,34 @@ def test_golden_boots_as_promised(case, libvirtd, tmp_path):
     check.assert_ok()
     assert check.devices_checked == len(res.report.placed)
     assert check.pairs_checked == len(res.report.pairs)
+
+
+def test_b300_guest_keeps_pxb_for_every_gpu_and_its_nic(libvirtd, tmp_path):
+    """Issue 20: on HGX B300 each GPU sits two switch levels inside its ConnectX-8's PCIe switch,
+    PXB to its NIC on the host. The booted guest must be as promised (every pair, every NUMA
+    node), and in it every GPU is PXB to that NIC in NCCL's and nvidia-smi's view, through two
+    switch nodes: the mirror flattened nothing (QEMU's switch is no Broadcom part)."""
+    from topology.classify import Nccl, Nvml, classify, nccl_path
+
+    host, res = golden(B300)
+    booted = _boot(libvirtd, B300, expected_xml(B300))
+    check = check_booted(B300, host, res, booted, tmp_path / "sysfs")
+    check.assert_ok()
+    guest = check.guest
+    placed = {d.host: d.role for d in res.report.placed}
+    gpus = sorted(b for b, r in placed.items() if r == "gpu")
+    nics = sorted(b for b, r in placed.items() if r == "nic")
+    assert len(gpus) == len(nics) == 8
+    for g in gpus:
+        host_pxb = [n for n in nics if classify(host, g, n).nccl == Nccl.PXB]
+        assert len(host_pxb) == 1, f"{g}: host PXB NICs {host_pxb}"
+        (n,) = host_pxb
+        gg, gn = check.host_to_guest[g], check.host_to_guest[n]
+        got = classify(guest, gg, gn)
+        assert (got.nccl, got.nvml) == (Nccl.PXB, Nvml.PXB), f"GPU {g}-NIC {n}: guest {got}"
+        assert len(nccl_path(guest, guest.function(gg)).switches) == 2  # both switch levels kept
+        others = [classify(guest, gg, check.host_to_guest[o]).nccl for o in nics if o != n]
+        assert Nccl.PXB not in others and Nccl.PIX not in others
 
 
 def _pxbs(root: etree._Element) -> list[etree._Element]:

@@ -18,6 +18,7 @@ from typing import Sequence
 from ..errors import OutputError
 from ..model.tree import Role, Topology
 from ..paths.classify import Nccl, Nvml, classify
+from ..paths.pairing import host_pair
 from .doctor import CHECKS, STATUSES, DoctorReport, Target
 
 STATUS_CODE = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
@@ -34,6 +35,9 @@ class PixFacts:
     pairs_nvml: int
     gpus_with_pix_nic: int  # NCCL's view: the one that decides GPUDirect RDMA
     gpus_with_gdr_nic: int  # a NIC at PXB or closer (NCCL), where GPUDirect RDMA is used
+    # GPUs that a DRA claim aligning GPU and NIC by pcieRoot alone may pair with a NIC worse than
+    # their best (topology/paths/pairing.py); GPUs with no NIC at PXB or closer never count
+    gpus_pcieroot_not_enough: int = 0
 
 
 def pix_facts(topo: Topology, targets: Sequence[Target]) -> PixFacts:
@@ -46,7 +50,8 @@ def pix_facts(topo: Topology, targets: Sequence[Target]) -> PixFacts:
         nvml += sum(c.nvml == Nvml.PIX for c in classes)
         with_pix += any(c.nccl == Nccl.PIX for c in classes)
         with_gdr += any(c.nccl in (Nccl.PIX, Nccl.PXB) for c in classes)
-    return PixFacts(len(gpus), len(nics), nccl, nvml, with_pix, with_gdr)
+    not_enough = sum(not host_pair(topo, g).pcie_root_enough for g in gpus)
+    return PixFacts(len(gpus), len(nics), nccl, nvml, with_pix, with_gdr, not_enough)
 
 
 # -- people -------------------------------------------------------------------------------------
@@ -102,6 +107,10 @@ def prometheus_text(report: DoctorReport, pix: PixFacts) -> str:
     family("pcitopo_gpu_nic_pix_pairs", "GPU-NIC pairs at PIX (one switch), as NCCL and as nvidia-smi classify them.",
            [(_labels(view="nccl"), pix.pairs_nccl), (_labels(view="nvml"), pix.pairs_nvml)])
     family("pcitopo_gpus_with_pix_nic", "GPUs with at least one NIC at PIX (NCCL's view).", [("", pix.gpus_with_pix_nic)])
+    family("pcitopo_gpus_pcieroot_not_enough",
+           "GPUs with a NIC at PXB or closer that a DRA claim matching on resource.kubernetes.io/pcieRoot alone may pair "
+           "with a worse NIC (their root complex also carries NICs of a worse class; pcitopo pairs names them).",
+           [("", pix.gpus_pcieroot_not_enough)])
     return "\n".join(out) + "\n"
 
 

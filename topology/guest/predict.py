@@ -130,7 +130,22 @@ def verdict(result: RewriteResult, host: Topology, fabric=None) -> str:
         parts.append("NUMA: no guest cells")
     for node, bdfs in sorted(cell_less_devices(result).items()):
         parts.append(f"NUMA: {len(bdfs)} device(s) of host node {node} have no guest cell")
+    pairing = pairing_summary(result)
+    if pairing:
+        parts.append(pairing)
     return "; ".join(parts)
+
+
+def pairing_summary(result: RewriteResult) -> str | None:
+    """The pairing check's part of the verdict (the door's ``pcitopo.kubevirt.io/pairing``), only
+    when a GPU got a worse NIC than the host has for it: the guest is faithful, the allocation
+    is not."""
+    found = result.report.pairing
+    findings = getattr(found[1], "findings", ()) if found else ()
+    if not findings:
+        return None
+    who = ", ".join(f.labels.get(f.got.gpu.bdf, str(f.got.gpu.bdf)) for f in findings)
+    return f"pairing: {len(findings)} GPU(s) given a worse NIC than the host offers ({who})"
 
 
 def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[str]:
@@ -202,4 +217,8 @@ def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
         }
         for p in report.pairs
     ]
-    return {"devices": devices, "pairs": pairs, "notes": list(report.notes) + firmware_warnings(result)}
+    doc = {"devices": devices, "pairs": pairs, "notes": list(report.notes) + firmware_warnings(result)}
+    if report.pairing is not None:
+        policy, found = report.pairing
+        doc["pairing"] = found.as_json(policy)
+    return doc

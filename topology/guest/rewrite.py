@@ -107,6 +107,8 @@ class Report:
     pairs: list[PairReport] = field(default_factory=list)
     # The NVLink fabric verdict (topology.paths.partitions.NvlinkVerdict) when the door checked one.
     nvlink: object | None = None
+    # The pairing check's (policy, topology.paths.pairing.PairingVerdict) when the door ran it.
+    pairing: tuple[str, object] | None = None
     # the 64-bit MMIO budget and settings, P2P cliques, typed firmware warnings
     mmio: MmioBudget | None = None
     cliques: CliquePlan | None = None

@@ -8,12 +8,14 @@ from functools import lru_cache
 from ..model.tree import PciFunction
 
 # The parts the fixtures and QEMU's emulated ports use, named after the PCI ID Repository
-# (pci.ids, https://pci-ids.ucw.cz); enough for readable fixture output without pci.ids.
+# (pci.ids, https://pci-ids.ucw.cz) and, for the ConnectX-8 parts, rdma-core's rdma_topo device
+# table; enough for readable fixture output without pci.ids.
 KNOWN_PARTS: dict[str, str] = {
     "10de:2330": "NVIDIA H100 SXM5 80GB",
     "10de:2335": "NVIDIA H200 SXM 141GB",
     "10de:2324": "NVIDIA H800",
     "10de:2901": "NVIDIA B200",
+    "10de:3182": "NVIDIA B300",
     "10de:22a3": "NVIDIA H100 NVSwitch",
     "10de:20b0": "NVIDIA A100 SXM4 40GB",
     "10de:20b2": "NVIDIA A100 SXM4 80GB",
@@ -22,7 +24,10 @@ KNOWN_PARTS: dict[str, str] = {
     "15b3:1021": "Mellanox ConnectX-7",
     "15b3:101d": "Mellanox ConnectX-6 Dx",
     "15b3:101e": "Mellanox ConnectX Family Virtual Function",
-    "15b3:1979": "Mellanox ConnectX-7 PCIe switch port",
+    "15b3:1023": "Mellanox ConnectX-8",
+    "15b3:1979": "Mellanox ConnectX-7/ConnectX-8 PCIe switch port",
+    "15b3:197c": "Mellanox ConnectX-8 PCIe switch port",
+    "15b3:2100": "Mellanox ConnectX-8 Data Direct",
     "15b3:a2dc": "Mellanox BlueField-3",
     "1000:c030": "Broadcom PEX890xx Gen5 switch",
     "1000:c010": "Broadcom PEX880xx Gen4 switch",

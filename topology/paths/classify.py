@@ -47,6 +47,17 @@ class PairClass:
     nvml: Nvml
 
 
+_NCCL_ORDER = {c: i for i, c in enumerate(Nccl)}
+_NVML_ORDER = {c: i for i, c in enumerate(Nvml)}
+
+
+def closeness(cls: PairClass) -> tuple[int, int]:
+    """How close a pair is, for picking a GPU's NIC (smaller is closer): NCCL's class decides,
+    as it decides GPUDirect RDMA; nvidia-smi's breaks ties (inside a flattened Broadcom complex
+    a GPU is PIX to both NICs for NCCL, PIX to its own only for nvidia-smi)."""
+    return _NCCL_ORDER[cls.nccl], _NVML_ORDER[cls.nvml]
+
+
 # -- Broadcom flattening (a named pass, not a special case inside the path rule) -------------
 
 def bcm_gen(f: PciFunction, level: int) -> int:
@@ -205,13 +216,15 @@ class NvlinkTable:
     boards: tuple[NvlinkBoard, ...]
 
 
-# Inferred, not measured: nvidia-smi on HGX/DGX H100, H200 and B200 8-GPU boards prints NV18
-# between every GPU pair; A100 SXM4 8-GPU boards print NV12. HGX B200's NVLink switch chips are
-# not assumed to be visible on PCIe, so that entry requires none.
+# Inferred, not measured: nvidia-smi on HGX/DGX H100, H200, B200 and B300 8-GPU boards prints
+# NV18 between every GPU pair (B300: DeepEP issue #590); A100 SXM4 8-GPU boards print NV12. The
+# Blackwell boards' NVLink switch chips are not assumed to be visible on PCIe, so those entries
+# require none.
 DEFAULT_NVLINK_TABLE = NvlinkTable(
     boards=(
         NvlinkBoard("HGX H100/H200 8-GPU", ("10de:2330", "10de:2335", "10de:2324"), 18, ("10de:22a3",)),
         NvlinkBoard("HGX B200 8-GPU", ("10de:2901",), 18),
+        NvlinkBoard("HGX B300 8-GPU", ("10de:3182",), 18),
         NvlinkBoard("HGX A100 8-GPU", ("10de:20b0", "10de:20b2"), 12, ("10de:1af1",)),
     )
 )

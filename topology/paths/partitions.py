@@ -17,7 +17,7 @@ from typing import Iterable, Literal
 
 from ..model.nvswitch_mgmt import is_compute_nic
 from ..model.tree import NVIDIA, Bdf, PciFunction, Role, Topology
-from .classify import Nccl, Nvml, classify
+from .classify import classify, closeness
 from .fabric import Fabric, Partition, modules_text
 
 Status = Literal["ok", "no-gpus", "no-fabric", "unknown", "not-a-partition", "inactive", "failed-links"]
@@ -157,9 +157,6 @@ def _check_partition(fabric: Fabric, p: Partition, listed: str) -> NvlinkVerdict
 
 # -- pcitopo partitions ------------------------------------------------------------------------
 
-_RANK = {Nccl.PIX: 0, Nccl.PXB: 1, Nccl.PHB: 2, Nccl.SYS: 3}
-
-
 @dataclass(frozen=True)
 class GpuRow:
     module: int
@@ -217,9 +214,8 @@ def partition_rows(host: Topology, fabric: Fabric, labels: dict[Bdf, str]) -> li
         bdfs = [g.bdf for g in p.gpus if g.bdf is not None and host.find(g.bdf) is not None]
         ranked: dict[Bdf, list[tuple[int, Bdf]]] = {}
         for g in bdfs:
-            # NCCL's class decides; nvidia-smi's breaks ties (a GPU's own NIC inside a flattened
-            # Broadcom complex is PIX in both views, its neighbour's PIX only in NCCL's).
-            ranked[g] = sorted((_RANK[(c := classify(host, g, n.bdf)).nccl], list(Nvml).index(c.nvml), n.bdf) for n in nics)
+            # classify.closeness: NCCL's class decides, nvidia-smi's breaks ties (rank 0: PIX)
+            ranked[g] = sorted((*closeness(classify(host, g, n.bdf)), n.bdf) for n in nics)
         pix = {g: [n for r, _, n in ranked[g] if r == 0] for g in bdfs}
         matched = _match_pix(bdfs, pix)
         out = []

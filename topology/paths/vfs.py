@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..model.tree import Bdf, PciFunction, Topology
+from .pairing import pcie_root
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ def group_vfs(topo: Topology, bdfs: Iterable[Bdf]) -> VfGroups:
 
 def vf_json(f: PciFunction) -> dict:
     """What an operator needs per VF: its address, the driver it is bound to (vfio-pci for
-    passthrough) and its IOMMU group; everything else is the PF's."""
-    return {"bdf": str(f.bdf), "driver": f.driver, "iommu_group": f.iommu_group}
+    passthrough), its IOMMU group and its pcieRoot (DRA drivers publish VFs one by one);
+    everything else is the PF's."""
+    return {"bdf": str(f.bdf), "driver": f.driver, "iommu_group": f.iommu_group, "pcie_root": pcie_root(f)}
 
 
 def vf_summary(topo: Topology, vfs: list[Bdf]) -> str:

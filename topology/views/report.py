@@ -8,6 +8,7 @@ from ..host.names import part_name
 from ..model.labels import Labeled, label_devices
 from ..model.tree import Bdf, PciFunction, Role, Topology
 from ..paths.classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
+from ..paths.pairing import pcie_root
 from ..paths.vfs import VfGroups, group_vfs, vf_summary, with_vfs
 
 NVML_LEGEND = """Legend:
@@ -132,6 +133,7 @@ def device_json(topo: Topology, lab: Labeled) -> dict:
         "subsystem": f.subsystem_ids,
         "class": f"0x{f.class_code:06x}",
         "root_complex": f.root_complex,
+        "pcie_root": pcie_root(f),  # Kubernetes' resource.kubernetes.io/pcieRoot (DRA)
         "switch": parent_switch,
         "nccl_switch": str(sw[0]) if sw else None,
         "physfn": str(f.physfn) if f.physfn else None,

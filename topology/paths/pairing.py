@@ -1,0 +1,193 @@
+"""GPU-NIC pairs: each GPU's best NIC on the host, whether aligning by DRA's ``pcieRoot`` alone
+gets a GPU a NIC of that class, and whether a VM was given one.
+
+The classifier (:mod:`.classify`) is the only judge of a pair. Classes are compared in NCCL's
+view, the one that decides GPUDirect RDMA (used at PXB or closer); nvidia-smi's class only
+breaks ties when naming a GPU's best NIC (on a two-level Broadcom complex NCCL says PIX to both
+NICs of the complex, nvidia-smi PIX to one of them). A GPU whose best NIC is PHB or worse has
+nothing to pair: no allocation gives it GPUDirect RDMA, so it is never named.
+
+``pcieRoot`` is Kubernetes' standard device attribute ``resource.kubernetes.io/pcieRoot``
+(k8s.io/dynamic-resource-allocation, package ``deviceattribute``): the first component of the
+device's realpath below ``/sys/devices``, ``pci<domain>:<bus>`` of its root bus. A claim with
+``matchAttribute: resource.kubernetes.io/pcieRoot`` gives a GPU *some* NIC of its root complex,
+which is enough only when every NIC there is of the GPU's best class: decided per host (on
+Intel HGX boards each switch has a root complex of its own; on AMD boards one root complex
+carries several root ports and their switches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..model.labels import default_devices, label_devices
+from ..model.tree import Bdf, PciFunction, Role, Topology
+from .classify import Nccl, PairClass, classify, closeness
+
+GDR_CLASSES = (Nccl.PIX, Nccl.PXB)  # NCCL_NET_GDR_LEVEL's default: GPUDirect RDMA at PXB or closer
+
+
+def pcie_root(f: PciFunction) -> str:
+    """What Kubernetes publishes as ``resource.kubernetes.io/pcieRoot`` for ``f``:
+    ``pci<domain>:<bus>``, the root-complex directory its realpath starts with."""
+    return f.root_complex
+
+
+def class_text(cls: PairClass) -> str:
+    """``PXB``, or ``PHB (nvidia-smi NODE)`` where the two views differ."""
+    return cls.nccl.value if cls.nccl.value == cls.nvml.value else f"{cls.nccl.value} (nvidia-smi {cls.nvml.value})"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPair:
+    """A GPU and its best NIC among some NICs (``nic`` None when there were none)."""
+
+    gpu: PciFunction
+    nic: PciFunction | None
+    cls: PairClass | None
+
+    @property
+    def gdr(self) -> bool:
+        """A NIC at PXB or closer in NCCL's view: GPUDirect RDMA possible."""
+        return self.cls is not None and self.cls.nccl in GDR_CLASSES
+
+    def worse_than(self, other: "GpuPair") -> bool:
+        """This pair's NIC is further than ``other``'s in NCCL's view (no NIC is the furthest)."""
+        if other.cls is None:
+            return False
+        return self.cls is None or closeness(self.cls)[0] > closeness(other.cls)[0]
+
+
+def best_nic(topo: Topology, gpu: PciFunction, nics: Iterable[PciFunction]) -> GpuPair:
+    """The closest NIC to ``gpu`` (:func:`.classify.closeness`, then the lower BDF)."""
+    best: tuple[tuple[int, int, Bdf], PciFunction, PairClass] | None = None
+    for n in nics:
+        cls = classify(topo, gpu, n)
+        key = (*closeness(cls), n.bdf)
+        if best is None or key < best[0]:
+            best = (key, n, cls)
+    return GpuPair(gpu, None, None) if best is None else GpuPair(gpu, best[1], best[2])
+
+
+@dataclass(frozen=True, slots=True)
+class HostPair:
+    """A GPU's best NIC on the host, and the host's NICs on its pcieRoot with their classes."""
+
+    best: GpuPair
+    same_root: tuple[tuple[PciFunction, PairClass], ...]
+
+    @property
+    def pcie_root_enough(self) -> bool:
+        """Aligning by pcieRoot alone gives this GPU a NIC of its best class (NCCL): some NIC
+        shares its root and every one that does is of that class. True for a GPU with nothing
+        to pair (best PHB or worse)."""
+        if not self.best.gdr:
+            return True
+        want = self.best.cls.nccl  # type: ignore[union-attr]  # gdr implies a class
+        return bool(self.same_root) and all(c.nccl == want for _, c in self.same_root)
+
+
+def host_nics(topo: Topology) -> list[PciFunction]:
+    """The host's compute NICs (physical functions, as ``pcitopo topo`` lists them)."""
+    return [f for f in (topo.function(b) for b in default_devices(topo)) if topo.role(f) == Role.NIC]
+
+
+def host_pair(topo: Topology, gpu: PciFunction) -> HostPair:
+    """``gpu``'s best NIC on the host and its pcieRoot's NICs; remembered for the life of the
+    topology (the hook asks once per GPU per call)."""
+
+    def compute() -> HostPair:
+        nics = host_nics(topo)
+        root = pcie_root(gpu)
+        same = tuple((n, classify(topo, gpu, n)) for n in nics if pcie_root(n) == root)
+        return HostPair(best_nic(topo, gpu, nics), same)
+
+    return topo.memo(("host_pair", gpu.bdf), compute)
+
+
+@dataclass(frozen=True)
+class HostPairs:
+    """Every GPU of a host with its best NIC (``pcitopo pairs``)."""
+
+    host: str
+    pairs: tuple[HostPair, ...]
+    labels: dict[Bdf, str]
+
+    @property
+    def not_served_by_pcie_root(self) -> list[HostPair]:
+        return [p for p in self.pairs if not p.pcie_root_enough]
+
+
+def host_pairs(topo: Topology) -> HostPairs:
+    devices = default_devices(topo)
+    labels = {lab.function.bdf: lab.label for lab in label_devices(topo, devices)}
+    gpus = [topo.function(b) for b in devices if topo.role(b) == Role.GPU]
+    return HostPairs(topo.name, tuple(host_pair(topo, g) for g in gpus), labels)
+
+
+# -- a VM's allocation -------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PairingFinding:
+    """A GPU of the VM whose best NIC in the VM is further than its best NIC on the host."""
+
+    got: GpuPair
+    host: GpuPair
+    labels: dict[Bdf, str]
+
+    def _name(self, f: PciFunction) -> str:
+        """``GPU0 (0000:1a:00.0)`` as the host numbers it; a VF or other unnumbered function by BDF."""
+        return f"{self.labels[f.bdf]} ({f.bdf})" if f.bdf in self.labels else str(f.bdf)
+
+    @property
+    def line(self) -> str:
+        # Findings are made only where the host has a NIC at PXB or closer and the VM has NICs,
+        # so both pairs have a NIC and a class.
+        got, best = self.got, self.host
+        return (f"{self._name(got.gpu)} got {self._name(got.nic)} at {class_text(got.cls)}; "  # type: ignore[arg-type]
+                f"the host's {self._name(best.nic)} would be {class_text(best.cls)}")  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class PairingVerdict:
+    """The pairing check on a VM's devices: ``ok`` (every GPU has a NIC of its host-best class,
+    or has nothing to pair), ``worse`` (``findings`` says which), ``no-nics`` (a VM without
+    NICs is never warned), ``no-gpus``."""
+
+    status: str
+    findings: tuple[PairingFinding, ...] = ()
+    gpus_checked: int = 0
+
+    @property
+    def lines(self) -> list[str]:
+        return [f.line for f in self.findings]
+
+    @property
+    def message(self) -> str:
+        """One line for a refusal: the first finding, and how many more."""
+        more = f" (and {len(self.findings) - 1} more GPU(s))" if len(self.findings) > 1 else ""
+        return f"{self.findings[0].line}{more}" if self.findings else self.status
+
+    def as_json(self, policy: str) -> dict:
+        return {"policy": policy, "status": self.status, "gpus_checked": self.gpus_checked, "findings": self.lines}
+
+
+def check_vm_pairs(topo: Topology, bdfs: Sequence[Bdf]) -> PairingVerdict:
+    """Compare, for each GPU among a VM's devices (``bdfs``, on the host), its best NIC among
+    the VM's NICs with its best NIC on the host."""
+    fs = [topo.function(b) for b in dict.fromkeys(bdfs)]
+    gpus = [f for f in fs if topo.role(f) == Role.GPU and not f.is_vf]
+    nics = [f for f in fs if topo.role(f) == Role.NIC]
+    if not gpus:
+        return PairingVerdict("no-gpus")
+    if not nics:
+        return PairingVerdict("no-nics", gpus_checked=len(gpus))
+    labels = {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}
+    findings = []
+    for g in gpus:
+        host = host_pair(topo, g).best
+        got = best_nic(topo, g, nics)
+        if host.gdr and got.worse_than(host):
+            findings.append(PairingFinding(got, host, labels))
+    return PairingVerdict("worse" if findings else "ok", tuple(findings), len(gpus))
