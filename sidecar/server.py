@@ -72,6 +72,12 @@ SOCKET_MODE = 0o660
 WORKERS = 2
 # How long in-flight calls may run on when we are asked to stop.
 STOP_GRACE_S = 5.0
+# What the hook's output relies on from KubeVirt (docs/DEPLOY.md, section 12), said once at start.
+RELIES_ON = (
+    "KubeVirt v1.6 to main: virt-launcher defines the last OnDefineDomain reply as sent, and each "
+    "call re-sends what its re-parse drops (v1.6-1.7: busNr and <node>); no domain-hook Plugins "
+    "(with any, v1.9 defines XML rebuilt from its struct: maxphysaddr and qemu:override lost)"
+)
 
 
 # -- the transport: raw bytes in and out -----------------------------------------------------
@@ -256,7 +262,7 @@ class HookServer:
         self._ident = (st.st_dev, st.st_ino)
         self.log(
             "serving", pcitopo_version=__version__, socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
-            replaced_stale_socket=replaced or None, ready_ms=elapsed_ms(t0),
+            replaced_stale_socket=replaced or None, ready_ms=elapsed_ms(t0), relies_on=RELIES_ON,
         )
 
     def wait(self) -> None:

@@ -2,6 +2,8 @@
 
 - :mod:`testkit.synth`: ``.topo`` host descriptions → sysfs-shaped trees (the fixtures' source);
 - :mod:`testkit.kubevirt_sim`: what KubeVirt and libvirt do to a domain around the hook;
+- :mod:`testkit.kubevirt_releases`: KubeVirt's re-parse between hook calls, per release;
+- :mod:`testkit.kubevirt_vmi`: a VM/VMI manifest → the domain virt-launcher hands the hook;
 - :mod:`testkit.strategies`: Hypothesis strategies over generated hosts and domains;
 - :mod:`testkit.hookkit`: VMI JSON, a virt-launcher-like client, the ``xmlfix`` door as a process;
 - :mod:`testkit.server_proc`: ``pcitopo serve`` (or any argv) as a child process.

@@ -33,7 +33,8 @@ from sidecar.hookproto import (
 )
 
 from . import REPO
-from .kubevirt_sim import kubevirt_reparse, libvirt_define  # noqa: F401  (one simulation for every tier)
+from .kubevirt_releases import Release
+from .kubevirt_sim import kubevirt_reparse, libvirt_define, next_call_input  # noqa: F401  (one simulation for every tier)
 from .server_proc import BIN, ServerProcess, serve_argv, wait_for_socket  # noqa: F401  (the sidecar tests' one import)
 
 PYTHON = sys.executable
@@ -256,16 +257,17 @@ class VirtLauncher:
                 told += 1
         return told
 
-    def boot(self, domain_xml: bytes, vmi: bytes, calls: int = 3, decimal_bus: bool = False) -> list[tuple[bytes, bytes]]:
+    def boot(self, domain_xml: bytes, vmi: bytes, calls: int = 3, decimal_bus: bool = False,
+             release: Release = Release.MAIN) -> list[tuple[bytes, bytes]]:
         """OnDefineDomain ``calls`` times as a q35 boot does: each later call gets the previous
-        output after libvirt's define and KubeVirt's lossy re-parse. Returns (input, output)
+        output after libvirt's define and ``release``'s lossy re-parse. Returns (input, output)
         per call; the last output is what boots."""
         history = []
         xml = domain_xml
         for i in range(calls):
             out = self.on_define_domain(xml, vmi)
             history.append((xml, out))
-            xml = kubevirt_reparse(libvirt_define(out), decimal_bus=decimal_bus and i > 0)
+            xml = next_call_input(out, release, decimal_bus=decimal_bus and i > 0)
         return history
 
 

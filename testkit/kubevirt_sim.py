@@ -10,11 +10,9 @@
   and chassis/port on ports, a root port on pcie-root and an address for every PCI device that
   has none, the primary video at 00:01.0, hostdev ``mode``/``<driver>`` and source addresses
   without ``type``).
-- :func:`kubevirt_reparse`: KubeVirt's lossy re-parse between hook calls (the fields of its Go
-  structs in ``pkg/virt-launcher/virtwrap/api/schema.go``; docs/SOURCES.md):
-  drops controller ``<model name>``, ``target chassis/port``, ``address multifunction``, hostdev
-  ``<driver>``, ``<rom>`` and ``mode``, ``<cpu><maxphysaddr>`` and ``<qemu:override>``; keeps
-  type/index/model, alias, address, busNr, hotplug, node, ``<cpu><feature>``.
+- :func:`kubevirt_reparse`: KubeVirt's lossy re-parse between hook calls, per release
+  (:mod:`testkit.kubevirt_releases`: which fields each release's Go struct has).
+- :func:`hook_calls`: the 1–3 calls of one boot through one release's re-parse.
 """
 
 from __future__ import annotations
@@ -26,6 +24,8 @@ from lxml import etree
 
 from topology.libvirt.domain import ROOT_PORT, parse_cpuset, parse_int
 from topology.model.tree import Bdf, Role, Topology
+
+from .kubevirt_releases import Release, reparse
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 KUBEVIRT_NS = "http://kubevirt.io"
@@ -347,65 +347,27 @@ def libvirt_define(xml: bytes) -> bytes:
     return to_kubevirt_bytes(root)
 
 
-def kubevirt_reparse(xml: bytes, decimal_bus: bool = False) -> bytes:
-    root = etree.fromstring(xml)
-    for c in root.iter("controller"):
-        m = c.find("model")
-        if m is not None:
-            c.remove(m)
-        t = c.find("target")
-        if t is not None:
-            for a in ("chassis", "port"):
-                t.attrib.pop(a, None)
-            if not t.attrib and len(t) == 0:
-                c.remove(t)
-    for a in root.iter("address"):
-        a.attrib.pop("multifunction", None)
-        if decimal_bus and a.getparent().tag != "source" and a.get("bus") is not None:
-            a.set("bus", str(parse_int(a.get("bus"), "bus")))
-    for hd in root.iter("hostdev"):
-        hd.attrib.pop("mode", None)
-        for tag in ("driver", "rom"):
-            for el in hd.findall(tag):
-                hd.remove(el)
-    # issue 11: KubeVirt's api.DomainSpec has no <maxphysaddr> (its CPU struct: mode, model,
-    # features, topology, numa) and no <qemu:override>; it keeps <cpu><feature> and
-    # <qemu:commandline>.
-    for el in root.findall("cpu/maxphysaddr") + root.findall(f"{{{QEMU_NS}}}override"):
-        el.getparent().remove(el)
-    _fold_sysinfo(root)
-    return to_kubevirt_bytes(root)
+def kubevirt_reparse(xml: bytes, decimal_bus: bool = False, release: Release = Release.MAIN) -> bytes:
+    """``xml`` read into ``release``'s ``api.DomainSpec`` and marshalled again, in KubeVirt's style."""
+    return to_kubevirt_bytes(reparse(xml, release, decimal_bus))
 
 
-def _fold_sysinfo(root: etree._Element) -> None:
-    """issue 19: api.DomainSpec has one ``SysInfo`` (type, system/bios/baseBoard/chassis
-    entries); Go's decoder folds every ``<sysinfo>`` into it, the last one's type winning, and
-    drops entries directly below ``<sysinfo>`` (where fw_cfg entries sit)."""
-    found = root.findall("sysinfo")
-    if not found:
-        return
-    merged = etree.Element("sysinfo", type=found[-1].get("type") or "")
-    for part in ("system", "bios", "baseBoard", "chassis"):
-        entries = [e for si in found for e in si.findall(f"{part}/entry")]
-        if entries:
-            sub = etree.SubElement(merged, part)
-            for e in entries:
-                sub.append(etree.fromstring(etree.tostring(e, with_tail=False)))
-    found[0].addprevious(merged)
-    merged.tail = found[0].tail
-    for si in found:
-        si.getparent().remove(si)
+def next_call_input(output: bytes, release: Release = Release.MAIN, decimal_bus: bool = False) -> bytes:
+    """What the next ``OnDefineDomain`` call receives: a call's output after libvirt's define
+    additions and ``release``'s re-parse."""
+    return kubevirt_reparse(libvirt_define(output), decimal_bus=decimal_bus, release=release)
 
 
-def hook_calls(xml: bytes, rewrite, calls: int = 3, decimal_bus: bool = False) -> list[bytes]:
+def hook_calls(xml: bytes, rewrite, calls: int = 3, decimal_bus: bool = False,
+               release: Release = Release.MAIN) -> list[bytes]:
     """The 1–3 OnDefineDomain calls of one boot: each later call gets the previous output after
-    libvirt's define additions and KubeVirt's lossy re-parse."""
+    libvirt's define additions and ``release``'s lossy re-parse; the last output is defined raw."""
     outputs = []
     current = xml
     for i in range(calls):
         out = rewrite(current)
         outputs.append(out)
-        current = kubevirt_reparse(libvirt_define(out), decimal_bus=decimal_bus and i % 2 == 0)
+        current = next_call_input(out, release, decimal_bus=decimal_bus and i % 2 == 0)
     return outputs
 
 
@@ -418,8 +380,10 @@ def gpus_and_nics(host: Topology, vfs: bool = False) -> list[Bdf]:
 
 
 def canonical(xml: bytes) -> bytes:
+    """Exclusive c14n: namespaces declared where they are used, so a root that lost an unused
+    ``xmlns:qemu`` in KubeVirt's re-parse reads the same."""
     parser = etree.XMLParser(remove_blank_text=True)
-    return etree.tostring(etree.fromstring(xml, parser), method="c14n")
+    return etree.tostring(etree.fromstring(xml, parser), method="c14n", exclusive=True)
 
 
 def _strip_mmio_owned(root: etree._Element) -> None:
@@ -457,14 +421,15 @@ def _strip_mmio_owned(root: etree._Element) -> None:
 
 def non_owned_elements(xml: bytes) -> list[bytes]:
     """Every top-level domain child and every device except PCI controllers and PCI hostdevs'
-    addresses, canonicalised: what the rewrite promises not to touch."""
+    addresses (and what the rewrite formats as libvirt does: a source address ``type``, an empty
+    ``<driver>``), canonicalised: what the rewrite promises not to touch."""
     root = etree.fromstring(xml, etree.XMLParser(remove_blank_text=True))
     _strip_mmio_owned(root)
     out = []
     for el in root:
         if el.tag == "devices":
             continue
-        out.append(etree.tostring(el, method="c14n"))
+        out.append(etree.tostring(el, method="c14n", exclusive=True))
     for el in root.find("devices"):
         if el.tag == "controller" and el.get("type") == "pci":
             continue
@@ -475,7 +440,10 @@ def non_owned_elements(xml: bytes) -> list[bytes]:
             src = el.find("source/address")
             if src is not None:
                 src.attrib.pop("type", None)
-        out.append(etree.tostring(el, method="c14n"))
+            for drv in el.findall("driver"):
+                if not drv.attrib and len(drv) == 0:
+                    el.remove(drv)
+        out.append(etree.tostring(el, method="c14n", exclusive=True))
     return sorted(out)
 
 

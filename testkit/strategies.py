@@ -51,8 +51,10 @@ from .kubevirt_sim import (
     kubevirt_numa_preplace,
     kubevirt_reparse,
     libvirt_define,
+    next_call_input,
     to_kubevirt_bytes,
 )
+from .kubevirt_releases import RELEASES, Release
 from .synth import build_tree, parse_topo
 
 GPU_PRESETS = ("h100", "h200", "b200", "a100-pcie", "l40s")
@@ -477,15 +479,15 @@ def as_booted(xml: bytes) -> bytes:
 
 
 def chained_calls(xml: bytes, rewrite: Callable[[bytes], bytes], calls: int = 3,
-                  decimal_bus: bool = False) -> list[tuple[bytes, bytes]]:
+                  decimal_bus: bool = False, release: Release = Release.MAIN) -> list[tuple[bytes, bytes]]:
     """The 1–3 OnDefineDomain calls of one boot as (input, output) pairs: each later call gets
-    the previous output after libvirt's define additions and KubeVirt's lossy re-parse."""
+    the previous output after libvirt's define additions and ``release``'s lossy re-parse."""
     out: list[tuple[bytes, bytes]] = []
     current = xml
     for i in range(calls):
         result = rewrite(current)
         out.append((current, result))
-        current = kubevirt_reparse(libvirt_define_all(result), decimal_bus=decimal_bus and i % 2 == 0)
+        current = next_call_input(result, release, decimal_bus=decimal_bus and i % 2 == 0)
     return out
 
 
@@ -506,6 +508,7 @@ class Case:
     calls: int
     decimal_bus: bool
     xml: bytes = field(repr=False)
+    release: Release = Release.MAIN  # whose re-parse runs between the calls
 
     @property
     def unplaceable(self) -> bool:
@@ -550,8 +553,9 @@ def cases(draw, world_strategy: st.SearchStrategy[World] | None = None, max_devi
     others = tuple(draw(st.lists(st.sampled_from(sorted(OTHER_DEVICES)), max_size=3, unique=True)))
     calls = draw(st.integers(1, 3))
     decimal_bus = draw(st.booleans())
+    release = draw(st.sampled_from(RELEASES))
     xml = build_domain(world, devices, guest_numa=guest_numa, single=single, acpi=acpi, layout=layout, others=others)
-    return Case(world, devices, guest_numa, single, acpi, layout, others, calls, decimal_bus, xml)
+    return Case(world, devices, guest_numa, single, acpi, layout, others, calls, decimal_bus, xml, release)
 
 
 # -- mutations (for the "only typed errors" property) -----------------------------------------

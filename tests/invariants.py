@@ -280,7 +280,7 @@ def check_created_aliases(before: bytes, after: bytes) -> list[str]:
         p, _ = parse(xml)
         out = {}
         for c in p.controllers.values():
-            out[etree.tostring(c.el, method="c14n", with_tail=False)] = (c.index, c.model, c.alias, c.parent)
+            out[etree.tostring(c.el, method="c14n", exclusive=True, with_tail=False)] = (c.index, c.model, c.alias, c.parent)
         return out
 
     b, a = controllers(before), controllers(after)
@@ -410,7 +410,7 @@ def owned_projection(xml: bytes) -> tuple:
     their content) and every PCI hostdev's guest address, keyed by host source."""
     p, _ = parse(xml)
     ours = sorted(
-        etree.tostring(c.el, method="c14n", with_tail=False).replace(b"\n", b"").replace(b"\t", b"")
+        etree.tostring(c.el, method="c14n", exclusive=True, with_tail=False).replace(b"\n", b"").replace(b"\t", b"")
         for c in p.controllers.values() if (c.alias or "").startswith(OUR_ALIAS_PREFIX)
     )
     placements = sorted(

@@ -12,6 +12,7 @@ import pytest
 from lxml import etree
 
 from testkit import REPO as ROOT
+from testkit.kubevirt_releases import RELEASES
 from testkit.kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
 from sidecar.core import handle_define_domain
 from topology.guest.cliques import CLIQUE_PROPERTY
@@ -172,17 +173,18 @@ def test_small_devices_need_nothing(h100):
 
 # -- idempotence through KubeVirt's calls -------------------------------------------------------
 
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.value)
 @pytest.mark.parametrize("cpu_mode,efi", [("host-passthrough", False), ("host-model", False),
                                           ("host-model", True), ("custom", True)])
-def test_every_call_reemits_what_the_struct_drops(h100, cpu_mode, efi):
+def test_every_call_reemits_what_the_struct_drops(h100, cpu_mode, efi, release):
     xml = _domain(h100, gpus_and_nics(h100), cpu_mode, efi)
 
     def rw(x):
         return rewrite_domain(x, h100, host_phys_bits=46).xml
 
-    outs = hook_calls(xml, rw, calls=3, decimal_bus=True)
-    # the re-parse drops <maxphysaddr> and <qemu:override>; every call writes them back
-    reparsed = kubevirt_reparse(outs[0])
+    outs = hook_calls(xml, rw, calls=3, decimal_bus=True, release=release)
+    # every release's re-parse drops <maxphysaddr> and <qemu:override>; every call writes them back
+    reparsed = kubevirt_reparse(outs[0], release=release)
     assert _root(reparsed).find("cpu/maxphysaddr") is None and mmio_properties(_root(reparsed)) == {}
     for out in outs:
         root = _root(out)

@@ -44,7 +44,7 @@ from invariants import (
     owned_projection,
     parse,
 )
-from testkit.kubevirt_sim import canonical, kubevirt_reparse, non_owned_elements
+from testkit.kubevirt_sim import canonical, next_call_input, non_owned_elements
 from testkit.strategies import (
     Case,
     as_booted,
@@ -52,7 +52,6 @@ from testkit.strategies import (
     cases,
     fixture_worlds,
     generated_worlds,
-    libvirt_define_all,
     mutated_domains,
     world_from_topo,
 )
@@ -182,7 +181,7 @@ def run_case(case: Case, schema) -> None:
             report = result.report
         else:
             assert owned == first, f"call {call + 1} emits different controllers or placements than call 1"
-        inp = kubevirt_reparse(libvirt_define_all(out), decimal_bus=case.decimal_bus and call % 2 == 0)
+        inp = next_call_input(out, case.release, decimal_bus=case.decimal_bus and call % 2 == 0)
     assert not case.unplaceable, "a device behind a PCIe-to-PCI bridge was placed"
     p, _ = parse(out)
     n = len(p.hostdev_sources)
@@ -207,7 +206,7 @@ def run_case(case: Case, schema) -> None:
         same_node = [d for d in class_differences(out, host, **known) if _same_node(host, d)]
         assert not same_node, "pairs within one host NUMA node differ:\n  " + "\n  ".join(same_node)
         event("no guest NUMA: same-node classes compared")
-    event(f"layout {case.layout}, {case.calls} call(s)")
+    event(f"layout {case.layout}, {case.calls} call(s), KubeVirt {case.release.value}")
 
 
 def _same_node(host, diff: str) -> bool:

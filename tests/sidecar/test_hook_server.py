@@ -212,6 +212,18 @@ def test_a_stale_socket_is_replaced(start, hooks_dir):
     assert serving["replaced_stale_socket"] is True
 
 
+def test_the_serving_line_names_the_kubevirt_releases_it_relies_on(start):
+    """Issue 18: one line at start says what the output relies on: the raw define, the
+    re-parse per release, no domain-hook plugins (docs/DEPLOY.md, section 12)."""
+    srv = start()
+    info(srv.socket)
+    serving = [ln for ln in srv.log_path.read_text().splitlines() if '"event":"serving"' in ln.replace(" ", "")]
+    assert len(serving) == 1
+    relies = json.loads(serving[0])["relies_on"]
+    for needle in ("v1.6", "main", "as sent", "busNr", "Plugins", "maxphysaddr", "qemu:override"):
+        assert needle in relies, needle
+
+
 def test_a_live_socket_is_left_alone(start, hooks_dir):
     sock = hooks_dir / "hook-sidecar-0" / "pcitopo.sock"
     live = socket.socket(socket.AF_UNIX)

@@ -15,6 +15,7 @@ from lxml import etree
 from ..errors import DomainError
 from ..libvirt.document import (
     append_child,
+    declare_on_root,
     indent_subtree,
     indent_unit,
     parse_domain,
@@ -27,6 +28,7 @@ from ..libvirt.domain import (
     GuestAddress,
     PCIE_ROOT,
     PXB,
+    QEMU_NS,
     ROOT_PORT,
     UPSTREAM,
     pci_controller_element,
@@ -216,7 +218,7 @@ def _controller_element(c: GuestController) -> etree._Element:
     )
 
 
-def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
+def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, set[str]]:
     devices = view.devices
     unit = indent_unit(view.tree)
     removed = set(p.removed)
@@ -243,16 +245,12 @@ def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, bool]:
         anchor = el
         created[c.model] += 1
     hostdevs = view.pci_hostdevs()
-    normalised = False
+    # Formatted as libvirt formats them, so the output validates against libvirt's schema.
+    normalised: set[str] = set()
     for pl in p.placements:
         hd = hostdevs[pl.key]
         write_guest_address(hd.el, pl.address, pl.multifunction)
-        src = hd.source_address
-        # libvirt's schema has no `type` on a hostdev source address (KubeVirt writes one);
-        # we format it the way libvirt does so the output validates.
-        if src is not None and "type" in src.attrib:
-            del src.attrib["type"]
-            normalised = True
+        normalised.update(hd.format_as_libvirt())
     return created, normalised
 
 
@@ -290,13 +288,17 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     if cliques is not None:
         report.notes += cliques.notes
     if normalised:
-        report.notes.append("hostdev source addresses written without type='pci', as libvirt formats them (its schema has no such attribute)")
+        report.notes.append(f"hostdevs written as libvirt formats them (its schema has no room for what KubeVirt "
+                            f"sent): dropped {', '.join(sorted(normalised))}")
     guest = verify(tree, host, facts, report)
     report.link_ports = link_ports
     nccl = write_nccl_file(host, guest.topology, guest.host_to_guest, [d.host for d in report.placed])
     set_fwcfg_entries(view.root, lambda name: name == FWCFG_NAME, {FWCFG_NAME: encode(nccl.data)} if nccl_topo and nccl.data else {})
     report.nccl_topo_devices = nccl.devices if nccl_topo else 0
     report.notes += link_notes(link_ports, p.controllers if link else [], nccl if nccl_topo else None, created.get(UPSTREAM, 0))
+    # KubeVirt's re-parse loses the root's xmlns:qemu: declare it there again, so every call's
+    # output reads the same (last: it may give the tree a new root element)
+    declare_on_root(tree, "qemu", QEMU_NS)
     return RewriteResult(serialize(tree, domain_xml), report, guest, domain_xml, nccl)
 
 

@@ -39,6 +39,19 @@ def parse_domain(data: bytes) -> etree._ElementTree:
     return tree
 
 
+def declare_on_root(tree: etree._ElementTree, prefix: str, uri: str) -> None:
+    """Move the declaration of ``prefix`` (bound to ``uri``) to the root element when elements
+    below use it and the root does not declare it; lxml then drops the declarations below."""
+    root = tree.getroot()
+    if prefix in root.nsmap or next(root.iter(f"{{{uri}}}*"), None) is None:
+        return
+    new = etree.Element(root.tag, attrib=dict(root.attrib), nsmap={**root.nsmap, prefix: uri})
+    new.text = root.text
+    for child in list(root):
+        new.append(child)
+    tree._setroot(new)
+
+
 def serialize(tree: etree._ElementTree, original: bytes) -> bytes:
     declaration = original.lstrip().startswith(b"<?xml")
     out = etree.tostring(tree, encoding="utf-8", xml_declaration=declaration)

@@ -17,7 +17,7 @@ from lxml import etree
 from ..errors import DomainError, quoted
 from ..model.address import MAX_CONTROLLER_INDEX, address_in_range
 from ..model.tree import Bdf
-from .document import append_child, parse_domain
+from .document import append_child, parse_domain, remove_element
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 
@@ -206,6 +206,22 @@ class PciHostdev:
     @property
     def address(self) -> GuestAddress | None:
         return read_guest_address(self.el)
+
+    def format_as_libvirt(self) -> list[str]:
+        """Drop what libvirt's schema has no room for, the way libvirt itself writes the hostdev:
+        a ``type`` on the source address (KubeVirt writes ``type='pci'``; the re-parse of
+        KubeVirt v1.6 and v1.7 writes ``type=''``) and an empty ``<driver>`` (v1.9's re-parse
+        keeps only the ``iommufd`` attribute of libvirt's ``<driver name='vfio'/>``). Returns
+        what was dropped, spelled as it was."""
+        dropped = []
+        src = self.source_address
+        if src is not None and "type" in src.attrib:
+            dropped.append(f"source address type='{src.attrib.pop('type')}'")
+        for drv in self.el.findall("driver"):
+            if not drv.attrib and len(drv) == 0 and not (drv.text or "").strip():
+                remove_element(drv)
+                dropped.append("empty <driver>")
+        return dropped
 
 
 @dataclass(frozen=True)
