@@ -87,5 +87,5 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     assert f"host {pix['a']}-{pix['b']}" in err and "NCCL PIX, predicted SYS" in err
     assert f"host {doc['devices'][0]['host_bdf']}" in err and "predicted 7" in err
     assert f"devices: {n - 1} of {n} as predicted, 1 differs; pairs: {m - 1} of {m} as predicted, 1 differs" in err
-    g = _guest(tool, "verify", "--expect", str(wrong), "--sysfs", str(tree))
+    g = _guest(tool, "verify", "--expect", str(wrong), "--sysfs", str(tree), "--nccl-topo", str(installed))
     assert g.returncode == 1 and g.stderr == r.stderr.replace(b"pcitopo verify:", b"pcitopo-guest verify:")
