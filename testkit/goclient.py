@@ -102,3 +102,17 @@ def build_hookclient() -> Path:
 
 if __name__ == "__main__":
     print(build_hookclient())
+
+
+def hookclient_or_skip() -> Path:
+    """The built client for a test: skipped where the Go toolchain is missing, failed under CI
+    (where scripts/setup-debian.sh must have installed it)."""
+    import pytest
+
+    missing = missing_tools()
+    if missing:
+        msg = f"Go toolchain missing ({', '.join(missing)}): run scripts/setup-debian.sh"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return build_hookclient()

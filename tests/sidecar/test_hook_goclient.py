@@ -11,7 +11,6 @@ server, so it cannot catch a wire mistake both sides make; this one can.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.goclient import PACKAGES, build_hookclient, missing_tools
+from testkit.goclient import PACKAGES, hookclient_or_skip
 from testkit.hookkit import ServerProcess, fixture_domain, fixture_sysfs, serve_argv, vmi_json, wait_for_socket, xmlfix
 
 VERSIONS = ("v1alpha1", "v1alpha2", "v1alpha3")
@@ -27,13 +26,7 @@ VERSIONS = ("v1alpha1", "v1alpha2", "v1alpha3")
 
 @pytest.fixture(scope="module")
 def hookclient() -> Path:
-    missing = missing_tools()
-    if missing:
-        msg = f"Go toolchain missing ({', '.join(missing)}): run scripts/setup-debian.sh"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return build_hookclient()
+    return hookclient_or_skip()
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.goclient import build_hookclient, missing_tools
+from testkit.goclient import hookclient_or_skip
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json, xmlfix
 
 pytestmark = pytest.mark.image
@@ -104,13 +104,7 @@ def arm64(amd64):
 
 @pytest.fixture(scope="module")
 def hookclient() -> Path:
-    missing = missing_tools()
-    if missing:
-        msg = f"Go toolchain missing ({', '.join(missing)}): run scripts/setup-debian.sh"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return build_hookclient()
+    return hookclient_or_skip()
 
 
 def call(client: Path, socket: Path, *args: str) -> dict:
