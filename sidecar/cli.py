@@ -231,10 +231,10 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
         return run_door("pcitopo serve", lambda: _cmd_serve(argv[1:]))
-    if argv[:2] == ["guest", "install-nccl-topo"]:  # standard library only, as in the guest tool
-        from topology.paths.ncclinstall import main as install_nccl_topo
+    if argv[:2] == ["guest", "install-nccl-topo"]:  # it parses its own options, as in the guest tool
+        from .guest import install_command
 
-        return install_nccl_topo(argv[2:], prog="pcitopo guest install-nccl-topo")
+        return install_command(argv[2:], "pcitopo guest install-nccl-topo")
     parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
     parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
