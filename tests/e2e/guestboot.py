@@ -73,11 +73,27 @@ class QemuAborted(BootError):
         self.reason = reason
 
 
+class GuestSilent(BootError):
+    """The guest wrote nothing to its serial console while QEMU spun for ``silent_after`` CPU
+    seconds (or ``SILENT_WALL_FACTOR`` times that of wall time): it never reached /init."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 # QEMU 10.0's multi-threaded TCG can abort on a race between one vCPU's MMIO access and another's
 # change of the memory map while the firmware programs BARs ("iotlb_to_section: Assertion
 # `section_index < d->map.sections_nb' failed"); seen once in a full e2e run on a heavily loaded
-# machine, not reproduced by the same boot again. A fresh QEMU gets one more try.
+# machine, not reproduced by the same boot again. A fresh QEMU gets one more try. The same boot
+# (OCI H100 shape, SeaBIOS 1.16.3, 2 vCPUs) also once never reached /init in CI: an empty serial
+# log after 600 s, where it takes 20 s of QEMU CPU here and passed 25 times in a row, under load
+# too; that also gets one more try (``silent_after``), with the firmware's debug log printed.
 QEMU_ABORT_RETRIES = 1
+# A boot of the e2e tiers reaches /init within 20-25 QEMU CPU seconds on a quiet machine and
+# 60-80 under a load of 10-17; with ``silent_after=S`` an empty serial log after S QEMU CPU
+# seconds, or SILENT_WALL_FACTOR x S of wall time (a QEMU that spins no more), is a hang
+SILENT_WALL_FACTOR = 1.75
 
 
 def _qemu_abort(log_text: str) -> str | None:
@@ -416,6 +432,14 @@ def make_bootable(
         if any((a.get("value") or "").find("/") >= 0 for a in cl.iter(f"{Q}arg")):
             log.append("removed <qemu:commandline> with host paths")
             root.remove(cl)
+    # SeaBIOS writes its debug log to I/O port 0x402: beside the serial log, so that a boot that
+    # never reaches the guest kernel still says where the firmware stopped
+    cl = root.find(f"{Q}commandline")
+    if cl is None:
+        cl = etree.SubElement(root, f"{Q}commandline", nsmap={"qemu": QEMU_NS})
+    for value in ("-chardev", f"file,id=pcitopo-fwlog,path={firmware_log_path(serial_log_path)}",
+                  "-device", "isa-debugcon,iobase=0x402,chardev=pcitopo-fwlog"):
+        etree.SubElement(cl, f"{Q}arg", value=value)
 
     etree.indent(root, space="  ")
     etree.cleanup_namespaces(root, top_nsmap={"qemu": QEMU_NS} if root.find(f"{Q}*") is not None else None)
@@ -462,19 +486,21 @@ _seq = itertools.count()
 
 def boot(domain_xml: bytes, **kwargs) -> GuestResult:
     """:func:`boot_once`, once more (``QEMU_ABORT_RETRIES``) if QEMU itself aborted on an internal
-    assertion; the retry is printed and noted in ``GuestResult.notes``. Any other failure, and a
-    second abort, is raised as it is."""
+    assertion, or (with ``silent_after``) if the guest stayed silent (:class:`GuestSilent`);
+    the retry is printed with its reason and noted in ``GuestResult.notes``. Any other failure,
+    and a second one, is raised as it is."""
     aborts: list[str] = []
     while True:
         try:
             r = boot_once(domain_xml, **kwargs)
-        except QemuAborted as e:
+        except (QemuAborted, GuestSilent) as e:
             if len(aborts) >= QEMU_ABORT_RETRIES:
                 raise
-            aborts.append(e.reason)
-            print(f"\n[e2e] QEMU aborted ({e.reason}); booting the same domain once more", flush=True)
+            what = "QEMU aborted" if isinstance(e, QemuAborted) else "guest silent"
+            aborts.append(f"{what}: {e.reason}")
+            print(f"\n[e2e] {what} ({e.reason}); booting the same domain once more", flush=True)
             continue
-        r.notes += [f"an earlier try: QEMU aborted: {a}" for a in aborts]
+        r.notes += [f"an earlier try: {a}" for a in aborts]
         return r
 
 
@@ -488,12 +514,17 @@ def boot_once(
     memory_mib: int = 512,
     keep_cpu: Sequence[str] = (),
     loader: str | None = None,
+    silent_after: float | None = None,
+    cmdline: str = KERNEL_CMDLINE,
 ) -> GuestResult:
     """Make ``domain_xml`` (a rewritten domain) bootable, define and start it
     on a private libvirtd (``libvirtd`` if given, else a fresh one stopped
     afterwards), wait for the guest's end marker, destroy/undefine it and
     return the parsed printout. Raises ``BootError`` (with the tail of the
-    serial and QEMU logs) on any failure or after ``timeout`` seconds."""
+    serial and QEMU logs) on any failure or after ``timeout`` seconds;
+    ``silent_after``: raise :class:`GuestSilent` early when the serial log stays empty past
+    that many QEMU CPU seconds (or ``SILENT_WALL_FACTOR`` times that of wall time), for a boot
+    known to reach /init; a control boot that may legitimately never get there leaves it None."""
     t0 = time.monotonic()
     name = f"pcitopo-e2e-{os.getpid()}-{next(_seq)}"
     if work_dir is None:
@@ -509,7 +540,7 @@ def boot_once(
     unplaced: list[StandIn] = []
     bootable, mapping = make_bootable(
         domain_xml, kernel, initrd, serial, kinds=kinds, name=name,
-        memory_mib=memory_mib, notes=notes, unplaced=unplaced, keep_cpu=keep_cpu, loader=loader,
+        memory_mib=memory_mib, notes=notes, unplaced=unplaced, keep_cpu=keep_cpu, loader=loader, cmdline=cmdline,
     )
     (wd / "bootable.xml").write_bytes(bootable)
     timings: dict[str, float] = {"prepare": time.monotonic() - t0}
@@ -557,10 +588,19 @@ def boot_once(
                 if abort:
                     raise QemuAborted(message, abort)
                 raise BootError(message)
-            if time.monotonic() > deadline:
-                raise BootError(
-                    f"no end marker after {timeout:.0f}s\n--- serial ---\n{_tail(serial)}"
-                )
+            now = time.monotonic()
+            silent = silent_after is not None and not text and _silent(lv, name, now - t, silent_after)
+            if now > deadline or silent:
+                cpu = _qemu_cpu_seconds(lv, name)
+                what = f"no end marker after {timeout:.0f}s" if not silent else f"serial log empty after {now - t:.0f}s"
+                message = (f"{what} (QEMU used {'?' if cpu is None else f'{cpu:.0f}'} CPU seconds)"
+                           f"\n--- serial ---\n{_tail(serial)}"
+                           f"\n--- firmware debug log ---\n{_tail(firmware_log_path(serial), 25)}"
+                           f"\n--- qemu log ---\n{_tail(lv.qemu_log(name), 15)}")
+                if silent:
+                    last = _tail(firmware_log_path(serial), 1).strip() or "no firmware output"
+                    raise GuestSilent(message, f"{what}, the firmware's last line: {last}")
+                raise BootError(message)
             time.sleep(0.2)
         timings["run"] = time.monotonic() - t
         cpu = _qemu_cpu_seconds(lv, name)
@@ -591,6 +631,13 @@ def boot_once(
         defined_xml=defined_xml, bootable_xml=bootable, serial_log=serial,
         work_dir=wd, timings=timings, notes=notes,
     )
+
+
+def _silent(lv: PrivateLibvirtd, name: str, running: float, cpu_limit: float) -> bool:
+    if running > SILENT_WALL_FACTOR * cpu_limit:
+        return True
+    cpu = _qemu_cpu_seconds(lv, name)
+    return cpu is not None and cpu > cpu_limit
 
 
 def _qemu_cpu_seconds(lv: PrivateLibvirtd, name: str) -> float | None:
@@ -632,6 +679,11 @@ def _prune_runs(runs: Path, keep: int = 30) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def firmware_log_path(serial_log_path: str | os.PathLike) -> Path:
+    """Where the firmware's debug port output of a boot goes: beside its serial log."""
+    return Path(serial_log_path).with_name("firmware.log")
+
+
 def _tail(p: Path, n: int = 40) -> str:
     try:
         return "\n".join(p.read_text(errors="replace").splitlines()[-n:])
@@ -640,6 +692,6 @@ def _tail(p: Path, n: int = 40) -> str:
 
 
 __all__ = [
-    "BootError", "GuestResult", "LibvirtError", "PrivateLibvirtd", "QemuAborted", "boot", "boot_once",
+    "BootError", "GuestResult", "GuestSilent", "LibvirtError", "PrivateLibvirtd", "QemuAborted", "boot", "boot_once",
     "make_bootable",
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from .guestboot import boot
+from .guestboot import KERNEL_CMDLINE, GuestSilent, boot
 from .guesttree import GuestAddr, bus_overlaps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -125,3 +125,19 @@ def test_overlapping_busnr_is_caught(libvirtd):
     r = _boot(libvirtd, etree.tostring(root), "overlapping busNr")
     assert [s.alias for s in r.unmapped()] == ["ua-sriov-ib0"]
     assert bus_overlaps(r.printout)
+
+
+def test_a_silent_guest_is_retried_once_then_reported(libvirtd, capsys):
+    """A guest that never reaches /init (here: a kernel that panics with no console output and
+    waits, ``panic=0 loglevel=0``) raises GuestSilent after ``silent_after`` (wall time, as the
+    idle QEMU spins no more), is booted once more, and the error carries the firmware's debug
+    log, which says how far SeaBIOS got: the hang seen once in CI left only an empty serial log."""
+    cmdline = KERNEL_CMDLINE.replace("panic=-1", "panic=0").replace("loglevel=1", "loglevel=0") + " rdinit=/nonexistent root=/dev/nonexistent"
+    with pytest.raises(GuestSilent) as e:
+        boot(smoke_domain(), libvirtd=libvirtd, timeout=120, silent_after=6, cmdline=cmdline)
+    assert "serial log empty after" in str(e.value), str(e.value)[:500]
+    firmware = str(e.value).split("--- firmware debug log ---\n")[1].split("\n--- qemu log ---")[0]
+    assert firmware.strip() and "not readable" not in firmware, str(e.value)[:2000]  # SeaBIOS's port 0x402
+    assert "the firmware's last line" in e.value.reason and "no firmware output" not in e.value.reason
+    out = capsys.readouterr().out
+    assert out.count("guest silent") == 1, out  # one retry, printed with its reason
