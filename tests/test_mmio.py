@@ -16,16 +16,13 @@ from testkit.kubevirt_releases import RELEASES
 from testkit.kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
 from sidecar.core import handle_define_domain
 from topology.guest.cliques import CLIQUE_PROPERTY
+from topology.model.bars import GiB, MiB, TiB, pow2ceil
 from topology.guest.mmio import (
-    GiB,
-    MiB,
-    TiB,
     FirmwareWarning,
     MmioError,
     firmware_of,
     host_phys_bits,
     ovmf_bits,
-    pow2ceil,
     window_of,
 )
 from topology.libvirt.overrides import properties

@@ -50,7 +50,7 @@ from ..libvirt.machine import (
     set_maxphysaddr,
 )
 from ..libvirt.overrides import Property, set_properties
-from ..model.bars import device_bars
+from ..model.bars import GiB, bits_for, device_bars, fmt_size, pow2ceil
 from ..model.cpuinfo import HostWidth, local_width
 from ..model.tree import Bdf, Topology
 from .seabios import MAX_TOP_BITS, PAD_SHIFT, Placement, Width, place, window_entry
@@ -58,7 +58,6 @@ from .seabios import VERSION as SEABIOS_VERSION
 from .seabios import Bar as FwBar
 from .seabios import Bridge as FwBridge
 
-KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 QEMU_DEFAULT_BITS = 40  # QEMU's phys-bits for CPU models other than host/max
 OVMF_DEFAULT_APERTURE = 32 * GiB  # OVMF's PcdPciMmio64Size when it cannot size the window itself
 OVMF_MIN_DYNAMIC_BITS = 41  # OVMF sizes the window from the width only above 40 bits
@@ -72,15 +71,6 @@ BRIDGES = SLOT_BRIDGES | {UPSTREAM, "dmi-to-pci-bridge"}
 PREF64_RESERVE = "pref64-reserve"
 PASSTHROUGH_CPU_MODES = frozenset({"host-passthrough", "maximum"})
 FEATURE_1G_PAGES = "pdpe1gb"
-
-
-def pow2ceil(n: int) -> int:
-    return 1 << (n - 1).bit_length() if n > 1 else n
-
-
-def bits_for(end: int) -> int:
-    """Smallest width whose address space holds ``[0, end)``."""
-    return max(1, (end - 1).bit_length())
 
 
 def host_phys_bits(path: str | None = None) -> int | None:
@@ -326,12 +316,22 @@ def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int |
     width = as_width(host_bits)
     b = MmioBudget(firmware_of(root), cpu_mode_of(root), guest_ram(root), host_bits=width.bits,
                    host_bits_from=width.origin)
-    b.ports, b.other, b.notes, on_bus = port_budgets(host, ctrls, hostdevs)
-    if b.ports or b.other:
-        b.seabios = seabios_plan(lambda reserves: guest_tree(ctrls, on_bus, reserves, added_ports), b.ports,
-                                 b.ram, b.cpu_mode, width.bits)
+    # the sizing follows from these alone (SeaBIOS's model tries every width): one per allocation
+    key = (tuple(ctrls.values()), tuple(hostdevs), added_ports, b.ram, b.cpu_mode, width.bits)
+    ports, b.other, notes, b.seabios = host.recent("mmio_budget", key, lambda: _sizing(host, ctrls, hostdevs, added_ports,
+                                                                                     b.ram, b.cpu_mode, width.bits))
+    b.ports, b.notes = list(ports), list(notes)
     b.ovmf_bits = ovmf_bits(b.total)
     return b
+
+
+def _sizing(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf, int | None]], added_ports: int,
+            ram: int, cpu_mode: str, bits: int | None) -> tuple[tuple[PortBudget, ...], int, tuple[str, ...], SeabiosPlan | None]:
+    ports, other, notes, on_bus = port_budgets(host, ctrls, hostdevs)
+    seabios = None
+    if ports or other:
+        seabios = seabios_plan(lambda reserves: guest_tree(ctrls, on_bus, reserves, added_ports), ports, ram, cpu_mode, bits)
+    return tuple(ports), other, tuple(notes), seabios
 
 
 # -- what goes into the domain ------------------------------------------------------------------
@@ -410,14 +410,6 @@ def _require_feature(cpu: etree._Element, name: str, b: MmioBudget) -> None:
         return
     require_cpu_feature(cpu, name)
     b.applied.append(f"<feature policy='require' name='{name}'/>")
-
-
-def fmt_size(n: int) -> str:
-    """Bytes in the largest binary unit that fits: exact as an integer, else two decimals."""
-    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= size:
-            return f"{n // size} {unit}" if n % size == 0 else f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 __all__ = ["FirmwareWarning", "MmioBudget", "MmioError", "PortBudget", "apply", "budget", "check_host",

@@ -132,12 +132,20 @@ def pair_counts(result: RewriteResult, host: Topology, fabric=None) -> dict[str,
     ``pairs_nvml_equal``) and the ``--dot`` pictures' titles say. A pair counts when the tool
     prints the same for it in the guest as on the host (:meth:`PairView.differs`): two GPUs
     joined by NVLink print ``NV#`` on both sides, whatever the PCIe path beneath."""
-    views = pair_views(result, host, fabric)
-    return {
-        "pairs": len(views),
-        "pairs_nccl_equal": sum(not v.differs("nccl") for v in views),
-        "pairs_nvml_equal": sum(not v.differs("nvml") for v in views),
-    }
+    def count() -> dict[str, int]:
+        views = pair_views(result, host, fabric)
+        return {
+            "pairs": len(views),
+            "pairs_nccl_equal": sum(not v.differs("nccl") for v in views),
+            "pairs_nvml_equal": sum(not v.differs("nvml") for v in views),
+        }
+
+    layout = result.guest.layout if result.guest is not None else None
+    if fabric is not None or layout is None:
+        return count()
+    # without a fabric file the counts follow from the guest's layout and the placed devices
+    # (their classes on both sides, the board table's NV#): one per allocation
+    return dict(host.recent("pair_counts", (layout, tuple(d.host for d in result.report.placed)), count))
 
 
 def _view_summary(views: list[PairView], view: str, title: str) -> str:

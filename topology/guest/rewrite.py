@@ -39,7 +39,7 @@ from ..libvirt.fwcfg import encode
 from ..libvirt.fwcfg import set_entries as set_fwcfg_entries
 from ..libvirt.links import apply_links, oldest_qemu
 from ..model.cpuinfo import HostWidth
-from ..model.tree import Bdf, Role, Topology
+from ..model.tree import Bdf, Topology
 from ..paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 from ..paths.ncclxml import FWCFG_NAME
 from .buses import root_ports_added
@@ -265,7 +265,7 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     view = DomainView(tree)
     view.check_q35()
     facts = domain_facts(view)
-    p = plan(host, facts)
+    p = host.recent("plan", facts, lambda: plan(host, facts))  # a pure function of the two
     created, normalised = apply_plan(view, p)
     # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
     controllers = view.pci_controllers()
@@ -292,7 +292,10 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
                             f"sent): dropped {', '.join(sorted(normalised))}")
     guest = verify(tree, host, facts, report)
     report.link_ports = link_ports
-    nccl = write_nccl_file(host, guest.topology, guest.host_to_guest, [d.host for d in report.placed])
+    placed = tuple(d.host for d in report.placed)
+    # the file follows from the guest's layout and the placed devices alone: one per allocation
+    nccl = host.recent("nccl_file", (guest.layout, placed),
+                       lambda: write_nccl_file(host, guest.topology, guest.host_to_guest, placed))
     set_fwcfg_entries(view.root, lambda name: name == FWCFG_NAME, {FWCFG_NAME: encode(nccl.data)} if nccl_topo and nccl.data else {})
     report.nccl_topo_devices = nccl.devices if nccl_topo else 0
     report.notes += link_notes(link_ports, p.controllers if link else [], nccl if nccl_topo else None, created.get(UPSTREAM, 0))
@@ -328,17 +331,27 @@ def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report:
     the same classifier as the host."""
     guest = guest_view(tree, host)
     report.notes += guest.notes
+    hostdevs = tuple((hd.source, hd.alias) for hd in facts.hostdevs)
+    no_cells = not report.numa_map
+    placed, judged = host.recent("verdicts", (guest.layout, hostdevs, no_cells, facts.acpi),
+                                 lambda: _judge(host, guest, hostdevs, no_cells, facts.acpi))
+    report.placed = list(placed)
+    report.pairs += judged
+    return guest
+
+
+def _judge(host: Topology, guest: GuestView, hostdevs: tuple[tuple[Bdf, str | None], ...], no_cells: bool,
+           acpi: bool) -> tuple[tuple[PlacedDevice, ...], tuple[PairReport, ...]]:
     placed = []
-    for hd in facts.hostdevs:
-        f = host.function(hd.source)
+    for source, alias in hostdevs:
+        f = host.function(source)
         gbdf = guest.host_to_guest.get(f.bdf)
         cell = None
         if gbdf is not None:
             gf = guest.topology.function(gbdf)
             cell = gf.numa_node if gf.numa_node >= 0 else None
-        placed.append(PlacedDevice(f.bdf, hd.alias, gbdf, host.role(f).value, host.numa_of(f), cell))
-    report.placed = placed
-    no_cells = not report.numa_map
+        placed.append(PlacedDevice(f.bdf, alias, gbdf, host.role(f).value, host.numa_of(f), cell))
+    judged = []
     for a, b in pairs([d.host for d in placed]):
         hc = classify(host, a, b)
         ga, gb = guest.host_to_guest.get(a), guest.host_to_guest.get(b)
@@ -347,7 +360,7 @@ def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report:
         if gc is None:
             why = Why.NOT_PLACED
         elif gc != hc:
-            why = _why_differs(hc, gc, no_cells, facts.acpi)
+            why = _why_differs(hc, gc, no_cells, acpi)
             odd = [f for f in (host.function(a), host.function(b)) if _numa_divergent(host, f)]
             if odd:
                 f = odd[0]
@@ -355,8 +368,8 @@ def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report:
                 detail = (f"above {f.bdf} the host reports numa_node "
                           f"{nccl_path(host, f).cpu} where NCCL looks (the top-most PCI node), while its "
                           f"root complex {f.root_complex} is on node {host.numa_of(f)}; an expander bus has one guest cell")
-        report.pairs.append(PairReport(a, b, hc, gc, why, detail))
-    return guest
+        judged.append(PairReport(a, b, hc, gc, why, detail))
+    return tuple(placed), tuple(judged)
 
 
 def _numa_divergent(host: Topology, f) -> bool:

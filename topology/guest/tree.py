@@ -8,11 +8,11 @@ and below it every bridge takes the next free bus number in depth-first order of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from lxml import etree
 
-from ..libvirt.domain import DOWNSTREAM, PXB, ROOT_PORT, UPSTREAM, DomainView, GuestAddress, PciController, PciHostdev
+from ..libvirt.domain import DOWNSTREAM, PXB, ROOT_PORT, UPSTREAM, DomainView, GuestAddress, NumaCell
 from ..model.tree import Bdf, NumaNode, PciFunction, Topology
 
 # What QEMU's emulated parts present in the guest (never Broadcom, so NCCL never flattens them).
@@ -24,6 +24,28 @@ GUEST_IDS = {
 BRIDGE_CLASS = 0x060400
 
 
+class LayoutController(NamedTuple):
+    """What the guest tree takes of a ``<controller type='pci'>``."""
+
+    index: int
+    model: str
+    address: GuestAddress | None
+    bus_nr: int | None
+    node: int | None
+
+
+@dataclass(frozen=True)
+class GuestLayout:
+    """All the guest's PCI tree follows from, read off a domain: its PCI controllers, the guest
+    address and host source of each PCI hostdev, its NUMA cells and whether it has ACPI.
+    Hashable: the tree derived from a layout is remembered per host model (``Topology.recent``)."""
+
+    acpi: bool
+    controllers: tuple[LayoutController, ...]
+    hostdevs: tuple[tuple[GuestAddress | None, Bdf], ...]
+    cells: tuple[NumaCell, ...]
+
+
 @dataclass
 class GuestView:
     topology: Topology
@@ -31,6 +53,7 @@ class GuestView:
     # guest cell of each expander bus root (None: no <node> or no ACPI)
     cells: dict[str, int | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    layout: GuestLayout | None = None
 
 
 class _StaticLoader:
@@ -49,15 +72,32 @@ class _StaticLoader:
         return self._nodes
 
 
-def guest_view(tree: etree._ElementTree, host: Topology) -> GuestView:
+def layout_of(tree: etree._ElementTree) -> GuestLayout:
     view = DomainView(tree)
-    acpi = view.has_acpi()
-    ctrls = {c.index: c for c in view.pci_controllers()}
-    children: dict[int, list[tuple[GuestAddress, PciController | PciHostdev]]] = {}
-    for item in (*ctrls.values(), *view.pci_hostdevs()):
-        addr = item.address
-        if addr is not None:
-            children.setdefault(addr.bus, []).append((addr, item))
+    return GuestLayout(
+        view.has_acpi(),
+        tuple(LayoutController(c.index, c.model, c.address, c.bus_nr, c.node) for c in view.pci_controllers()),
+        tuple((h.address, h.source) for h in view.pci_hostdevs()),
+        tuple(view.numa_cells()),
+    )
+
+
+def guest_view(tree: etree._ElementTree, host: Topology) -> GuestView:
+    """The guest's tree as the domain ``tree`` makes it (shared between calls with the same
+    layout on the same host model: not to be changed)."""
+    layout = layout_of(tree)
+    return host.recent("guest_view", layout, lambda: _derive(layout, host))
+
+
+def _derive(layout: GuestLayout, host: Topology) -> GuestView:
+    ctrls = {c.index: c for c in layout.controllers}
+    children: dict[int, list[tuple[GuestAddress, LayoutController | tuple[GuestAddress | None, Bdf]]]] = {}
+    for c in ctrls.values():
+        if c.address is not None:
+            children.setdefault(c.address.bus, []).append((c.address, c))
+    for hd in layout.hostdevs:
+        if hd[0] is not None:
+            children.setdefault(hd[0].bus, []).append((hd[0], hd))
     functions: dict[Bdf, PciFunction] = {}
     host_to_guest: dict[Bdf, Bdf] = {}
     cells: dict[str, int | None] = {}
@@ -66,7 +106,7 @@ def guest_view(tree: etree._ElementTree, host: Topology) -> GuestView:
     def walk(index: int, bus: int, path: tuple[str, ...], node: int, counter: list[int]) -> None:
         for addr, item in sorted(children.get(index, []), key=lambda x: (x[0].slot, x[0].function)):
             bdf = Bdf(0, bus, addr.slot, addr.function)
-            if isinstance(item, PciController):
+            if isinstance(item, LayoutController):
                 if item.model == PXB:
                     continue  # its own root bus, walked separately
                 vendor, device = GUEST_IDS.get(item.model, (0x1B36, 0x0001))
@@ -75,9 +115,9 @@ def guest_view(tree: etree._ElementTree, host: Topology) -> GuestView:
                 counter[0] += 1
                 walk(item.index, secondary, path + (str(bdf),), node, counter)
             else:
-                hf = host.find(item.source)
+                hf = host.find(item[1])
                 if hf is None:
-                    notes.append(f"hostdev {item.source} is not on the host; left out of the guest model")
+                    notes.append(f"hostdev {item[1]} is not on the host; left out of the guest model")
                     continue
                 functions[bdf] = PciFunction(
                     bdf, path + (str(bdf),), hf.vendor, hf.device, hf.class_code,
@@ -92,9 +132,9 @@ def guest_view(tree: etree._ElementTree, host: Topology) -> GuestView:
         if bus_nr is None:
             notes.append(f"expander bus index {pxb.index} has no busNr: its guest bus numbers cannot be predicted")
             continue
-        cell = pxb.node if acpi else None
+        cell = pxb.node if layout.acpi else None
         rc = f"pci0000:{bus_nr:02x}"
         cells[rc] = cell
         walk(pxb.index, bus_nr, (rc,), cell if cell is not None else -1, [bus_nr + 1])
-    nodes = {c.id: NumaNode(c.id, c.cpus) for c in view.numa_cells()}
-    return GuestView(Topology(_StaticLoader("guest", functions, nodes)), host_to_guest, cells, notes)
+    nodes = {c.id: NumaNode(c.id, c.cpus) for c in layout.cells}
+    return GuestView(Topology(_StaticLoader("guest", functions, nodes)), host_to_guest, cells, notes, layout)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from .. import SLOTS
 from ..errors import SysfsError
 
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
 IORESOURCE_MEM = 0x200
 IORESOURCE_PREFETCH = 0x2000
 IORESOURCE_MEM_64 = 0x100000
@@ -99,7 +101,26 @@ def device_bars(bars: tuple[Bar, ...] | None) -> tuple[Bar, ...]:
     return tuple(b for b in (bars or ()) if b.index < STANDARD_BARS and b.is_mem and b.size)
 
 
+# -- sizes ------------------------------------------------------------------------------------------
+
+def pow2ceil(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else n
+
+
+def bits_for(end: int) -> int:
+    """Smallest width whose address space holds ``[0, end)``."""
+    return max(1, (end - 1).bit_length())
+
+
+def fmt_size(n: int) -> str:
+    """Bytes in the largest binary unit that fits: exact as an integer, else two decimals."""
+    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            return f"{n // size} {unit}" if n % size == 0 else f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
 __all__ = [
-    "Bar", "IORESOURCE_MEM", "IORESOURCE_MEM_64", "IORESOURCE_PREFETCH",
-    "device_bars", "format_resource", "parse_resource",
+    "Bar", "GiB", "IORESOURCE_MEM", "IORESOURCE_MEM_64", "IORESOURCE_PREFETCH", "KiB", "MiB", "TiB",
+    "bits_for", "device_bars", "fmt_size", "format_resource", "parse_resource", "pow2ceil",
 ]

@@ -8,6 +8,7 @@ caches what it has read, and it reads only what it is asked about plus that thin
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
@@ -188,6 +189,12 @@ class FunctionLoader(Protocol):
     def numa_nodes(self) -> Mapping[int, NumaNode]: ...
 
 
+# Per-call inputs remembered per kind by Topology.recent: a sidecar serves one VM (one allocation);
+# a few more cover a bench or a shared server. All kinds of one allocation of hgx-b200 (20
+# devices) hold about 130 KiB, so 8 stay near 1 MiB of the 56 MiB budget.
+RECENT_KEEP = 8
+
+
 class Topology:
     """A PCI tree, read lazily through a loader and cached."""
 
@@ -200,6 +207,7 @@ class Topology:
         self._roles: dict[Bdf, Role] = {}
         self._children: dict[Bdf | str, list[Bdf]] | None = None
         self._memo: dict[tuple, object] = {}
+        self._recent: dict[str, OrderedDict] = {}
 
     def memo(self, key: tuple, compute):
         """Cache a derived fact (e.g. a device's NCCL path) for the life of this topology."""
@@ -207,6 +215,24 @@ class Topology:
             return self._memo[key]
         except KeyError:
             value = self._memo[key] = compute()
+            return value
+
+    def recent(self, kind: str, key, compute, keep: int = RECENT_KEEP):
+        """Cache what follows from this topology and a per-call input (``key``: a guest layout, a
+        set of placed devices; hashable, and all ``compute`` reads besides this topology), for
+        the ``keep`` most recent keys of each ``kind``: the hook answers a VM boot's repeated
+        calls and equal allocations from here, and a stream of different domains cannot grow
+        a model kept across calls. What it returns is shared: callers must not change it."""
+        cache = self._recent.get(kind)
+        if cache is None:
+            cache = self._recent[kind] = OrderedDict()
+        try:
+            cache.move_to_end(key)
+            return cache[key]
+        except KeyError:
+            value = cache[key] = compute()
+            if len(cache) > keep:
+                cache.popitem(last=False)
             return value
 
     def extra(self, what: str, bdf: Bdf):

@@ -175,8 +175,13 @@ class PairingVerdict:
 
 def check_vm_pairs(topo: Topology, bdfs: Sequence[Bdf]) -> PairingVerdict:
     """Compare, for each GPU among a VM's devices (``bdfs``, on the host), its best NIC among
-    the VM's NICs with its best NIC on the host."""
-    fs = [topo.function(b) for b in dict.fromkeys(bdfs)]
+    the VM's NICs with its best NIC on the host. Remembered per set of devices on ``topo``."""
+    key = tuple(dict.fromkeys(bdfs))
+    return topo.recent("vm_pairs", key, lambda: _check_vm_pairs(topo, key))
+
+
+def _check_vm_pairs(topo: Topology, bdfs: tuple[Bdf, ...]) -> PairingVerdict:
+    fs = [topo.function(b) for b in bdfs]
     gpus = [f for f in fs if topo.role(f) == Role.GPU and not f.is_vf]
     nics = [f for f in fs if topo.role(f) == Role.NIC]
     if not gpus:

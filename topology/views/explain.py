@@ -17,9 +17,9 @@ from ..guest.mmio import (
     SEABIOS_MIN_BITS,
     SEABIOS_VERSION,
     MmioBudget,
-    fmt_size,
 )
 from ..guest.predict import KUBEVIRT_NUMA_ADVICE, cell_less_devices, guest_ib_hcas, guest_nvlink, pair_views, verdict
+from ..model.bars import fmt_size
 from ..model.labels import Labeled, label_devices
 from ..model.tree import Role, Topology
 from .report import device_legend, render_matrix, tree_text, wrap_text
