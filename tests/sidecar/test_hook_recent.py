@@ -1,5 +1,6 @@
 """Issue 21: what the hook derives per allocation (the plan, the guest tree and its pair classes,
-the MMIO sizing with SeaBIOS's model, NCCL's file, the pair counts, the pairing verdict) is
+the MMIO sizing with SeaBIOS's model, NCCL's file, the pair counts, the pairing verdict, the
+controllers as written) is
 remembered on the host model (``Topology.recent``) and reused by the next call with the same
 allocation: a VM boot's repeated OnDefineDomain calls, or another VM given the same devices.
 
@@ -27,7 +28,7 @@ from topology.host.sysfs import open_host
 from topology.model.tree import RECENT_KEEP
 
 HOST = "hgx-h100"
-KINDS = ("plan", "guest_view", "verdicts", "mmio_budget", "nccl_file", "pair_counts", "vm_pairs")
+KINDS = ("plan", "controller_elements", "guest_view", "verdicts", "mmio_budget", "nccl_file", "pair_counts", "vm_pairs")
 
 
 def with_hostdevs(domain: bytes, keep: list[int], memory_gib: int | None = None, cpu_mode: str | None = None) -> bytes:

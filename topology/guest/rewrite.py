@@ -6,6 +6,8 @@ output alone → classify host and guest pairs with the same classifier → repo
 
 from __future__ import annotations
 
+import copy
+
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -218,9 +220,23 @@ def _controller_element(c: GuestController) -> etree._Element:
     )
 
 
-def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, set[str]]:
+def controller_elements(p: Plan, unit: str) -> tuple[etree._Element, ...]:
+    """The plan's controllers as written, indented for a document indented by ``unit``: built
+    once per plan, copied into each call's domain."""
+    out = []
+    for c in p.controllers:
+        el = _controller_element(c)
+        indent_subtree(el, 2, unit)
+        out.append(el)
+    return tuple(out)
+
+
+def apply_plan(view: DomainView, p: Plan, elements: tuple[etree._Element, ...] | None = None) -> tuple[Counter, set[str]]:
+    """``elements``: :func:`controller_elements` of ``p`` for this document, if already built."""
     devices = view.devices
     unit = indent_unit(view.tree)
+    if elements is None:
+        elements = controller_elements(p, unit)
     removed = set(p.removed)
     for c in view.pci_controllers():
         if c.index in removed:
@@ -238,9 +254,8 @@ def apply_plan(view: DomainView, p: Plan) -> tuple[Counter, set[str]]:
             append_child(devices, root, after=anchor)
         anchor = root
     created: Counter = Counter()
-    for c in p.controllers:
-        el = _controller_element(c)
-        indent_subtree(el, 2, unit)
+    for c, template in zip(p.controllers, elements):
+        el = copy.deepcopy(template)
         append_child(devices, el, after=anchor)
         anchor = el
         created[c.model] += 1
@@ -266,7 +281,9 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     view.check_q35()
     facts = domain_facts(view)
     p = host.recent("plan", facts, lambda: plan(host, facts))  # a pure function of the two
-    created, normalised = apply_plan(view, p)
+    unit = indent_unit(tree)
+    created, normalised = apply_plan(view, p, host.recent("controller_elements", (facts, unit),
+                                                          lambda: controller_elements(p, unit)))
     # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
     controllers = view.pci_controllers()
     added = root_ports_added(*view.unplaced_pci_devices(), max((c.index for c in controllers), default=0))

@@ -58,7 +58,7 @@ def changed_devices(topo: Topology, bdfs: Iterable[Bdf]) -> list[str]:
         f = topo.find(bdf)
         if f is None:
             continue
-        base = resolve(links, f"{PCI_DEVICES_DIR}/{bdf}")
+        base = topo.memo(("device_dir", f.bdf), lambda: resolve(links, f"{PCI_DEVICES_DIR}/{f.bdf}"))
         driver = _link_name(source.readlink(f"{base}/driver"))
         group_name = _link_name(source.readlink(f"{base}/iommu_group"))
         group = int(group_name) if group_name and group_name.isdigit() else None

@@ -201,10 +201,13 @@ class PciHostdev:
         def where() -> str:  # only for an error: the alias is looked up then
             return f"hostdev {quoted(self.alias or '(no alias)')} source"
 
-        dom = parse_int(a.get("domain", "0"), lambda: f"{where()} domain")
-        bus = parse_int(a.get("bus"), lambda: f"{where()} bus")
-        slot = parse_int(a.get("slot"), lambda: f"{where()} slot")
-        fn = parse_int(a.get("function", "0"), lambda: f"{where()} function")
+        get = a.get
+        try:  # read for every hostdev several times a call: the long way only when one is odd
+            dom, bus, slot, fn = (_fast_int(get("domain", "0")), _fast_int(get("bus")), _fast_int(get("slot")),
+                                  _fast_int(get("function", "0")))
+        except (TypeError, ValueError, AttributeError):
+            dom, bus, slot, fn = (parse_int(get(name, default), lambda name=name: f"{where()} {name}")
+                                  for name, default in (("domain", "0"), ("bus", None), ("slot", None), ("function", "0")))
         if not address_in_range(dom, bus, slot, fn):
             raise DomainError(f"{where()} {dom:x}:{bus:x}:{slot:x}.{fn:x} is out of range")
         return Bdf(dom, bus, slot, fn)
