@@ -59,6 +59,9 @@ if [[ ! -s $TAR ]]; then
     # The sources file is pasted into the root as its own sources list; the official slim images'
     # path excludes (docs but their copyright files, man pages, info, locales, lintian) apply to
     # every package installed, in the base and in any later apt-get install.
+    # mmdebstrap copies this machine's /etc/resolv.conf and /etc/hostname into the root (as
+    # debootstrap does): they go, so the image carries nothing of the machine that built it
+    # (the container runtime provides both at run time).
     # Merged /usr by directory links (as debootstrap and the official images make it), not by the
     # usrmerge package, which would pull in perl (~45 MB).
     mmdebstrap --quiet --variant=minbase --arch="$ARCH" --include="$PACKAGES" \
@@ -70,6 +73,7 @@ if [[ ! -s $TAR ]]; then
         --dpkgopt='path-exclude=/usr/share/lintian/overrides/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         --dpkgopt='path-exclude=/usr/share/man/*' \
+        --customize-hook='rm -f "$1/etc/resolv.conf" "$1/etc/hostname"' \
         "$SUITE" "$tmp" "$SOURCES"
     mv "$tmp" "$TAR"
     log "made $(basename "$TAR") in $(( $(date +%s) - start )) s ($(du -m "$TAR" | cut -f1) MB)"

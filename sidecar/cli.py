@@ -85,14 +85,14 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 def _cmd_partitions(args: argparse.Namespace) -> int:
     from topology.paths.fabric import load_fabric
     from topology.paths.partitions import partition_rows, partitions_json, partitions_text
-    from topology.model.labels import default_devices, label_devices
+    from topology.model.labels import host_labels
     from topology.host.sysfs import open_host
 
     if not args.fabric:
         raise ConfigError("no fabric file: give --fabric FILE (the output of `fmpm -l`) or set PCITOPO_FABRIC")
     topo = open_host(args.sysfs)
     fabric = load_fabric(args.fabric, args.module_map, topo)
-    labels = {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}
+    labels = host_labels(topo)
     rows = partition_rows(topo, fabric, labels)
     if args.json:
         json.dump(partitions_json(fabric, rows), sys.stdout, indent=2)

@@ -179,6 +179,15 @@ def test_the_image_is_built_from_the_containerfile_and_stays_small(amd64):
                "/opt/pcitopo/bin/python -m pip --version 2>&1 || true; python3 -m ensurepip --version 2>&1 || true")
     assert "No module named pip" in r.stdout and "No such file" in r.stdout and "/pip" not in r.stdout, r.stdout
     assert "No module named ensurepip" in r.stdout and "/apt" not in r.stdout, r.stdout
+    # Nothing of the machine that built it: mmdebstrap copies its resolv.conf and hostname into
+    # a root (scripts/image-base.sh removes them; the runtime mounts its own at run time).
+    mnt = podman("image", "mount", amd64["image"]).stdout.strip()
+    try:
+        for name in ("resolv.conf", "hostname"):
+            path = os.path.join(mnt, "etc", name)
+            assert not os.path.lexists(path) or os.path.getsize(path) == 0, (name, open(path).read()[:200])
+    finally:
+        podman("image", "unmount", amd64["image"])
 
 
 def test_the_image_serves_virt_launcher_byte_identical_to_xmlfix(amd64, hookclient, tmp_path):

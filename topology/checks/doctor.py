@@ -30,7 +30,7 @@ from ..host.configspace import (
 )
 from ..host.sources import PCI_DEVICES_DIR, Source, Unreadable, resolve
 from ..host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
-from ..model.labels import Labeled, default_devices, label_devices
+from ..model.labels import Labeled, default_devices, host_labels, label_devices
 from ..model.tree import MELLANOX, Bdf, PciFunction, Role, Topology, is_bdf
 from ..paths.classify import Nccl, classify
 
@@ -351,10 +351,6 @@ def select_targets(topo: Topology, bdfs: Sequence[Bdf] | None) -> list[Target]:
                    named or lab.role != Role.NIC or lab.function.bdf in gdr) for lab in labeled]
 
 
-def host_labels(topo: Topology) -> dict[Bdf, str]:
-    """GPU0.., NIC0.. over all the host's GPUs and NICs (as ``pcitopo topo`` and ``partitions``
-    number them), so a device's label does not depend on which others were named."""
-    return {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}
 
 
 def _outside_label(lab: Labeled) -> str:

@@ -5,7 +5,8 @@ and the doctor."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from types import MappingProxyType
+from typing import Iterable, Mapping
 
 from .nvswitch_mgmt import management_reason
 from .tree import Bdf, PciFunction, Role, Topology
@@ -47,6 +48,14 @@ def default_devices(topo: Topology, include_vfs: bool = False) -> list[Bdf]:
                 continue
             out.append(f.bdf)
     return out
+
+
+def host_labels(topo: Topology) -> Mapping[Bdf, str]:
+    """GPU0.., NIC0.. over all the host's GPUs and NICs (as ``pcitopo topo`` and ``partitions``
+    number them), so a device's label does not depend on which others were named. Read once per
+    host model (the hook's pairing check asks on every call)."""
+    return topo.memo(("host_labels",), lambda: MappingProxyType(
+        {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}))
 
 
 def rdma_name(topo: Topology, f: PciFunction) -> str | None:

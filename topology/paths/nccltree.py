@@ -14,7 +14,7 @@ follows (NCCL ``src/graph/xml.cc`` ``ncclTopoGetXmlFromSys``, ``topo.cc``):
 """
 
 import os
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Set
 
 from .ncclxml import MAX_STR_LEN, TOPO_XML_VERSION, XmlNode, bandwidth, is_busid, strtol, sysfs_link
 
@@ -61,6 +61,7 @@ class NcclTree:
         self.sysfs = sysfs
         self.system = system if system is not None else XmlNode("system", [("version", TOPO_XML_VERSION)])
         self._by_busid = {n.get("busid"): n for n in self.system.walk() if n.name == "pci"}
+        self._filled = set()  # type: Set[int]  # ids of nodes filled already (filling again changes nothing)
 
     def node(self, busid: str) -> XmlNode:
         """The pci node of ``busid``, created and filled from sysfs where the file is silent."""
@@ -72,6 +73,9 @@ class NcclTree:
         return n
 
     def _fill(self, n: XmlNode) -> None:
+        if id(n) in self._filled:
+            return
+        self._filled.add(id(n))
         busid = n.get("busid") or ""
         path = self.sysfs.path(busid)
         if path is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..model.labels import default_devices, label_devices
+from ..model.labels import default_devices, host_labels
 from ..model.tree import Bdf, PciFunction, Role, Topology
 from .classify import Nccl, PairClass, classify, closeness
 
@@ -120,10 +120,8 @@ class HostPairs:
 
 
 def host_pairs(topo: Topology) -> HostPairs:
-    devices = default_devices(topo)
-    labels = {lab.function.bdf: lab.label for lab in label_devices(topo, devices)}
-    gpus = [topo.function(b) for b in devices if topo.role(b) == Role.GPU]
-    return HostPairs(topo.name, tuple(host_pair(topo, g) for g in gpus), labels)
+    gpus = [topo.function(b) for b in default_devices(topo) if topo.role(b) == Role.GPU]
+    return HostPairs(topo.name, tuple(host_pair(topo, g) for g in gpus), dict(host_labels(topo)))
 
 
 # -- a VM's allocation -------------------------------------------------------------------------
@@ -188,7 +186,7 @@ def _check_vm_pairs(topo: Topology, bdfs: tuple[Bdf, ...]) -> PairingVerdict:
         return PairingVerdict("no-gpus")
     if not nics:
         return PairingVerdict("no-nics", gpus_checked=len(gpus))
-    labels = {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}
+    labels = host_labels(topo)
     findings = []
     for g in gpus:
         host = host_pair(topo, g).best
