@@ -154,6 +154,8 @@ fetch_kernel() {
     dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$tmp" --wildcards './boot/vmlinuz-*'
     local k
     k=$(ls "$tmp"/boot/vmlinuz-* | head -n1)
+    # the fw_cfg module comes from the same package: one download for both
+    extract_fw_cfg_module "$deb" "${k##*/vmlinuz-}"
     mv "$k" "$CACHE/"
     rm -rf "$tmp"
     log "kernel: $CACHE/$(basename "$k")"
@@ -172,6 +174,7 @@ fetch_fw_cfg_module() {
         log "fw_cfg module: cached"
         return
     fi
+    # a kernel cached before the module was taken with it: fetch its package once more
     rm -rf "$CACHE"/.fwcfg.*
     tmp=$(mktemp -d "$CACHE/.fwcfg.XXXXXX")
     log "fw_cfg module: downloading linux-image-$ver"
@@ -180,9 +183,17 @@ fetch_fw_cfg_module() {
         apt_update_once
         (cd "$tmp" && apt-get download -qq -o APT::Sandbox::User=root "linux-image-$ver")
     fi
-    dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp" --wildcards './lib/modules/*/qemu_fw_cfg.ko*'
-    local ko
-    ko=$(find "$tmp/lib/modules" -name 'qemu_fw_cfg.ko*' | head -n1)
+    extract_fw_cfg_module "$(ls "$tmp"/*.deb | head -n1)" "$ver"
+    rm -rf "$tmp"
+}
+
+# extract_fw_cfg_module DEB VERSION: qemu_fw_cfg.ko of the kernel package DEB, uncompressed,
+# as $CACHE/qemu_fw_cfg-VERSION.ko
+extract_fw_cfg_module() {
+    local deb=$1 ver=$2 mod="$CACHE/qemu_fw_cfg-$2.ko" dir ko
+    dir=$(mktemp -d "$CACHE/.fwcfg-x.XXXXXX")
+    dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$dir" --wildcards './lib/modules/*/qemu_fw_cfg.ko*'
+    ko=$(find "$dir/lib/modules" -name 'qemu_fw_cfg.ko*' | head -n1)
     [[ -n $ko ]] || { log "fw_cfg module: not in linux-image-$ver"; exit 1; }
     case $ko in
         *.xz) xz -dc "$ko" > "$mod.tmp" ;;
@@ -190,7 +201,7 @@ fetch_fw_cfg_module() {
         *) cp "$ko" "$mod.tmp" ;;
     esac
     mv "$mod.tmp" "$mod"
-    rm -rf "$tmp"
+    rm -rf "$dir"
     log "fw_cfg module: $mod"
 }
 
