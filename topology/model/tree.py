@@ -189,10 +189,11 @@ class FunctionLoader(Protocol):
     def numa_nodes(self) -> Mapping[int, NumaNode]: ...
 
 
-# Per-call inputs remembered per kind by Topology.recent: a sidecar serves one VM (one allocation);
-# a few more cover a bench or a shared server. All kinds of one allocation of hgx-b200 (20
-# devices) hold about 130 KiB, so 8 stay near 1 MiB of the 56 MiB budget.
-RECENT_KEEP = 8
+# Per-call inputs remembered per kind by Topology.recent: a sidecar serves one VM, so one
+# allocation, and one more for a VM whose devices change. Measured on hgx-b200 (bench: 50 calls
+# cycling through 20 allocations, then 1,000 calls of one): resident memory 52.6 MiB with 2,
+# 53.3 with 4, 56.1 with 8 (the budget is 56), 52.4 with none.
+RECENT_KEEP = 2
 
 
 class Topology:
