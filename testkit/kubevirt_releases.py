@@ -80,6 +80,16 @@ class Release(Enum):
 RELEASES = tuple(Release)
 
 
+def _keep_only(el: etree._Element, attributes: tuple[str, ...], children: tuple[str, ...]) -> None:
+    """What a Go struct keeps of an element: the attributes and child tags it has fields for."""
+    for a in list(el.attrib):
+        if a not in attributes:
+            del el.attrib[a]
+    for child in list(el):
+        if child.tag not in children:
+            el.remove(child)
+
+
 def _reparse_controller(c: etree._Element, release: Release) -> None:
     for m in c.findall("model"):
         c.remove(m)
@@ -87,13 +97,7 @@ def _reparse_controller(c: etree._Element, release: Release) -> None:
         if not release.controller_target:
             c.remove(t)
             continue
-        kept = ("busNr", "hotplug") if release.target_hotplug else ("busNr",)
-        for a in list(t.attrib):
-            if a not in kept:
-                del t.attrib[a]
-        for child in list(t):
-            if child.tag != "node":
-                t.remove(child)
+        _keep_only(t, ("busNr", "hotplug") if release.target_hotplug else ("busNr",), ("node",))
 
 
 def _reparse_address(a: etree._Element, release: Release, decimal_bus: bool) -> None:
@@ -113,11 +117,7 @@ def _reparse_hostdev(hd: etree._Element, release: Release) -> None:
         if not release.hostdev_driver:
             hd.remove(drv)
             continue
-        for a in list(drv.attrib):
-            if a != "iommufd":
-                del drv.attrib[a]
-        for child in list(drv):
-            drv.remove(child)
+        _keep_only(drv, ("iommufd",), ())
 
 
 def _without_qemu_namespace(root: etree._Element, keep: bool) -> etree._Element:
