@@ -73,6 +73,50 @@ class QemuAborted(BootError):
         self.reason = reason
 
 
+# The stack's QEMU, with its TCG on one thread for all vCPUs: QEMU 10.0's multi-threaded TCG
+# races one vCPU's MMIO access against another's change of the memory map while the firmware
+# programs BARs. Seen here, in CI and on a fresh clone: "iotlb_to_section: Assertion
+# `section_index < d->map.sections_nb' failed" (QEMU aborts), and guests that never reach /init
+# with an empty serial log; a multi-cell golden domain (4 vCPUs) hit both on its first boot.
+# One TCG thread cannot race with itself. This is how the tier emulates, not what it proves:
+# KubeVirt's VMs run under KVM. libvirt has no setting for TCG's threading and passes
+# ``-accel tcg``; the wrapper adds ``thread=single`` and execs the QEMU of the root it runs in.
+TCG_WRAPPER_NAME = "qemu-system-x86_64-tcg-single"
+TCG_WRAPPER = """#!/bin/sh
+# pcitopo e2e (tests/e2e/guestboot.py, tcg_single_emulator): the stack's QEMU with its TCG on
+# one thread; PCITOPO_QEMU names another binary (the wrapper's own test).
+n=$#
+prev=
+while [ "$n" -gt 0 ]; do
+    a=$1
+    shift
+    n=$((n - 1))
+    if [ "$prev" = "-accel" ]; then
+        case $a in
+            tcg) a=tcg,thread=single ;;
+            tcg,*thread=*) ;;
+            tcg,*) a="$a,thread=single" ;;
+        esac
+    fi
+    set -- "$@" "$a"
+    prev=$a
+done
+exec "${PCITOPO_QEMU:-/usr/bin/qemu-system-x86_64}" "$@"
+"""
+
+
+def tcg_single_emulator() -> Path:
+    """The wrapper (``TCG_WRAPPER``) in the e2e cache, which the private libvirtd sees at the
+    same path; written when missing or different."""
+    path = cache_dir() / TCG_WRAPPER_NAME
+    if not path.exists() or path.read_text() != TCG_WRAPPER:
+        tmp = path.with_name(path.name + f".{os.getpid()}")
+        tmp.write_text(TCG_WRAPPER)
+        tmp.chmod(0o755)
+        os.replace(tmp, path)
+    return path
+
+
 class GuestSilent(BootError):
     """The guest wrote nothing to its serial console while QEMU spun for ``silent_after`` CPU
     seconds (or ``SILENT_WALL_FACTOR`` times that of wall time): it never reached /init."""
@@ -198,6 +242,7 @@ def make_bootable(
     unplaced: list[StandIn] | None = None,
     keep_cpu: Sequence[str] = (),
     loader: str | None = None,
+    emulator: str | None = None,
 ) -> tuple[bytes, dict[GuestAddr, StandIn]]:
     """Return ``(bootable_xml, mapping)``.
 
@@ -210,7 +255,8 @@ def make_bootable(
     otherwise the alias prefix decides (ua-gpu- gpu, ua-sriov- nic, ...).
     ``keep_cpu``: ``<cpu>`` children kept besides numa/topology (the MMIO tier keeps
     ``maxphysaddr`` and ``feature``); ``loader``: a firmware image for ``<loader type='rom'>``
-    (OVMF), else QEMU's default SeaBIOS.
+    (OVMF), else QEMU's default SeaBIOS; ``emulator``: the QEMU binary (default: libvirt's own
+    choice; ``boot`` gives :func:`tcg_single_emulator`).
     """
     log = notes if notes is not None else []
     root = etree.fromstring(domain_xml, _parser())
@@ -337,6 +383,10 @@ def make_bootable(
         for el in devices.findall(tag):
             log.append(f"removed <{tag}>")
             devices.remove(el)
+    if emulator is not None:
+        em = etree.Element("emulator")
+        em.text = emulator
+        devices.insert(0, em)
 
     mapping: dict[GuestAddr, StandIn] = {}
     replaced_aliases: set[str] = set()
@@ -462,6 +512,7 @@ class GuestResult:
     work_dir: Path
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    qemu_argv: tuple[str, ...] = ()  # what QEMU ran with, read from /proc while it ran
 
     @property
     def firmware(self) -> str:
@@ -541,6 +592,7 @@ def boot_once(
     bootable, mapping = make_bootable(
         domain_xml, kernel, initrd, serial, kinds=kinds, name=name,
         memory_mib=memory_mib, notes=notes, unplaced=unplaced, keep_cpu=keep_cpu, loader=loader, cmdline=cmdline,
+        emulator=str(tcg_single_emulator()),
     )
     (wd / "bootable.xml").write_bytes(bootable)
     timings: dict[str, float] = {"prepare": time.monotonic() - t0}
@@ -572,6 +624,7 @@ def boot_once(
         r = lv.virsh("start", name, check=False, timeout=left())
         if r.returncode != 0:
             raise BootError(f"virsh start failed: {r.stderr.strip()}\n{_tail(lv.qemu_log(name))}")
+        qemu_argv = _qemu_argv(lv, name)
         text = ""
         while True:
             text = serial.read_text(errors="replace") if serial.exists() else ""
@@ -629,7 +682,7 @@ def boot_once(
         name=name, printout=printout, mapping=mapping,
         bdf_map=map_guest_bdfs(printout, defined_xml, mapping),
         defined_xml=defined_xml, bootable_xml=bootable, serial_log=serial,
-        work_dir=wd, timings=timings, notes=notes,
+        work_dir=wd, timings=timings, notes=notes, qemu_argv=qemu_argv,
     )
 
 
@@ -638,6 +691,16 @@ def _silent(lv: PrivateLibvirtd, name: str, running: float, cpu_limit: float) ->
         return True
     cpu = _qemu_cpu_seconds(lv, name)
     return cpu is not None and cpu > cpu_limit
+
+
+def _qemu_argv(lv: PrivateLibvirtd, name: str) -> tuple[str, ...]:
+    """The command line of the domain's running QEMU (after the wrapper's exec), or ()."""
+    try:
+        pid = int(lv.qemu_pidfile(name).read_text().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return tuple(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
+    except (OSError, ValueError):
+        return ()
 
 
 def _qemu_cpu_seconds(lv: PrivateLibvirtd, name: str) -> float | None:

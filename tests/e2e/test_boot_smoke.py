@@ -46,6 +46,10 @@ def test_switch_hierarchy_and_numa(libvirtd, tmp_path):
     r = _boot(libvirtd, smoke_domain(acpi=True), "acpi")
     p = r.printout
     bdf = _by_alias(r)
+    # the stack's QEMU ran, with its TCG on one thread (guestboot.TCG_WRAPPER: no MTTCG races)
+    argv = list(r.qemu_argv)
+    assert argv and argv[0] == "/usr/bin/qemu-system-x86_64", argv[:1]
+    assert argv[argv.index("-accel") + 1].startswith("tcg") and "thread=single" in argv[argv.index("-accel") + 1], argv
 
     # every stand-in showed up, at the address the planner gave its hostdev
     assert set(bdf) == {"ua-gpu-gpu0", "ua-sriov-ib0", "ua-gpu-gpu1", "ua-hostdevice-gpu1-audio"}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 from lxml import etree
 
-from .guestboot import QEMU_NS, make_bootable
+from .guestboot import QEMU_NS, TCG_WRAPPER, make_bootable
 from .guesttree import (
     GuestAddr,
     PrintoutError,
@@ -212,3 +214,30 @@ def test_structural_mapping():
     # a tree that came up under another root (busNr not honoured) does not match
     wrong = DOMAIN.replace(b"busNr='32'", b"busNr='48'")
     assert map_guest_bdfs(p, wrong, {GuestAddr(2, 0, 0): s}) == {}
+
+
+@pytest.mark.parametrize("given,want", [
+    (["-accel", "tcg"], ["-accel", "tcg,thread=single"]),
+    (["-accel", "tcg,tb-size=64"], ["-accel", "tcg,tb-size=64,thread=single"]),
+    (["-accel", "tcg,thread=multi"], ["-accel", "tcg,thread=multi"]),
+    (["-accel", "kvm"], ["-accel", "kvm"]),
+    (["-name", "tcg", "-append", "a b  c", "-accel", "tcg", "-S"],
+     ["-name", "tcg", "-append", "a b  c", "-accel", "tcg,thread=single", "-S"]),
+    ([], []),
+])
+def test_the_qemu_wrapper_puts_tcg_on_one_thread_and_keeps_every_other_argument(tmp_path, given, want):
+    """guestboot.TCG_WRAPPER (every boot's emulator): ``thread=single`` on libvirt's ``-accel
+    tcg``, nothing else touched (run with PCITOPO_QEMU naming a program that prints its argv)."""
+    wrapper, show = tmp_path / "wrapper", tmp_path / "show"
+    wrapper.write_text(TCG_WRAPPER)
+    show.write_text('#!/bin/sh\nfor a; do printf "%s\\n" "$a"; done\n')
+    for f in (wrapper, show):
+        f.chmod(0o755)
+    r = subprocess.run([str(wrapper), *given], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PCITOPO_QEMU": str(show)})
+    assert r.stdout.splitlines() == want
+
+
+def test_make_bootable_names_the_emulator_given():
+    out, _ = make_bootable(_smoke(), "/k", "/i", "/s", emulator="/cache/qemu-wrapper")
+    assert [e.text for e in etree.fromstring(out).iter("emulator")] == ["/cache/qemu-wrapper"]
