@@ -231,12 +231,9 @@ def controller_elements(p: Plan, unit: str) -> tuple[etree._Element, ...]:
     return tuple(out)
 
 
-def apply_plan(view: DomainView, p: Plan, elements: tuple[etree._Element, ...] | None = None) -> tuple[Counter, set[str]]:
-    """``elements``: :func:`controller_elements` of ``p`` for this document, if already built."""
+def apply_plan(view: DomainView, p: Plan, elements: tuple[etree._Element, ...]) -> tuple[Counter, set[str]]:
+    """``elements``: :func:`controller_elements` of ``p`` for this document (copied in)."""
     devices = view.devices
-    unit = indent_unit(view.tree)
-    if elements is None:
-        elements = controller_elements(p, unit)
     removed = set(p.removed)
     for c in view.pci_controllers():
         if c.index in removed:
