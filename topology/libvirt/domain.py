@@ -58,6 +58,21 @@ def _fast_int(text: str) -> int:
     return int(text, 16) if text.startswith("0x") else int(text, 10)
 
 
+def read_ints(get: Callable[[str, str | None], str | None], fields: tuple[tuple[str, str | None], ...],
+              what: Callable[[str], str]) -> list[int]:
+    """The integer attributes ``fields`` ((name, default), ...) of an element whose ``get`` is
+    given. The hook reads a hundred addresses a call: ``what(name)``, the name in an error, is
+    only asked for when one does not parse."""
+    try:
+        return [_fast_int(get(name, default)) for name, default in fields]
+    except (TypeError, ValueError, AttributeError):  # missing (None) or odd: the long way names it
+        return [parse_int(get(name, default), lambda name=name: what(name)) for name, default in fields]
+
+
+ADDRESS_FIELDS = (("bus", "0"), ("slot", "0"), ("function", "0"), ("domain", "0"))  # GuestAddress's order
+SOURCE_FIELDS = (("domain", "0"), ("bus", None), ("slot", None), ("function", "0"))  # Bdf's order
+
+
 class GuestAddress(NamedTuple):
     """A guest PCI address: ``bus`` is the index of the controller it plugs into."""
 
@@ -71,13 +86,7 @@ def read_guest_address(el: etree._Element) -> GuestAddress | None:
     addr = el.find("address")
     if addr is None or addr.get("type") != "pci":
         return None
-    get = addr.get
-    try:
-        a = GuestAddress(_fast_int(get("bus", "0")), _fast_int(get("slot", "0")), _fast_int(get("function", "0")),
-                         _fast_int(get("domain", "0")))
-    except ValueError:  # the hook reads a hundred addresses a call: the long way only when one is odd
-        a = GuestAddress(*(parse_int(get(name, "0"), f"<{el.tag}> address {name}")
-                           for name in ("bus", "slot", "function", "domain")))
+    a = GuestAddress(*read_ints(addr.get, ADDRESS_FIELDS, lambda name: f"<{el.tag}> address {name}"))
     if not address_in_range(a.domain, a.bus, a.slot, a.function):
         raise DomainError(f"<{el.tag}> address {a.domain:x}:{a.bus:x}:{a.slot:x}.{a.function:x} is out of range")
     return a
@@ -201,13 +210,7 @@ class PciHostdev:
         def where() -> str:  # only for an error: the alias is looked up then
             return f"hostdev {quoted(self.alias or '(no alias)')} source"
 
-        get = a.get
-        try:  # read for every hostdev several times a call: the long way only when one is odd
-            dom, bus, slot, fn = (_fast_int(get("domain", "0")), _fast_int(get("bus")), _fast_int(get("slot")),
-                                  _fast_int(get("function", "0")))
-        except (TypeError, ValueError, AttributeError):
-            dom, bus, slot, fn = (parse_int(get(name, default), lambda name=name: f"{where()} {name}")
-                                  for name, default in (("domain", "0"), ("bus", None), ("slot", None), ("function", "0")))
+        dom, bus, slot, fn = read_ints(a.get, SOURCE_FIELDS, lambda name: f"{where()} {name}")
         if not address_in_range(dom, bus, slot, fn):
             raise DomainError(f"{where()} {dom:x}:{bus:x}:{slot:x}.{fn:x} is out of range")
         return Bdf(dom, bus, slot, fn)
