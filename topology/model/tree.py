@@ -190,9 +190,9 @@ class FunctionLoader(Protocol):
 
 
 # Per-call inputs remembered per kind by Topology.recent: a sidecar serves one VM, so one
-# allocation, and one more for a VM whose devices change. Measured on hgx-b200 (bench: 50 calls
-# cycling through 20 allocations, then 1,000 calls of one): resident memory 52.6 MiB with 2,
-# 53.3 with 4, 56.1 with 8 (the budget is 56), 52.4 with none.
+# allocation, and one more for a VM whose devices change. `make bench` on hgx-b200 (its server
+# answers 50 calls cycling through 20 allocations among its 1,055): resident memory after them
+# 52.0 MiB with 2, 56.5 MiB with 8 (over the 56 MiB budget).
 RECENT_KEEP = 2
 
 
