@@ -25,7 +25,6 @@ import json
 import sys
 import threading
 import time
-from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
@@ -80,7 +79,6 @@ class HostCache:
         self._lock = threading.Lock()
         self._topology: Topology | None = None
         self._identity: Identity = None
-        self._doctor: OrderedDict[tuple[Bdf, ...], object] = OrderedDict()
 
     def __call__(self) -> Topology:
         ident = capture_identity(self.path)
@@ -96,7 +94,6 @@ class HostCache:
         """Read the model again (under the lock); the doctor's findings go with the old one."""
         topo = open_host(self.path)
         self._topology, self._identity = topo, ident
-        self._doctor.clear()
         if reason is not None and self.on_reopen is not None:
             self.on_reopen(reason)
 
@@ -112,19 +109,9 @@ class HostCache:
             return self._topology
 
     def doctor(self, topo: Topology, bdfs: Sequence[Bdf], run: Callable[[Topology, Sequence[Bdf]], object]):
-        """``run(topo, bdfs)`` (the doctor's checks), remembered for this model and device set."""
-        key = tuple(bdfs)
-        with self._lock:
-            if self._topology is topo and key in self._doctor:
-                self._doctor.move_to_end(key)
-                return self._doctor[key]
-        report = run(topo, bdfs)
-        with self._lock:
-            if self._topology is topo:
-                self._doctor[key] = report
-                while len(self._doctor) > DOCTOR_ENTRIES:
-                    self._doctor.popitem(last=False)
-        return report
+        """``run(topo, bdfs)`` (the doctor's checks), remembered on the model (``Topology.recent``:
+        a new model, after a rebind, an IOMMU group change or a new capture, starts with none)."""
+        return topo.recent("doctor", tuple(bdfs), lambda: run(topo, bdfs), keep=DOCTOR_ENTRIES)
 
 
 # -- the calls -------------------------------------------------------------------------------

@@ -21,14 +21,17 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from sidecar.core import handle_define_domain
-from sidecar.hooks import HostCache
+from sidecar.hooks import DOCTOR_ENTRIES, HostCache
 from testkit.hookkit import REPO, fixture_domain, vmi_json
 from topology.host.sources import PCI_DEVICES_DIR, MemoryTree
 from topology.host.sysfs import open_host
 from topology.model.tree import RECENT_KEEP
 
 HOST = "hgx-h100"
-KINDS = ("plan", "controller_elements", "guest_view", "verdicts", "mmio_budget", "nccl_file", "pair_counts", "vm_pairs")
+KINDS = ("plan", "controller_elements", "guest_view", "verdicts", "mmio_budget", "nccl_file", "pair_counts", "vm_pairs",
+         "doctor")
+# each kind's bound: RECENT_KEEP, but the doctor's findings keep their own (sidecar/hooks.py)
+KEEP = {kind: DOCTOR_ENTRIES if kind == "doctor" else RECENT_KEEP for kind in KINDS}
 
 
 def with_hostdevs(domain: bytes, keep: list[int], memory_gib: int | None = None, cpu_mode: str | None = None) -> bytes:
@@ -103,12 +106,12 @@ def test_the_second_call_of_an_allocation_reuses_what_the_first_derived(sysfs):
 def test_what_is_remembered_stays_bounded(sysfs):
     cache = HostCache(sysfs)
     base = fixture_domain(HOST)
-    for n in range(1, RECENT_KEEP + 5):
+    for n in range(1, max(KEEP.values()) + 5):
         domain = with_hostdevs(base, list(range(min(n, N_HOSTDEVS))) if n <= N_HOSTDEVS else [n % N_HOSTDEVS])
         handle_define_domain(domain, vmi_json(domain), cache)
     kept = cache()._recent
     assert set(kept) <= set(KINDS) and "guest_view" in kept
-    assert all(len(entries) <= RECENT_KEEP for entries in kept.values()), {k: len(v) for k, v in kept.items()}
+    assert all(len(entries) <= KEEP[kind] for kind, entries in kept.items()), {k: len(v) for k, v in kept.items()}
 
 
 def test_a_rebind_starts_the_derivations_anew(tmp_path):
