@@ -145,9 +145,6 @@ class Report:
             "downstream_ports": self.created.get(DOWNSTREAM, 0),
             "controllers_removed": self.removed,
             "numa": self.numa_source,
-            "pairs": len(self.pairs),
-            "pairs_nccl_equal": sum(p.nccl_same for p in self.pairs),
-            "pairs_nvml_equal": sum(p.nvml_same for p in self.pairs),
             "fidelity_lost": len(self.fidelity_lost),
             "notes": list(self.notes),
             "mmio": self.mmio.summary() if self.mmio is not None else None,
@@ -283,7 +280,8 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
                                                           lambda: controller_elements(p, unit)))
     # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
     controllers = view.pci_controllers()
-    added = root_ports_added(*view.unplaced_pci_devices(), max((c.index for c in controllers), default=0))
+    # what libvirt will still place is what it was before the plan (it moves only PCI controllers and hostdevs)
+    added = root_ports_added(facts.unplaced_pcie, facts.unplaced_conventional, max((c.index for c in controllers), default=0))
     budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), controllers, mmio=mmio,
                                           p2p_clique=p2p_clique, host_bits=host_phys_bits, added_ports=added)
     link_ports = apply_links(view.root, {c.alias: c.link for c in p.controllers if link and c.link is not None})
