@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 from ..model.labels import label_devices
 from ..model.tree import MELLANOX, Bdf, Role, Topology
-from ..paths.classify import Nccl, NvlinkOracle
+from ..paths.classify import NvlinkOracle
 from ..paths.ncclprice import nccl_tree, path_bandwidth
+from ..paths.pairing import GDR_CLASSES
 
 from .rewrite import Why
 
@@ -86,9 +87,14 @@ def guest_nvlink(result: RewriteResult, host: Topology, fabric=None):
     return verdict.guest_nvlink(fabric) if verdict is not None else None
 
 
+def placed_labels(result: RewriteResult, host: Topology) -> dict[Bdf, str]:
+    """GPU0.., NIC0.. over the VM's own devices, as nvidia-smi in the guest numbers them."""
+    return {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in result.report.placed])}
+
+
 def pair_views(result: RewriteResult, host: Topology, fabric=None) -> list[PairView]:
 
-    label_of = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in result.report.placed])}
+    label_of = placed_labels(result, host)
     oracle = guest_nvlink(result, host, fabric)
 
     def links(p: PairReport) -> int | None:
@@ -117,11 +123,11 @@ def guest_ib_hcas(result: RewriteResult, host: Topology) -> list[tuple[str, str]
     BlueField function it binds ``mlx5_0``, ``mlx5_1``, ... in probe order, which is PCI order;
     a NIC counts when NCCL puts it at PXB or closer to a placed GPU (GPUDirect RDMA's reach)."""
     report = result.report
-    labels = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in report.placed])}
+    labels = placed_labels(result, host)
     mlx = sorted((d for d in report.placed if d.guest is not None and d.role == Role.NIC.value
                   and host.function(d.host).vendor == MELLANOX), key=lambda d: d.guest)
     gpus = {d.host for d in report.placed if d.role == Role.GPU.value}
-    near = {end for p in report.pairs if p.guest is not None and p.guest.nccl in (Nccl.PIX, Nccl.PXB)
+    near = {end for p in report.pairs if p.guest is not None and p.guest.nccl in GDR_CLASSES
             and (p.a in gpus) != (p.b in gpus) for end in (p.a, p.b) if end not in gpus}
     return [(f"mlx5_{i}", labels[d.host]) for i, d in enumerate(mlx) if d.host in near]
 
@@ -234,7 +240,7 @@ def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
     ``nccl_cpu_gbps`` (GPUs) are NCCL's PCIe bandwidth on the host, null for other devices."""
 
     report = result.report
-    labels = {lab.function.bdf: lab.label for lab in label_devices(host, [d.host for d in report.placed])}
+    labels = placed_labels(result, host)
     views = {(v.p.a, v.p.b): v.nvlink for v in pair_views(result, host, fabric)}
     tree = nccl_tree(host)  # the host's NCCL bandwidths: what the guest should price alike
 
