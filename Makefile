@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The test kit (testkit/) is not installed: the scripts under fixtures/ and bench/ find it here.
+RUN    := PYTHONPATH=$(CURDIR) $(BIN)/python
 
 .PHONY: setup setup-base setup-cli demo guest-tool test test-fast test-slow golden fixtures proto fuzz bench lock image clean
 
@@ -71,7 +73,7 @@ test-slow: setup
 	PCITOPO_E2E_SLOW=1 $(BIN)/python -m pytest tests/e2e -m e2e_slow -v
 
 fixtures: setup-base
-	$(BIN)/python fixtures/generate.py
+	$(RUN) fixtures/generate.py
 
 # The sidecar image from the Containerfile (podman, or buildah), on a Debian 12 base that
 # scripts/image-base.sh makes from your Debian mirror and caches under .cache/image/:
@@ -85,7 +87,7 @@ image: .cache/.debian
 
 # Regenerate golden domains (inputs and expected outputs) and topo.json; review the diff.
 golden: setup-base
-	$(BIN)/python fixtures/golden.py
+	$(RUN) fixtures/golden.py
 
 # At least 10,000 generated examples through every property (prints the count; CI runs fewer).
 # The 6,000-example rewrite property alone outlasts pytest's 600 s per-test cap on a busy 2-core machine.
@@ -94,7 +96,7 @@ fuzz: setup-base
 
 # Issue 7's performance table (about a minute on 2 cores); rewrites bench/RESULTS.md.
 bench: setup-base
-	$(BIN)/python bench/perf.py --results bench/RESULTS.md
+	$(RUN) bench/perf.py --results bench/RESULTS.md
 
 # Pin the image's dependencies with hashes (pip-tools): requirements.lock (runtime, what the
 # Containerfile installs) and requirements-build.lock (setuptools/wheel for building our wheel).

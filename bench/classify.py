@@ -1,5 +1,5 @@
 """Benchmark (not a test): classifying 16 devices on a huge host vs a normal one, and reading
-a full host. Run: .venv/bin/python bench/classify.py [--samples N]
+a full host. Run: PYTHONPATH=. .venv/bin/python bench/classify.py [--samples N]
 
 Each sample builds a fresh Topology over an already-opened source, so it measures what the
 reader and classifier read and compute (lazy: the named devices and their ancestry), not the
@@ -15,10 +15,10 @@ import sys
 import time
 
 from testkit import FIXTURES
-from topology.paths.classify import classify, pairs
-from topology.model.tree import Role, Topology
-from topology.host.sysfs import SysfsReader
-from topology.host.sources import MemoryTree, open_source
+from pcitopo.topology.paths.classify import classify, pairs
+from pcitopo.topology.model.tree import Role, Topology
+from pcitopo.topology.host.sysfs import SysfsReader
+from pcitopo.topology.host.sources import MemoryTree, open_source
 
 
 def pick16(source) -> list:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the host-readiness checks cost, in the hook and on the command line.
 
-    .venv/bin/python bench/doctor.py [--samples N] [--calls N] [--smoke]
+    PYTHONPATH=. .venv/bin/python bench/doctor.py [--samples N] [--calls N] [--smoke]
 
 On the hgx-b200 fixture materialised as a real directory (plain open/read, like /sys; config
 files of 4,096 bytes as root reads them, the sidecar itself gets 64):
@@ -37,7 +37,7 @@ from harness import (  # bench/harness.py: the script's own folder is first on s
 )
 from perf import MIB_LIMIT as BUDGET_MIB, ensure_bytecode, materialise
 
-from sidecar.config import annotation
+from pcitopo.sidecar.config import annotation
 from testkit import FIXTURES
 from testkit.hookkit import vmi_json
 
@@ -47,10 +47,10 @@ def ms(s: float) -> str:
 
 
 def in_process(host_dir: Path, domain: bytes, n: int) -> list[tuple[str, str, str, int]]:
-    from sidecar.core import handle_define_domain
-    from topology.checks.doctor import run_checks
-    from topology.model.tree import Bdf
-    from topology.host.sysfs import open_host
+    from pcitopo.sidecar.core import handle_define_domain
+    from pcitopo.topology.checks.doctor import run_checks
+    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.topology.host.sysfs import open_host
 
     topo = open_host(host_dir)
     placed = [d.host for d in handle_define_domain(domain, None, topo).result.report.placed]

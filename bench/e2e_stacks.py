@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What moving the guest-boot tier from Debian 12's stack to the Debian 13 root costs per boot.
 
-    .venv/bin/python bench/e2e_stacks.py [--rounds N] [--cases smoke,golden-b200,...]
+    PYTHONPATH=. .venv/bin/python bench/e2e_stacks.py [--rounds N] [--cases smoke,golden-b200,...]
 
 Boots the same domains on both stacks, alternating which goes first in each round so both see
 the same background load, and prints per boot the wall time (start → end marker) and the CPU

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 12: what `pcitopo serve --fabric FILE` costs against the same server without it.
 
-    .venv/bin/python bench/fabric.py [--calls N]
+    PYTHONPATH=. .venv/bin/python bench/fabric.py [--calls N]
 
 On the hgx-h100 fixture (materialised as a directory, read like /sys), three servers one after
 the other: no fabric (the default path), `--fabric` with the one-partition-active file and calls

@@ -1,6 +1,6 @@
 """Sustained load on `pcitopo serve`: resident memory and open descriptors over many calls.
 
-    .venv/bin/python bench/load.py [--host hgx-b200] [--sequential 10000] [--concurrency 64]
+    PYTHONPATH=. .venv/bin/python bench/load.py [--host hgx-b200] [--sequential 10000] [--concurrency 64]
                                    [--concurrent-calls 6400] [--sample-every 250]
 
 Starts the server on a fixture host (a child process, stopped by its PID), then:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 7: what the hook costs, against the physical floor, the shim way and KubeVirt's budget.
 
-    .venv/bin/python bench/perf.py [--smoke] [--samples N] [--calls N] [--starts N]
+    PYTHONPATH=. .venv/bin/python bench/perf.py [--smoke] [--samples N] [--calls N] [--starts N]
                                    [--results FILE] [--json FILE]
 
 Prints one table; every figure is measured in the same run, on fixture hosts materialised as
@@ -160,7 +160,7 @@ def floor_paths(sysfs: Path, domain: bytes) -> tuple[list[str], list[str]]:
     """(files, links) the job cannot avoid: for every assigned device and every bridge above it,
     its bus/pci/devices link, each attribute file in its directory and each symlink there (driver,
     iommu_group, physfn); plus every NUMA node's cpulist. Listed once, outside the timing."""
-    from topology.model.tree import is_bdf
+    from pcitopo.topology.model.tree import is_bdf
 
     files: list[str] = []
     links: list[str] = []
@@ -193,9 +193,9 @@ def measure(args: argparse.Namespace) -> dict:
     from lxml import etree
 
     from testkit.hookkit import vmi_json
-    from sidecar.core import handle_define_domain
-    from topology.guest.rewrite import rewrite_domain
-    from topology.host.sysfs import open_host
+    from pcitopo.sidecar.core import handle_define_domain
+    from pcitopo.topology.guest.rewrite import rewrite_domain
+    from pcitopo.topology.host.sysfs import open_host
 
     n, calls, starts = args.samples, args.calls, args.starts
     ensure_bytecode()
@@ -236,7 +236,7 @@ def measure(args: argparse.Namespace) -> dict:
     b200s = str(b200)
     expected = rewrite_domain(domain, open_host(b200s)).xml
     rows["rewrite_cold"] = sample(lambda: rewrite_domain(domain, open_host(b200s)), n)
-    from sidecar.hooks import HostCache  # what serve keeps across calls: the model, the doctor's findings
+    from pcitopo.sidecar.hooks import HostCache  # what serve keeps across calls: the model, the doctor's findings
 
     warm = HostCache(b200s)
     warm()
@@ -305,7 +305,7 @@ def measure(args: argparse.Namespace) -> dict:
 
         import grpc
 
-        from sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc
+        from pcitopo.sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc
 
         with grpc.insecure_channel(s.target) as ch:
             stub = v1alpha3_pb2_grpc.CallbacksStub(ch)
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     args.samples = args.samples or (3 if smoke else 50)
     args.calls = args.calls or (10 if smoke else 1000)
     args.starts = args.starts or (2 if smoke else 30)
-    command = " ".join([os.path.relpath(sys.executable, ROOT), "bench/perf.py", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["PYTHONPATH=.", os.path.relpath(sys.executable, ROOT), "bench/perf.py", *(argv if argv is not None else sys.argv[1:])])
     res = measure(args)
     text = render(res, command)
     print(text, end="")

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Generate the Python gRPC code for KubeVirt's hook API from the .proto files in this folder.
 
-The .proto files live at ``proto/sidecar/hookproto/*.proto`` so that protoc, run with ``-I proto``,
-writes modules whose imports already name their package (``from sidecar.hookproto import
-info_pb2``): the generated code is committed exactly as grpcio-tools prints it, with no
-post-processing, and ``tests/sidecar/test_hook_proto.py`` regenerates it into a temporary folder and
+The .proto files live at ``proto/pcitopo/sidecar/hookproto/*.proto`` so that protoc, run with
+``-I proto``, writes modules whose imports already name their installed package (``from
+pcitopo.sidecar.hookproto import info_pb2``; the folder ``sidecar/`` installs as
+``pcitopo.sidecar``, see pyproject.toml): protoc writes them below ``pcitopo/sidecar/hookproto/``
+of a temporary folder, and they are copied into ``sidecar/hookproto/`` exactly as grpcio-tools
+prints them, with no post-processing, and ``tests/sidecar/test_hook_proto.py`` regenerates it into a temporary folder and
 compares byte for byte.
 
 Usage: python proto/generate.py [OUT_ROOT]    (default: the repository root)
@@ -22,7 +24,8 @@ from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_ROOT.parent
-PACKAGE_DIR = "sidecar/hookproto"
+PACKAGE_DIR = "sidecar/hookproto"  # where the generated modules are committed
+PROTO_PACKAGE_DIR = "pcitopo/sidecar/hookproto"  # where the .proto files are, below proto/
 PROTOS = ("info.proto", "v1alpha1.proto", "v1alpha2.proto", "v1alpha3.proto")
 # The grpcio-tools release the committed code was generated with.
 GENERATOR = "1.85.1"
@@ -44,20 +47,26 @@ def generator_version() -> str:
 
 
 def generate(out_root: str | os.PathLike) -> None:
+    import shutil
+    import tempfile
+
     from grpc_tools import protoc  # type: ignore[import-untyped]
 
     out_root = os.fspath(out_root)
     os.makedirs(os.path.join(out_root, PACKAGE_DIR), exist_ok=True)
-    args = [
-        "grpc_tools.protoc",
-        f"-I{PROTO_ROOT}",
-        f"--python_out={out_root}",
-        f"--grpc_python_out={out_root}",
-        *(str(PROTO_ROOT / PACKAGE_DIR / p) for p in PROTOS),
-    ]
-    rc = protoc.main(args)
-    if rc != 0:
-        raise SystemExit(f"protoc failed with exit code {rc}")
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [
+            "grpc_tools.protoc",
+            f"-I{PROTO_ROOT}",
+            f"--python_out={tmp}",
+            f"--grpc_python_out={tmp}",
+            *(str(PROTO_ROOT / PROTO_PACKAGE_DIR / p) for p in PROTOS),
+        ]
+        rc = protoc.main(args)
+        if rc != 0:
+            raise SystemExit(f"protoc failed with exit code {rc}")
+        for rel in generated_files():
+            shutil.copyfile(os.path.join(tmp, PROTO_PACKAGE_DIR, os.path.basename(rel)), os.path.join(out_root, rel))
 
 
 def main(argv: list[str]) -> int:

@@ -12,8 +12,8 @@ import os
 import sys
 from typing import Sequence
 
-from topology import __version__
-from topology.errors import ConfigError
+from pcitopo.topology import __version__
+from pcitopo.topology.errors import ConfigError
 
 from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
 
@@ -21,12 +21,12 @@ from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
 # -- pcitopo topo ----------------------------------------------------------------------------
 
 def _cmd_topo(args: argparse.Namespace) -> int:
-    from topology.paths.classify import NvlinkOracle
-    from topology.paths.fabric import load_nvlink_table
-    from topology.model.tree import Bdf
-    from topology.model.labels import default_devices
-    from topology.views.report import topo_json, topo_text, tree_text
-    from topology.host.sysfs import open_host
+    from pcitopo.topology.paths.classify import NvlinkOracle
+    from pcitopo.topology.paths.fabric import load_nvlink_table
+    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.topology.model.labels import default_devices
+    from pcitopo.topology.views.report import topo_json, topo_text, tree_text
+    from pcitopo.topology.host.sysfs import open_host
 
     chosen = [f"--{name}" for name in ("json", "tree", "dot") if getattr(args, name)]
     if len(chosen) > 1:  # one output per run, never a silent choice
@@ -43,8 +43,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     if args.fabric:
         if args.nvlink_table:
             raise ConfigError("--fabric and --nvlink-table exclude each other (the fabric says what the table would guess)")
-        from topology.paths.fabric import load_fabric
-        from topology.paths.partitions import FabricNvlink
+        from pcitopo.topology.paths.fabric import load_fabric
+        from pcitopo.topology.paths.partitions import FabricNvlink
 
         oracle = FabricNvlink(load_fabric(args.fabric, args.module_map, topo))
     else:
@@ -56,8 +56,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
     if args.dot:  # host and predicted guest as one Graphviz picture
-        from topology.views.dot import topo_dot
-        from topology.paths.vfs import group_vfs
+        from pcitopo.topology.views.dot import topo_dot
+        from pcitopo.topology.paths.vfs import group_vfs
 
         sys.stdout.write(topo_dot(topo, group_vfs(topo, bdfs).heads, live_root))
         return EXIT_OK
@@ -67,7 +67,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.tree:
         labels = {}
-        from topology.model.labels import label_devices
+        from pcitopo.topology.model.labels import label_devices
 
         for lab in label_devices(topo, bdfs):
             labels[lab.function.bdf] = lab.label
@@ -83,10 +83,10 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 
 
 def _cmd_partitions(args: argparse.Namespace) -> int:
-    from topology.paths.fabric import load_fabric
-    from topology.paths.partitions import partition_rows, partitions_json, partitions_text
-    from topology.model.labels import host_labels
-    from topology.host.sysfs import open_host
+    from pcitopo.topology.paths.fabric import load_fabric
+    from pcitopo.topology.paths.partitions import partition_rows, partitions_json, partitions_text
+    from pcitopo.topology.model.labels import host_labels
+    from pcitopo.topology.host.sysfs import open_host
 
     if not args.fabric:
         raise ConfigError("no fabric file: give --fabric FILE (the output of `fmpm -l`) or set PCITOPO_FABRIC")
@@ -103,9 +103,9 @@ def _cmd_partitions(args: argparse.Namespace) -> int:
 
 
 def _cmd_pairs(args: argparse.Namespace) -> int:
-    from topology.host.sysfs import open_host
-    from topology.paths.pairing import host_pairs
-    from topology.views.pairs import pairs_json, pairs_text
+    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.topology.paths.pairing import host_pairs
+    from pcitopo.topology.views.pairs import pairs_json, pairs_text
 
     hp = host_pairs(open_host(args.sysfs))
     if args.json:
@@ -125,7 +125,7 @@ def _fabric_args(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _cmd_capture(args: argparse.Namespace) -> int:
-    from topology.host.capture import capture
+    from pcitopo.topology.host.capture import capture
 
     summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # -o - is stdout
     print(
@@ -147,11 +147,11 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 # -- pcitopo doctor -----------------------------------------------------------------------------
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from topology.checks.doctor import run_checks
-    from topology.checks.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
-    from topology.model.tree import Bdf, Topology
-    from topology.host.sysfs import SysfsReader
-    from topology.host.sources import open_source
+    from pcitopo.topology.checks.doctor import run_checks
+    from pcitopo.topology.checks.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
+    from pcitopo.topology.model.tree import Bdf, Topology
+    from pcitopo.topology.host.sysfs import SysfsReader
+    from pcitopo.topology.host.sources import open_source
 
     source = open_source(args.sysfs)
     topo = Topology(SysfsReader(source))
@@ -226,7 +226,7 @@ def _add_guest_parsers(sub) -> None:
 
 
 def pcitopo_main(argv: Sequence[str] | None = None) -> int:
-    from topology.host.sources import default_sysfs
+    from pcitopo.topology.host.sources import default_sysfs
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":

@@ -55,7 +55,7 @@ from typing import Any, Literal, Mapping, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from topology.errors import ConfigError, VmiError
+from pcitopo.topology.errors import ConfigError, VmiError
 
 __all__ = ["DEFAULT_OPTIONS", "PREFIX", "HookOptions", "VmiError", "VmiFacts", "annotation", "describe_options",
            "options_from_annotations", "options_from_vmi", "parse_vmi"]  # VmiError: re-exported (topology/errors.py)

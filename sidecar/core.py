@@ -32,11 +32,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
-from topology.checks.doctor import DoctorError, DoctorReport, run_checks
-from topology.libvirt.domain import readable_hostdev_sources
-from topology.errors import DomainError, FabricError, InternalError, NvlinkError, PairingError, PcitopoError
-from topology.model.tree import Bdf, Topology
-from topology.guest.rewrite import RewriteResult, rewrite_domain
+from pcitopo.topology.checks.doctor import DoctorError, DoctorReport, run_checks
+from pcitopo.topology.libvirt.domain import readable_hostdev_sources
+from pcitopo.topology.errors import DomainError, FabricError, InternalError, NvlinkError, PairingError, PcitopoError
+from pcitopo.topology.model.tree import Bdf, Topology
+from pcitopo.topology.guest.rewrite import RewriteResult, rewrite_domain
 
 from .config import DEFAULT_OPTIONS, HookOptions, VmiFacts, annotation, options_from_vmi
 
@@ -138,7 +138,7 @@ def _pair_counts(result: RewriteResult, topo: Topology, fabric: FabricArg) -> di
     """``pairs_nccl_equal``/``pairs_nvml_equal`` for the log line, counted as ``xmlfix
     --explain`` counts them (topology/guest/predict.py ``pair_counts``): NV# between GPUs from
     the NVLink check's verdict with a fabric file, else from the board table."""
-    from topology.guest.predict import pair_counts
+    from pcitopo.topology.guest.predict import pair_counts
 
     fab = fabric  # with a fabric file but no verdict (nvlink: off) the guest's NV# is unknown: none counted
     if fabric is not None and result.report.nvlink is not None:
@@ -191,7 +191,7 @@ def pairing_check(topo: Topology, bdfs: list[Bdf], policy: str, summary: dict[st
     ``--json``). Under ``require`` a finding, or a check that cannot run, raises PairingError."""
     if policy == "off":
         return
-    from topology.paths.pairing import check_vm_pairs
+    from pcitopo.topology.paths.pairing import check_vm_pairs
 
     try:
         verdict = check_vm_pairs(topo, bdfs)
@@ -242,7 +242,7 @@ def nvlink_fields(topo: Topology, fabric: FabricArg, policy: str, bdfs: list[Bdf
     the check up)."""
     if policy == "off" or (fabric is None and policy == "warn"):
         return {}, None  # nothing to check or say: and no import on the sidecar's common path
-    from topology.paths.partitions import check_gpu_set, nvidia_gpus
+    from pcitopo.topology.paths.partitions import check_gpu_set, nvidia_gpus
 
     try:
         fab = fabric() if callable(fabric) else fabric

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Callable
 
-from topology.errors import PcitopoError
+from pcitopo.topology.errors import PcitopoError
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # xmlfix --check: the domain is not placed as the host requires

@@ -21,7 +21,7 @@ import sys
 import zipfile
 from typing import Callable, NamedTuple, Sequence
 
-from topology.errors import ConfigError
+from pcitopo.topology.errors import ConfigError
 
 from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
 
@@ -31,7 +31,7 @@ GUEST_PROG = "pcitopo-guest"
 # -- verify: the guest against xmlfix --json -------------------------------------------------
 
 def add_verify_args(v: argparse.ArgumentParser) -> None:
-    from topology.host.sources import default_sysfs
+    from pcitopo.topology.host.sources import default_sysfs
 
     v.add_argument("--expect", required=True, metavar="PREDICTED.json", help="what `xmlfix --json` printed for this VM")
     v.add_argument("--sysfs", default=default_sysfs(), help="the guest's sysfs root, a capture .tar.gz or a sysfs-shaped dir "
@@ -48,8 +48,8 @@ def _count(bad: int, of: int, unchecked: int = 0) -> str:
 def verify_command(args: argparse.Namespace, prog: str) -> int:
     """Compare the guest's sysfs with the prediction; every difference one line, then what
     matched and what did not. Exit 1 on any difference."""
-    from topology.checks.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
-    from topology.host.sysfs import open_host
+    from pcitopo.topology.checks.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
+    from pcitopo.topology.host.sysfs import open_host
 
     try:
         with open(args.expect, "rb") as fh:
@@ -76,7 +76,7 @@ def verify_command(args: argparse.Namespace, prog: str) -> int:
 def _nccl_topo_file(given: str | None):
     """(path, parsed file) of the NCCL topology file NCCL would read in this guest: ``given``
     (``none``: no file), else ``$NCCL_TOPO_FILE`` or NCCL's default path when it exists."""
-    from topology.paths.ncclxml import DEFAULT_TOPO_FILE, NcclXmlError, parse
+    from pcitopo.topology.paths.ncclxml import DEFAULT_TOPO_FILE, NcclXmlError, parse
 
     if given == "none":
         return None, None
@@ -98,7 +98,7 @@ def _nccl_topo_file(given: str | None):
 def install_command(argv: Sequence[str], prog: str) -> int:
     """``install-nccl-topo`` parses its own options (``--from``, ``--dest``): the guest tool
     hands it the rest of the command line as ``pcitopo guest install-nccl-topo`` does."""
-    from topology.paths.ncclinstall import main as install_nccl_topo
+    from pcitopo.topology.paths.ncclinstall import main as install_nccl_topo
 
     return install_nccl_topo(list(argv), prog=prog)
 
@@ -148,17 +148,22 @@ GUEST_MODULES = (
     "sidecar/guest.py",
 )
 
+# The modules sit in the file under their installed names (pcitopo.topology, pcitopo.sidecar),
+# below a package of their own: an empty __init__, as Python 3.8's zipimport has no namespace packages.
+INSTALLED = "pcitopo"
+_PACKAGE_INIT = f"{INSTALLED}/__init__.py"
+
 _MAIN = f'''"""{GUEST_PROG}: pcitopo's guest commands in one file (built by `pcitopo guest-tool`)."""
 import sys
 
-from sidecar.guest import guest_main
+from pcitopo.sidecar.guest import guest_main
 
 sys.exit(guest_main(prog="{GUEST_PROG}"))
 '''
 
 
 def guest_main(argv: Sequence[str] | None = None, prog: str = GUEST_PROG) -> int:
-    from topology import __version__
+    from pcitopo.topology import __version__
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = Parser(prog=prog, description="pcitopo's commands for inside a VM's guest (standard library only).")
@@ -177,8 +182,8 @@ def guest_main(argv: Sequence[str] | None = None, prog: str = GUEST_PROG) -> int
 
 
 def _source_root() -> str:
-    """The directory holding the ``topology`` and ``sidecar`` packages (a checkout or
-    site-packages): the guest file is built from the installed modules themselves."""
+    """The directory holding the ``topology`` and ``sidecar`` folders (a checkout, or
+    ``site-packages/pcitopo``): the guest file is built from the installed modules themselves."""
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -189,16 +194,19 @@ def guest_tool_bytes() -> bytes:
     buf = io.BytesIO()
     buf.write(b"#!/usr/bin/env python3\n")
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for rel in (*GUEST_MODULES, "__main__.py"):
+        for rel in (_PACKAGE_INIT, *GUEST_MODULES, "__main__.py"):
             if rel == "__main__.py":
                 data = _MAIN.encode()
+            elif rel == _PACKAGE_INIT:
+                data = b""
             else:
                 try:
                     with open(os.path.join(root, rel), "rb") as fh:
                         data = fh.read()
                 except OSError as e:
                     raise ConfigError(f"cannot build the guest tool: {rel}: {e.strerror or e}") from None
-            info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            name = rel if rel in ("__main__.py", _PACKAGE_INIT) else f"{INSTALLED}/{rel}"
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
             z.writestr(info, data, zipfile.ZIP_DEFLATED)
     return buf.getvalue()

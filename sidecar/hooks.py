@@ -28,11 +28,11 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
-from topology import __version__
-from topology.errors import DomainError, PcitopoError
-from topology.host.freshness import Identity, capture_identity, changed_devices
-from topology.host.sysfs import open_host
-from topology.model.tree import Bdf, Topology
+from pcitopo.topology import __version__
+from pcitopo.topology.errors import DomainError, PcitopoError
+from pcitopo.topology.host.freshness import Identity, capture_identity, changed_devices
+from pcitopo.topology.host.sysfs import open_host
+from pcitopo.topology.model.tree import Bdf, Topology
 
 from . import wire
 from .doors import one_line

@@ -47,9 +47,9 @@ import time
 from concurrent import futures
 from typing import TYPE_CHECKING, Callable, NoReturn
 
-from topology import __version__
-from topology.errors import ConfigError, PcitopoError, SysfsError
-from topology.host.sources import default_sysfs
+from pcitopo.topology import __version__
+from pcitopo.topology.errors import ConfigError, PcitopoError, SysfsError
+from pcitopo.topology.host.sources import default_sysfs
 
 from . import wire
 from .doors import EXIT_OK, Parser
@@ -193,7 +193,7 @@ class HookServer:
         self.host = HostCache(sysfs, on_reopen=lambda why: self.log("host", sysfs=sysfs, reopened=why))
         self.fabric = None
         if fabric:
-            from topology.paths.fabric import FabricFile
+            from pcitopo.topology.paths.fabric import FabricFile
 
             self.fabric = FabricFile(fabric, module_map, self.host)
         self.hooks = Hooks(self.host, self.log, self.stop_event, self.fabric)

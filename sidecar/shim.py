@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Sequence
 
-from topology.errors import ConfigError
+from pcitopo.topology.errors import ConfigError
 
 from .doors import EXIT_OK, run_door
 
@@ -75,8 +75,8 @@ class _Once:
 
 
 def run(argv: Sequence[str]) -> int:
-    from topology.host.sysfs import open_host
-    from topology.host.sources import default_sysfs
+    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.topology.host.sources import default_sysfs
 
     from .core import handle_define_domain
 
@@ -91,7 +91,7 @@ def run(argv: Sequence[str]) -> int:
     host = _Once(lambda: open_host(sysfs))
     fabric = None
     if os.environ.get("PCITOPO_FABRIC"):  # the shim has no flags of ours: the environment says it
-        from topology.paths.fabric import FabricFile
+        from pcitopo.topology.paths.fabric import FabricFile
 
         fabric = FabricFile(os.environ["PCITOPO_FABRIC"], os.environ.get("PCITOPO_MODULE_MAP") or None, host)
     outcome = handle_define_domain(domain, vmi, host, fabric)

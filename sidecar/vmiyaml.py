@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 
-from topology.errors import ConfigError
+from pcitopo.topology.errors import ConfigError
 
 
 def vmi_as_json(data: bytes, name: str) -> bytes:

@@ -8,7 +8,7 @@ code in ``sidecar/hookproto`` stays the reference: clients and tests speak to th
 through it, and ``tests/sidecar/test_wire.py`` checks these bytes against protobuf's.
 
 The names, field numbers and method paths are KubeVirt's (``pkg/hooks/info/api_info.proto``,
-``pkg/hooks/v1alpha{1,2,3}/api_v1alpha*.proto``; our copies in ``proto/sidecar/hookproto``);
+``pkg/hooks/v1alpha{1,2,3}/api_v1alpha*.proto``; our copies in ``proto/pcitopo/sidecar/hookproto``);
 docs/SOURCES.md, "KubeVirt hook API", says where each fact comes from.
 """
 
@@ -24,7 +24,7 @@ SERVICES = {
     "kubevirt.hooks.v1alpha3.Callbacks": ("OnDefineDomain", "PreCloudInitIso", "Shutdown"),
 }
 
-# Field numbers (proto/sidecar/hookproto/*.proto).
+# Field numbers (proto/pcitopo/sidecar/hookproto/*.proto).
 DOMAIN_XML, VMI = 1, 2  # OnDefineDomainParams; OnDefineDomainResult.domainXML = 1
 CLOUD_INIT_NOCLOUD_SOURCE, CLOUD_INIT_DATA = 1, 3  # PreCloudInitIsoParams/Result
 INFO_RESULT_NAME, INFO_RESULT_HOOK_POINTS, INFO_RESULT_VERSIONS = 1, 3, 4  # InfoResult

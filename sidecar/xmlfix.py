@@ -17,10 +17,10 @@ import os
 import sys
 from typing import Sequence
 
-from topology import __version__
-from topology.libvirt.document import MAX_DOMAIN_BYTES
-from topology.errors import ConfigError, DomainError
-from topology.host.sources import default_sysfs
+from pcitopo.topology import __version__
+from pcitopo.topology.libvirt.document import MAX_DOMAIN_BYTES
+from pcitopo.topology.errors import ConfigError, DomainError
+from pcitopo.topology.host.sources import default_sysfs
 
 from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser
 
@@ -80,9 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def xmlfix(argv: Sequence[str]) -> int:
     from .core import handle_define_domain
-    from topology.views.explain import diff_text, explain_text
-    from topology.views.report import wrap_text
-    from topology.host.sysfs import open_host
+    from pcitopo.topology.views.explain import diff_text, explain_text
+    from pcitopo.topology.views.report import wrap_text
+    from pcitopo.topology.host.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))
     _one_document(args)
@@ -95,7 +95,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     host = open_host(args.sysfs)
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
-        from topology.paths.fabric import FabricFile
+        from pcitopo.topology.paths.fabric import FabricFile
 
         fabric_file = FabricFile(args.fabric, args.module_map, host)
     elif args.module_map:
@@ -111,7 +111,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     if args.nccl_topo:
         _print_nccl_topo(outcome)
     if args.dot:  # the explanation as a picture
-        from topology.views.dot import explain_dot
+        from pcitopo.topology.views.dot import explain_dot
 
         sys.stdout.write(explain_dot(result, host, outcome.reason, fabric=fabric))
     elif args.explain:
@@ -120,7 +120,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
-                from topology.checks.fleet import doctor_text
+                from pcitopo.topology.checks.fleet import doctor_text
 
                 sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + wrap_text(doctor_text(outcome.doctor)))
     if args.diff:  # only what changed in meaning (both sides serialised alike)
@@ -142,7 +142,7 @@ def xmlfix(argv: Sequence[str]) -> int:
 def _loaded(fabric_file):
     """The fabric for the explanation and the prediction: the file's, or None when there is
     none or it cannot be read (a warning already said so if the check needed it)."""
-    from topology.errors import FabricError
+    from pcitopo.topology.errors import FabricError
 
     if fabric_file is None:
         return None
@@ -157,7 +157,7 @@ def _warnings(outcome) -> list[str]:
     warnings, the NVLink verdict under ``nvlink: warn``, GPUs given a worse NIC than the host has
     under ``pairing: warn``, failed host-readiness checks under ``doctor: warn`` (or a doctor
     that could not run)."""
-    from topology.guest.predict import firmware_warnings
+    from pcitopo.topology.guest.predict import firmware_warnings
 
     from .core import nvlink_note
 
@@ -181,7 +181,7 @@ def _warnings(outcome) -> list[str]:
 def _print_warnings(outcome, fabric, check: bool) -> None:
     """What the hook logs and boots anyway: never silent here. Under --check a line the check
     prints as a reason (NVLink, firmware) is said there, once."""
-    from topology.guest.predict import beyond_pairs
+    from pcitopo.topology.guest.predict import beyond_pairs
 
     said_by_check = beyond_pairs(outcome.result, fabric) if check and outcome.result is not None else []
     for line in _warnings(outcome):
@@ -203,7 +203,7 @@ def _one_document(args: argparse.Namespace) -> None:
 
 def _check(outcome, host, fabric=None) -> int:
     """--check: exit 0 only if the guest will see what the host has."""
-    from topology.guest.predict import beyond_pairs, check_problems, verdict
+    from pcitopo.topology.guest.predict import beyond_pairs, check_problems, verdict
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
@@ -223,7 +223,7 @@ def _print_prediction(outcome, host, fabric=None) -> None:
     """--json: what `pcitopo verify --expect` checks in the guest."""
     import json
 
-    from topology.guest.predict import prediction
+    from pcitopo.topology.guest.predict import prediction
 
     doc = prediction(outcome.result, host, fabric) if outcome.result is not None else {
         "devices": [], "pairs": [], "notes": [f"domain left unchanged ({outcome.outcome}): {outcome.reason}"]}

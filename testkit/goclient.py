@@ -1,6 +1,6 @@
 """Build the grpc-go hook client (tests/sidecar/goclient/main.go) with Debian's Go packages.
 
-The Go stubs are generated from proto/sidecar/hookproto/*.proto (wire-identical to KubeVirt's
+The Go stubs are generated from proto/pcitopo/sidecar/hookproto/*.proto (wire-identical to KubeVirt's
 pkg/hooks/info and pkg/hooks/v1alpha1..3 .proto files) by protoc with Debian's protoc-gen-go and
 protoc-gen-go-grpc, and compiled in GOPATH mode against Debian's golang-google-grpc-dev and
 golang-google-protobuf-dev (no module proxy is needed or reachable). The binary is cached under
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from testkit import REPO
 
-PROTO_DIR = REPO / "proto" / "sidecar" / "hookproto"
+PROTO_DIR = REPO / "proto" / "pcitopo" / "sidecar" / "hookproto"
 MAIN_GO = REPO / "tests" / "sidecar" / "goclient" / "main.go"
 DEBIAN_GOPATH = Path("/usr/share/gocode")
 TOOLS = ("go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc")

@@ -21,7 +21,7 @@ from typing import Sequence
 import grpc
 from lxml import etree
 
-from sidecar.hookproto import (
+from pcitopo.sidecar.hookproto import (
     info_pb2,
     info_pb2_grpc,
     v1alpha1_pb2,

@@ -39,7 +39,7 @@ from enum import Enum
 
 from lxml import etree
 
-from topology.libvirt.domain import parse_int
+from pcitopo.topology.libvirt.domain import parse_int
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 

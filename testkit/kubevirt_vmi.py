@@ -26,8 +26,8 @@ from typing import Any, Sequence
 
 from lxml import etree
 
-from topology.paths.classify import classify
-from topology.model.tree import Bdf, Role, Topology
+from pcitopo.topology.paths.classify import classify
+from pcitopo.topology.model.tree import Bdf, Role, Topology
 
 from .kubevirt_sim import DomainSpec, kubevirt_domain, to_kubevirt_bytes, with_efi
 

@@ -38,10 +38,10 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from lxml import etree
 
-from topology.libvirt.domain import ROOT_PORT, parse_int
-from topology.model.tree import Bdf, Role, Topology
-from topology.host.sysfs import SysfsReader, open_host
-from topology.host.sources import MemoryTree
+from pcitopo.topology.libvirt.domain import ROOT_PORT, parse_int
+from pcitopo.topology.model.tree import Bdf, Role, Topology
+from pcitopo.topology.host.sysfs import SysfsReader, open_host
+from pcitopo.topology.host.sources import MemoryTree
 
 from . import FIXTURES
 from .kubevirt_sim import (
@@ -573,8 +573,8 @@ def mutated_domains(draw, base: st.SearchStrategy[Case] | None = None) -> tuple[
     case = draw(base if base is not None else cases())
     xml = case.xml
     if draw(st.booleans()):
-        from topology.guest.rewrite import rewrite_domain
-        from topology.errors import PcitopoError
+        from pcitopo.topology.guest.rewrite import rewrite_domain
+        from pcitopo.topology.errors import PcitopoError
 
         try:
             xml = kubevirt_reparse(libvirt_define_all(rewrite_domain(xml, case.world.host).xml))

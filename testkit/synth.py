@@ -22,11 +22,11 @@ import textwrap
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
-from topology.model.bars import Bar, format_resource
-from topology.libvirt.domain import parse_cpuset
-from topology.errors import PcitopoError, SysfsError
-from topology.model.tree import Bdf, Topology
-from topology.host.sysfs import (
+from pcitopo.topology.model.bars import Bar, format_resource
+from pcitopo.topology.libvirt.domain import parse_cpuset
+from pcitopo.topology.errors import PcitopoError, SysfsError
+from pcitopo.topology.model.tree import Bdf, Topology
+from pcitopo.topology.host.sysfs import (
     LINK_ATTRS,
     NODE_ATTRS,
     NODE_DIR,
@@ -35,7 +35,7 @@ from topology.host.sysfs import (
     RESOURCE_ATTRS,
     SysfsReader,
 )
-from topology.host.sources import MemoryTree, PCI_DEVICES_DIR
+from pcitopo.topology.host.sources import MemoryTree, PCI_DEVICES_DIR
 
 from . import synth_doctor
 

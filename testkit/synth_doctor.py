@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol, Sequence
 
-from topology.host.configspace import (
+from pcitopo.topology.host.configspace import (
     ACS_CR,
     ACS_DT,
     ACS_RR,
@@ -30,9 +30,9 @@ from topology.host.configspace import (
     LEGACY_BYTES,
     PCIE_BYTES,
 )
-from topology.model.tree import Bdf
-from topology.host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
-from topology.host.sources import MemoryTree
+from pcitopo.topology.model.tree import Bdf
+from pcitopo.topology.host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
+from pcitopo.topology.host.sources import MemoryTree
 
 
 class Look(Protocol):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
-from sidecar.config import PREFIX
-from sidecar.core import handle_define_domain
-from sidecar.hooks import error_details, status_name
-from topology.errors import PcitopoError
-from topology.model.tree import Topology
+from pcitopo.sidecar.config import PREFIX
+from pcitopo.sidecar.core import handle_define_domain
+from pcitopo.sidecar.hooks import error_details, status_name
+from pcitopo.topology.errors import PcitopoError
+from pcitopo.topology.model.tree import Topology
 
 from .kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, pick
 from .strategies import build_domain, fixture_world

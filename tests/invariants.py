@@ -31,8 +31,8 @@ from typing import Iterable, Mapping
 
 from lxml import etree
 
-from topology.paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
-from topology.libvirt.domain import (
+from pcitopo.topology.paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
+from pcitopo.topology.libvirt.domain import (
     DOWNSTREAM,
     OUR_ALIAS_PREFIX,
     PCIE_ROOT,
@@ -42,7 +42,7 @@ from topology.libvirt.domain import (
     UPSTREAM,
     parse_int,
 )
-from topology.model.tree import Bdf, NumaNode, PciFunction, Topology
+from pcitopo.topology.model.tree import Bdf, NumaNode, PciFunction, Topology
 
 BRIDGE_CLASS = 0x060400
 # What QEMU presents in the guest (a TI switch and a Red Hat root port: never Broadcom).

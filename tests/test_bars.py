@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from topology.model.bars import (
+from pcitopo.topology.model.bars import (
     IORESOURCE_MEM,
     IORESOURCE_MEM_64,
     IORESOURCE_PREFETCH,
@@ -15,11 +15,11 @@ from topology.model.bars import (
     format_resource,
     parse_resource,
 )
-from topology.host.capture import capture
-from topology.errors import SysfsError
-from topology.model.tree import Topology
-from topology.host.sysfs import SysfsReader, open_host
-from topology.host.sources import MemoryTree
+from pcitopo.topology.host.capture import capture
+from pcitopo.topology.errors import SysfsError
+from pcitopo.topology.model.tree import Topology
+from pcitopo.topology.host.sysfs import SysfsReader, open_host
+from pcitopo.topology.host.sources import MemoryTree
 
 GiB, MiB = 1 << 30, 1 << 20
 

@@ -6,6 +6,7 @@ table and every number. No timing assertions: the numbers belong in bench/RESULT
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ def test_the_harness_measures_everything_in_smoke_mode(tmp_path):
     p = subprocess.run(
         [sys.executable, str(REPO / "bench" / "perf.py"), "--smoke", "--json", str(out), "--results", str(md)],
         capture_output=True, text=True, cwd=REPO, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},  # as `make bench` runs it: the test kit from the checkout
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     res = json.loads(out.read_text())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from topology.guest import buses
-from topology.model.address import address_in_range
-from topology.errors import PlanError
+from pcitopo.topology.guest import buses
+from pcitopo.topology.model.address import address_in_range
+from pcitopo.topology.errors import PlanError
 
 
 def test_address_limits():

@@ -15,8 +15,8 @@ import yaml
 from testkit import REPO as ROOT
 from testkit.kubevirt_vmi import VM_KINDS, as_vmi, domain_for_vmi
 from testkit.server_proc import BIN
-from topology.model.tree import Bdf
-from topology.host.sysfs import open_host
+from pcitopo.topology.model.tree import Bdf
+from pcitopo.topology.host.sysfs import open_host
 
 DEPLOY = ROOT / "deploy"
 DOCS = ROOT / "docs" / "DEPLOY.md"

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.cli import pcitopo_main
+from pcitopo.sidecar.cli import pcitopo_main
 from testkit import FIXTURES
 from testkit import REPO as ROOT
 from testkit.synth import build_tree, parse_topo
 from testkit.synth_doctor import build_config
-from topology.model.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
-from topology.host.capture import capture
-from topology.host.configspace import (
+from pcitopo.topology.model.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
+from pcitopo.topology.host.capture import capture
+from pcitopo.topology.host.configspace import (
     ACS_DT,
     EXT_CAP_ACS,
     EXT_CAP_ATS,
@@ -29,12 +29,12 @@ from topology.host.configspace import (
     ConfigSpace,
     ConfigUnknown,
 )
-from topology.checks.doctor import CHECKS, STATUSES, run_checks
-from topology.errors import SysfsError
-from topology.checks.fleet import nfd_text, pix_facts, prometheus_text
-from topology.model.tree import Topology
-from topology.host.sysfs import DOCTOR_ATTRS, SysfsReader, open_host
-from topology.host.sources import MemoryTree, Unreadable, resolve
+from pcitopo.topology.checks.doctor import CHECKS, STATUSES, run_checks
+from pcitopo.topology.errors import SysfsError
+from pcitopo.topology.checks.fleet import nfd_text, pix_facts, prometheus_text
+from pcitopo.topology.model.tree import Topology
+from pcitopo.topology.host.sysfs import DOCTOR_ATTRS, SysfsReader, open_host
+from pcitopo.topology.host.sources import MemoryTree, Unreadable, resolve
 
 
 # What fixtures/hgx-h100-faults plants (its README lists the same): (check, bdf) of every fail.
@@ -58,7 +58,7 @@ def host_of(text: str) -> Topology:
 
 
 def doctor(text: str, bdfs=None):
-    from topology.model.tree import Bdf
+    from pcitopo.topology.model.tree import Bdf
 
     return run_checks(host_of(text), [Bdf.parse(b) for b in bdfs] if bdfs else None)
 
@@ -383,7 +383,7 @@ def test_an_unprivileged_read_of_live_config_space_is_unknown_needs_root(tmp_pat
                             capture_output=True, check=True, timeout=30).stdout
     assert len(unpriv) == 64
     tree.add_file(f"{resolve(tree, f'bus/pci/devices/{nic}')}/config", unpriv)
-    from topology.model.tree import Bdf
+    from pcitopo.topology.model.tree import Bdf
 
     report = run_checks(Topology(SysfsReader(tree)), [Bdf.parse(nic)])
     ats = by_check(report, "ats")[0]
@@ -450,9 +450,9 @@ def test_the_readme_sample_run_is_what_the_command_prints(capsys):
 def test_labels_are_host_wide_whichever_devices_are_named():
     """A device's label is its number among all the host's GPUs/NICs (as `pcitopo topo` and
     `partitions` print it), not its rank among the BDFs given: 0000:9a:00.0 is GPU4 either way."""
-    from topology.model.labels import label_devices
-    from topology.model.tree import Bdf
-    from topology.model.labels import default_devices
+    from pcitopo.topology.model.labels import label_devices
+    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.topology.model.labels import default_devices
 
     topo = open_host(str(FIXTURES / "hgx-h100-faults"))
     topo_labels = {str(lab.function.bdf): lab.label for lab in label_devices(topo, default_devices(topo))}
@@ -508,7 +508,7 @@ def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
     tree.add_link(f"{ds}/config", "../../../../../../dev/zero")  # a link where a file belongs
     tree.add_file(f"{nic}/config", b"\xff" * 4096)  # every header 0xffffffff
     tree.add_file(f"{nic}/driver_override", "x" * 10_000)  # larger than any attribute
-    from topology.model.tree import Bdf
+    from pcitopo.topology.model.tree import Bdf
 
     report = run_checks(Topology(SysfsReader(tree)), None)
     bar = by_check(report, "bar", "0000:18:00.0")[0]

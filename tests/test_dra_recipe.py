@@ -24,7 +24,7 @@ import copy
 import pytest
 import yaml
 
-from sidecar.config import PREFIX, options_from_annotations
+from pcitopo.sidecar.config import PREFIX, options_from_annotations
 from testkit import REPO as ROOT
 
 DRA = ROOT / "deploy" / "dra"

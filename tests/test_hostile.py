@@ -36,14 +36,14 @@ import grpc
 import pytest
 from lxml import etree
 
-from sidecar.config import PREFIX
-from sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
+from pcitopo.sidecar.config import PREFIX
+from pcitopo.sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
 from testkit.server_proc import PrivateServer
 from testkit.synth import load_topo_file
-from topology.errors import PcitopoError
-from topology.guest.rewrite import rewrite_domain
-from topology.host.sysfs import open_host
+from pcitopo.topology.errors import PcitopoError
+from pcitopo.topology.guest.rewrite import rewrite_domain
+from pcitopo.topology.host.sysfs import open_host
 
 HERE = Path(__file__).resolve().parent
 HOSTILE = HERE / "hostile"
@@ -213,8 +213,8 @@ def materialize_domain(case: dict) -> bytes:
 def open_host_for(case: dict):
     kind, _, arg = case["host"].partition(":")
     if kind == "topo":
-        from topology.model.tree import Topology
-        from topology.host.sysfs import SysfsReader
+        from pcitopo.topology.model.tree import Topology
+        from pcitopo.topology.host.sysfs import SysfsReader
 
         return Topology(SysfsReader(load_topo_file(HOSTILE / arg)))
     return open_host(REPO / "fixtures" / arg)
@@ -456,12 +456,12 @@ import json, os, sys, threading
 # Import everything first: module loading opens files of the Python installation, which is
 # not what the claims are about.
 import grpc
-from sidecar import server as srv
-from sidecar.hooks import JsonLog
-from sidecar.core import handle_define_domain
-from sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
-from topology.host.sysfs import open_host
-import topology.guest.rewrite, topology.guest.tree, topology.views.report, encodings.idna
+from pcitopo.sidecar import server as srv
+from pcitopo.sidecar.hooks import JsonLog
+from pcitopo.sidecar.core import handle_define_domain
+from pcitopo.sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
+from pcitopo.topology.host.sysfs import open_host
+import pcitopo.topology.guest.rewrite, pcitopo.topology.guest.tree, pcitopo.topology.views.report, encodings.idna
 
 events = []
 WATCH = ("open", "os.listdir", "os.scandir", "os.remove", "os.unlink", "os.rename", "os.mkdir", "os.rmdir",
@@ -576,7 +576,7 @@ def test_the_server_writes_only_its_socket(tmp_path):
 def test_options_are_only_the_documented_enumerations():
     """SECURITY.md: an annotation can choose between enumerated values of these options
     and nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
-    from sidecar.config import HookOptions, describe_options
+    from pcitopo.sidecar.config import HookOptions, describe_options
 
     # doctor: issue 13, nvlink: issue 12, mmio and p2p_clique: issue 11, pairing: issue 20, link and
     # nccl_topo: issue 19 (all enumerations)
@@ -629,7 +629,7 @@ def test_the_output_carries_no_new_kinds_of_elements():
 def _plan_lines(xml: bytes, host) -> int:
     """Python lines executed in topology/guest/plan.py for one rewrite: a deterministic measure of
     work (no clocks)."""
-    import topology.guest.plan as plan_mod
+    import pcitopo.topology.guest.plan as plan_mod
 
     target = plan_mod.__file__
     count = 0

@@ -86,6 +86,9 @@ def test_topology_top_level_holds_only_its_init_and_errors():
 
 
 PACKAGES = ("topology", "sidecar", "testkit")
+# What a wheel installs: one top-level package, pcitopo, holding the two folders (pyproject.toml).
+INSTALLED = "pcitopo"
+INSTALLED_PACKAGES = ("topology", "sidecar")
 
 
 def project_imports(path: Path, module: str) -> set[str]:
@@ -106,8 +109,32 @@ def project_imports(path: Path, module: str) -> set[str]:
             names = [stem] + [f"{stem}.{a.name}" for a in node.names]
         else:
             continue
+        # The installed names (pcitopo.topology, pcitopo.sidecar) are the folders' names here.
+        names = [n.removeprefix(f"{INSTALLED}.") for n in names]
         out.update(n for n in names if n.split(".")[0] in PACKAGES)
     return out
+
+
+def bare_imports(path: Path) -> list[str]:
+    """Absolute imports of ``topology`` or ``sidecar`` by their folder name instead of their
+    installed name (``pcitopo.topology``, ``pcitopo.sidecar``): from a checkout they would load
+    the same files a second time as other modules (two ``PcitopoError`` classes)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        out += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in INSTALLED_PACKAGES]
+    return out
+
+
+def test_the_project_is_imported_by_its_installed_names():
+    files = [p for pkg in PACKAGES + ("tests", "bench", "fixtures", "proto") for p in sorted((ROOT / pkg).rglob("*.py"))]
+    assert bare_imports(ROOT / "tests" / "test_house.py") == []  # the measure reads files
+    assert [x for p in files for x in bare_imports(p)] == []
 
 
 def module_graph() -> dict[str, set[str]]:

@@ -19,8 +19,8 @@ from testkit.kubevirt_sim import (
     libvirt_define,
     next_call_input,
 )
-from topology.guest.rewrite import rewrite_domain
-from topology.host.sysfs import open_host
+from pcitopo.topology.guest.rewrite import rewrite_domain
+from pcitopo.topology.host.sysfs import open_host
 
 Q = f"{{{QEMU_NS}}}"
 IDS = [r.value for r in RELEASES]
@@ -192,6 +192,6 @@ def test_deploy_md_reparse_table_matches_the_simulation(release):
 def test_deploy_md_quotes_the_serving_lines_relies_on():
     import json
 
-    from sidecar.server import RELIES_ON
+    from pcitopo.sidecar.server import RELIES_ON
 
     assert f'"relies_on":{json.dumps(RELIES_ON)}' in DEPLOY_MD

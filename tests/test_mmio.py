@@ -14,10 +14,10 @@ from lxml import etree
 from testkit import REPO as ROOT
 from testkit.kubevirt_releases import RELEASES
 from testkit.kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
-from sidecar.core import handle_define_domain
-from topology.guest.cliques import CLIQUE_PROPERTY
-from topology.model.bars import GiB, MiB, TiB, pow2ceil
-from topology.guest.mmio import (
+from pcitopo.sidecar.core import handle_define_domain
+from pcitopo.topology.guest.cliques import CLIQUE_PROPERTY
+from pcitopo.topology.model.bars import GiB, MiB, TiB, pow2ceil
+from pcitopo.topology.guest.mmio import (
     FirmwareWarning,
     MmioError,
     firmware_of,
@@ -25,9 +25,9 @@ from topology.guest.mmio import (
     ovmf_bits,
     window_of,
 )
-from topology.libvirt.overrides import properties
-from topology.guest.rewrite import rewrite_domain
-from topology.host.sysfs import open_host
+from pcitopo.topology.libvirt.overrides import properties
+from pcitopo.topology.guest.rewrite import rewrite_domain
+from pcitopo.topology.host.sysfs import open_host
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 
@@ -268,7 +268,7 @@ def _seabios_fixture(tmp_path) -> str:
 def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
     """Under on-error: passthrough the SeaBIOS warning boots the rewritten domain; xmlfix says so
     on stderr, --check fails on it and --json carries it in the notes."""
-    from sidecar.cli import xmlfix_main
+    from pcitopo.sidecar.cli import xmlfix_main
 
     dom = _seabios_fixture(tmp_path)
     vmi = tmp_path / "vmi.json"
@@ -289,7 +289,7 @@ def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
 
 
 def test_check_problems_and_prediction_carry_the_firmware_warning(b200):
-    from topology.guest.predict import check_problems, prediction
+    from pcitopo.topology.guest.predict import check_problems, prediction
 
     seabios = _domain(b200, gpus_and_nics(b200))
     r = rewrite_domain(seabios, b200, host_phys_bits=46)
@@ -345,7 +345,7 @@ def test_pcie_gpus_below_one_switch_share_a_clique(topo):
 
 
 def _bdf(bus: str):
-    from topology.model.tree import Bdf
+    from pcitopo.topology.model.tree import Bdf
 
     return Bdf(0, int(bus, 16), 0, 0)
 
@@ -358,7 +358,7 @@ def test_sxm_gpus_get_no_clique(h100, b200):
 
 
 def test_explain_shows_the_budget_per_root_port_and_firmware(h100):
-    from topology.views.explain import explain_text
+    from pcitopo.topology.views.explain import explain_text
 
     r = rewrite_domain(_domain(h100, gpus_and_nics(h100), "host-model", efi=True), h100, host_phys_bits=46)
     text = explain_text(r, h100)
@@ -397,10 +397,10 @@ def test_no_setting_is_written_that_the_model_says_places_fewer(h100, b200):
 
 def test_mmio_errors_live_in_topology_errors():
     """House rule: typed errors are defined in topology/errors.py (mmio.py only raises them)."""
-    from topology import errors
+    from pcitopo.topology import errors
 
-    assert MmioError is errors.MmioError and MmioError.__module__ == "topology.errors"
-    assert FirmwareWarning is errors.FirmwareWarning and FirmwareWarning.__module__ == "topology.errors"
+    assert MmioError is errors.MmioError and MmioError.__module__ == "pcitopo.topology.errors"
+    assert FirmwareWarning is errors.FirmwareWarning and FirmwareWarning.__module__ == "pcitopo.topology.errors"
     assert (MmioError.kind, FirmwareWarning.kind) == ("mmio", "mmio-firmware")
     assert issubclass(MmioError, errors.PcitopoError) and issubclass(FirmwareWarning, errors.PcitopoError)
 
@@ -416,9 +416,9 @@ def _cpuinfo(tmp_path, bits: int):
 def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatch):
     """An operator's dry run: `pcitopo capture` on the node (46 bits), `xmlfix --sysfs node.tar.gz`
     on a laptop whose CPU has 39 bits: the node's MMIO is judged with the node's width."""
-    from topology.host.capture import capture
-    from topology.model.cpuinfo import ADDRESS_SIZES_MEMBER
-    from topology.host.sources import MemoryTree
+    from pcitopo.topology.host.capture import capture
+    from pcitopo.topology.model.cpuinfo import ADDRESS_SIZES_MEMBER
+    from pcitopo.topology.host.sources import MemoryTree
 
     node = tmp_path / "node.tar.gz"
     monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 46))  # the node's /proc/cpuinfo
@@ -440,7 +440,7 @@ def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatc
 
 
 def test_capture_without_the_record_is_unknown_not_this_machine(tmp_path, monkeypatch):
-    from topology.host.capture import capture
+    from pcitopo.topology.host.capture import capture
 
     old = tmp_path / "old.tar.gz"
     monkeypatch.setenv("PCITOPO_CPUINFO", str(tmp_path / "absent"))
@@ -454,8 +454,8 @@ def test_capture_without_the_record_is_unknown_not_this_machine(tmp_path, monkey
 
 
 def test_explain_says_where_the_width_came_from(tmp_path, monkeypatch, capsys):
-    from sidecar.xmlfix import xmlfix
-    from topology.host.capture import capture
+    from pcitopo.sidecar.xmlfix import xmlfix
+    from pcitopo.topology.host.capture import capture
 
     node = tmp_path / "node.tar.gz"
     monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 46))

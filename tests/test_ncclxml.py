@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from topology.paths import ncclinstall, ncclxml, nccltree
-from topology.paths.nccltree import DirSysfs, NcclTree
-from topology.paths.ncclxml import NcclXmlError, bandwidth, parse, rate
+from pcitopo.topology.paths import ncclinstall, ncclxml, nccltree
+from pcitopo.topology.paths.nccltree import DirSysfs, NcclTree
+from pcitopo.topology.paths.ncclxml import NcclXmlError, bandwidth, parse, rate
 
 GOOD = b"""<system version="1">
   <cpu numaid="0">

@@ -42,7 +42,7 @@ def test_f1_diff_shows_only_meaningful_changes(tmp_path):
     assert all('<address type="pci" domain="0x0000"' in x for x in removed)
     assert not any("></" in x for x in lines if x[:1] in "+-")
     # The diff is exact: applying it to the (re-serialised) input gives xmlfix's output.
-    from topology.libvirt.document import parse_domain, serialize
+    from pcitopo.topology.libvirt.document import parse_domain, serialize
 
     src = (H100 / "domain.xml").read_bytes()
     base = tmp_path / "base.xml"
@@ -179,12 +179,12 @@ def test_f5_json_is_the_predicted_guest():
 def test_f5_verify_against_the_guest_derived_from_the_output():
     """Finding 5: the guest tree derived from the rewritten XML is as predicted; a wrong
     prediction is named pair by pair."""
-    from topology.guest.predict import prediction
-    from topology.guest.rewrite import rewrite_domain
-    from topology.host.sysfs import open_host
-    from topology.checks.verify import load_expectation, verify_guest
+    from pcitopo.topology.guest.predict import prediction
+    from pcitopo.topology.guest.rewrite import rewrite_domain
+    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.topology.checks.verify import load_expectation, verify_guest
 
-    from topology.paths.ncclxml import parse
+    from pcitopo.topology.paths.ncclxml import parse
 
     host = open_host(H100)
     result = rewrite_domain((H100 / "domain.xml").read_bytes(), host)

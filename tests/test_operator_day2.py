@@ -121,7 +121,7 @@ def test_finding_4_partitions_show_links_and_mark_degraded():
 # -- finding 5: capture says what a 64-byte config space leaves unknown ---------------------------
 
 def _tree_with_config_cut(tmp_path: Path, size: int) -> Path:
-    from topology.host.sources import MemoryTree
+    from pcitopo.topology.host.sources import MemoryTree
 
     tree = MemoryTree.from_tarball(H100 / "sysfs.tar.gz")
     cut = 0

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.cli import pcitopo_main, xmlfix_main
-from sidecar.core import handle_define_domain
+from pcitopo.sidecar.cli import pcitopo_main, xmlfix_main
+from pcitopo.sidecar.core import handle_define_domain
 from testkit import REPO as ROOT
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 from testkit.synth import build_tree, host_from_topo, parse_topo
-from topology.errors import PairingError
-from topology.host.sysfs import SysfsReader, open_host
-from topology.model.tree import Bdf, Topology
-from topology.paths.pairing import check_vm_pairs, host_pairs, pcie_root
+from pcitopo.topology.errors import PairingError
+from pcitopo.topology.host.sysfs import SysfsReader, open_host
+from pcitopo.topology.model.tree import Bdf, Topology
+from pcitopo.topology.paths.pairing import check_vm_pairs, host_pairs, pcie_root
 
 FIXTURES = ROOT / "fixtures"
 HOSTS = sorted(p.parent.name for p in FIXTURES.glob("*/host.topo"))
@@ -307,7 +307,7 @@ def _b300_with(fault_line: str, fault: str) -> Topology:
 
 
 def test_the_doctor_checks_the_connectx8_switch_ports_and_nic_as_rdma_topo_does():
-    from topology.checks.doctor import run_checks
+    from pcitopo.topology.checks.doctor import run_checks
 
     clean = run_checks(_host("hgx-b300"))
     acs = {f.bdf: f for f in clean.findings if f.check == "acs"}

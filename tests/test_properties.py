@@ -55,14 +55,14 @@ from testkit.strategies import (
     mutated_domains,
     world_from_topo,
 )
-from sidecar.config import PREFIX, parse_vmi
-from sidecar.core import handle_define_domain
-from topology.errors import PcitopoError
-from topology.model.tree import Topology
-from topology.libvirt.overrides import properties as override_properties
-from topology.guest.rewrite import Why, rewrite_domain
-from topology.host.sysfs import SysfsReader
-from topology.host.sources import MemoryTree
+from pcitopo.sidecar.config import PREFIX, parse_vmi
+from pcitopo.sidecar.core import handle_define_domain
+from pcitopo.topology.errors import PcitopoError
+from pcitopo.topology.model.tree import Topology
+from pcitopo.topology.libvirt.overrides import properties as override_properties
+from pcitopo.topology.guest.rewrite import Why, rewrite_domain
+from pcitopo.topology.host.sysfs import SysfsReader
+from pcitopo.topology.host.sources import MemoryTree
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 RUNS: Counter = Counter()
@@ -354,7 +354,7 @@ def test_vmi_json_fails_typed(vmi):
     RUNS["vmi"] += 1
     try:
         parse_vmi(vmi)
-        from sidecar.config import options_from_vmi
+        from pcitopo.sidecar.config import options_from_vmi
 
         options_from_vmi(vmi)
         event("accepted")

@@ -15,9 +15,9 @@ from testkit.hookkit import placement
 from testkit.kubevirt_releases import RELEASES, Release
 from testkit.kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
 from testkit.stack import StackMissing, debian13
-from topology.errors import DomainError, PlanError
-from topology.guest.rewrite import Why, rewrite_domain
-from topology.host.sysfs import open_host
+from pcitopo.topology.errors import DomainError, PlanError
+from pcitopo.topology.guest.rewrite import Why, rewrite_domain
+from pcitopo.topology.host.sysfs import open_host
 
 golden = fixture_script("golden")
 
@@ -201,7 +201,7 @@ def test_out_of_buses_is_a_clear_error():
                 lines += [f"      ds {b+2:02x}:{s:02x}.0", f"        ep {b+3+s:02x}:00.0 preset=h100"]
     text = "\n".join(l for l in lines if l)
     host = host_from_topo(text)
-    from topology.model.tree import Role
+    from pcitopo.topology.model.tree import Role
     devs = [f.bdf for f in host.functions() if host.role(f) == Role.GPU]
     xml = kubevirt_domain(host, DomainSpec("big", tuple(devs)))
     with pytest.raises(PlanError, match="out of PCI buses"):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from topology.guest.seabios import Bar, Bridge, Width, place, ram_above_4g, window_entry
-from topology.model.bars import GiB, MiB
+from pcitopo.topology.guest.seabios import Bar, Bridge, Width, place, ram_above_4g, window_entry
+from pcitopo.topology.model.bars import GiB, MiB
 
 RAM = 8 * GiB  # any guest RAM above 4 GiB makes 1.16.3 pad
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 import testkit.synth as synth
 from testkit import FIXTURES, fixture_script
 from testkit.synth import build_tree, format_cpus, load_topo_file, parse_topo
-from topology.libvirt.domain import parse_cpuset
-from topology.errors import SysfsError
-from topology.model.tree import Topology
-from topology.host.sysfs import (
+from pcitopo.topology.libvirt.domain import parse_cpuset
+from pcitopo.topology.errors import SysfsError
+from pcitopo.topology.model.tree import Topology
+from pcitopo.topology.host.sysfs import (
     CLASS_DIRS,
     DOCTOR_ATTRS,
     LINK_ATTRS,
@@ -27,7 +27,7 @@ from topology.host.sysfs import (
     RESOURCE_ATTRS,
     SysfsReader,
 )
-from topology.host.sources import MemoryTree, resolve
+from pcitopo.topology.host.sources import MemoryTree, resolve
 
 generate = fixture_script("generate")
 FIXTURE_NAMES = generate.fixture_names()
@@ -381,7 +381,7 @@ def test_check_mode_flags_a_stale_tarball(tmp_path, monkeypatch, capsys):
 
 
 def test_fixtures_read_back_through_the_project_reader():
-    from topology.host.sysfs import open_host
+    from pcitopo.topology.host.sysfs import open_host
 
     for name in SMALL_FIXTURES:
         host = open_host(FIXTURES / name)

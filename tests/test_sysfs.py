@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from topology.host.capture import capture
-from topology.errors import MalformedBdfError, SysfsError
-from topology.model.tree import Bdf
-from topology.host.sysfs import SysfsReader, open_host
-from topology.host.sources import DirSource, MemoryTree, resolve
-from topology.model.tree import Topology
+from pcitopo.topology.host.capture import capture
+from pcitopo.topology.errors import MalformedBdfError, SysfsError
+from pcitopo.topology.model.tree import Bdf
+from pcitopo.topology.host.sysfs import SysfsReader, open_host
+from pcitopo.topology.host.sources import DirSource, MemoryTree, resolve
+from pcitopo.topology.model.tree import Topology
 
 LIVE = os.path.isdir("/sys/bus/pci/devices") and bool(os.listdir("/sys/bus/pci/devices"))
 

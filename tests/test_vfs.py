@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO as ROOT
-from topology.paths.classify import classify
-from topology.model.labels import default_devices
-from topology.host.sysfs import open_host
-from topology.paths.vfs import group_vfs
+from pcitopo.topology.paths.classify import classify
+from pcitopo.topology.model.labels import default_devices
+from pcitopo.topology.host.sysfs import open_host
+from pcitopo.topology.paths.vfs import group_vfs
 
 BIN = Path(sys.executable).parent
 SRIOV = "fixtures/sriov-4k"

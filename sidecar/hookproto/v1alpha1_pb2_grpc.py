@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from sidecar.hookproto import v1alpha1_pb2 as sidecar_dot_hookproto_dot_v1alpha1__pb2
+from pcitopo.sidecar.hookproto import v1alpha1_pb2 as pcitopo_dot_sidecar_dot_hookproto_dot_v1alpha1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in sidecar/hookproto/v1alpha1_pb2_grpc.py depends on'
+        + ' but the generated code in pcitopo/sidecar/hookproto/v1alpha1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class CallbacksStub:
         """
         self.OnDefineDomain = channel.unary_unary(
                 '/kubevirt.hooks.v1alpha1.Callbacks/OnDefineDomain',
-                request_serializer=sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainParams.SerializeToString,
-                response_deserializer=sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainResult.FromString,
+                request_serializer=pcitopo_dot_sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainParams.SerializeToString,
+                response_deserializer=pcitopo_dot_sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainResult.FromString,
                 _registered_method=True)
 
 
@@ -55,8 +55,8 @@ def add_CallbacksServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'OnDefineDomain': grpc.unary_unary_rpc_method_handler(
                     servicer.OnDefineDomain,
-                    request_deserializer=sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainParams.FromString,
-                    response_serializer=sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainResult.SerializeToString,
+                    request_deserializer=pcitopo_dot_sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainParams.FromString,
+                    response_serializer=pcitopo_dot_sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -84,8 +84,8 @@ class Callbacks:
             request,
             target,
             '/kubevirt.hooks.v1alpha1.Callbacks/OnDefineDomain',
-            sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainParams.SerializeToString,
-            sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainResult.FromString,
+            pcitopo_dot_sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainParams.SerializeToString,
+            pcitopo_dot_sidecar_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,11 +25,11 @@ from lxml import etree
 from testkit import REPO
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
 from testkit.synth import host_from_topo
-from topology.guest.rewrite import rewrite_domain
-from topology.host.sysfs import open_host
-from topology.libvirt.domain import parse_int
-from topology.model.bars import Bar
-from topology.model.tree import Topology
+from pcitopo.topology.guest.rewrite import rewrite_domain
+from pcitopo.topology.host.sysfs import open_host
+from pcitopo.topology.libvirt.domain import parse_int
+from pcitopo.topology.model.bars import Bar
+from pcitopo.topology.model.tree import Topology
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 Q = f"{{{QEMU_NS}}}"

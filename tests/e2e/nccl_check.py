@@ -22,11 +22,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topology.model.tree import Bdf, Topology
-from topology.model.tree import Role
-from topology.paths.ncclprice import port_link
-from topology.paths.nccltree import DirSysfs, NcclTree
-from topology.paths.ncclxml import FWCFG_NAME, gt_s, parse, strtol
+from pcitopo.topology.model.tree import Bdf, Topology
+from pcitopo.topology.model.tree import Role
+from pcitopo.topology.paths.ncclprice import port_link
+from pcitopo.topology.paths.nccltree import DirSysfs, NcclTree
+from pcitopo.topology.paths.ncclxml import FWCFG_NAME, gt_s, parse, strtol
 
 from .guestboot import GuestResult
 from .paths import REPO_ROOT

@@ -6,11 +6,11 @@ import pytest
 
 from testkit import REPO
 from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
-from sidecar.config import PREFIX
-from sidecar.core import InternalError, handle_define_domain
-from topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
-from topology.guest.rewrite import rewrite_domain
-from topology.host.sysfs import open_host
+from pcitopo.sidecar.config import PREFIX
+from pcitopo.sidecar.core import InternalError, handle_define_domain
+from pcitopo.topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
+from pcitopo.topology.guest.rewrite import rewrite_domain
+from pcitopo.topology.host.sysfs import open_host
 
 PASSTHROUGH = {f"{PREFIX}on-error": "passthrough"}
 
@@ -120,14 +120,14 @@ def h100():
 
 @pytest.fixture(scope="module")
 def h100_fabric(h100):
-    from topology.paths.fabric import load_fabric
+    from pcitopo.topology.paths.fabric import load_fabric
 
     # no active partition: the seven GPUs the host has get no NVLink
     return load_fabric(str(REPO / "fixtures" / "hgx-h100" / "fabric" / "fmpm-l.json"), None, h100)
 
 
 def test_nvlink_require_stops_a_passthrough(h100, h100_fabric):
-    from topology.errors import NvlinkError
+    from pcitopo.topology.errors import NvlinkError
 
     ann = {**PASSTHROUGH, f"{PREFIX}nvlink": "require"}
     with pytest.raises(NvlinkError, match="no fabric partition") as ei:
@@ -145,7 +145,7 @@ def test_nvlink_warn_on_a_passthrough_logs_the_verdict(h100, h100_fabric):
 
 
 def test_doctor_require_stops_a_passthrough():
-    from topology.checks.doctor import DoctorError
+    from pcitopo.topology.checks.doctor import DoctorError
 
     faults = open_host(fixture_sysfs("hgx-h100-faults"))
     ann = {**PASSTHROUGH, f"{PREFIX}doctor": "require"}
@@ -167,7 +167,7 @@ def test_doctor_require_passes_a_passthrough_of_a_ready_host(h100):
 def test_require_on_a_passthrough_whose_host_cannot_be_read():
     """Nothing to check the GPUs against: nvlink: require cannot confirm NVLink, so it stops the
     VM (one line naming why); doctor: require logs that it could not run, as after a rewrite."""
-    from topology.errors import NvlinkError
+    from pcitopo.topology.errors import NvlinkError
 
     dom = fixture_domain("hgx-h100")
     host = lambda: open_host("/nonexistent/sysfs")  # noqa: E731
@@ -198,17 +198,17 @@ def test_a_host_model_that_is_not_one_still_passes_through_under_doctor_warn():
     dom = fixture_domain("hgx-h100")
     out = handle_define_domain(dom, vmi_json(dom, PASSTHROUGH), lambda: object())
     assert out.outcome == "passthrough" and out.summary["doctor"]["error"].startswith("internal: AttributeError")
-    from topology.errors import NvlinkError
+    from pcitopo.topology.errors import NvlinkError
 
     with pytest.raises(NvlinkError, match="internal: AttributeError"):
         handle_define_domain(dom, vmi_json(dom, {**PASSTHROUGH, f"{PREFIX}nvlink": "require"}), lambda: object())
 
 
 def test_the_hook_errors_live_in_topology_errors():
-    import sidecar.config
-    import sidecar.core
-    import topology.errors as errors
+    import pcitopo.sidecar.config
+    import pcitopo.sidecar.core
+    import pcitopo.topology.errors as errors
 
-    assert sidecar.core.InternalError is errors.InternalError and errors.InternalError.kind == "internal"
-    assert sidecar.config.VmiError is errors.VmiError and errors.VmiError.kind == "vmi"
+    assert pcitopo.sidecar.core.InternalError is errors.InternalError and errors.InternalError.kind == "internal"
+    assert pcitopo.sidecar.config.VmiError is errors.VmiError and errors.VmiError.kind == "vmi"
     assert issubclass(errors.VmiError, errors.ConfigError)

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from testkit.hookkit import REPO
-from sidecar.config import PREFIX, describe_options, options_from_annotations
-from sidecar.server import DEFAULT_SOCKET
+from pcitopo.sidecar.config import PREFIX, describe_options, options_from_annotations
+from pcitopo.sidecar.server import DEFAULT_SOCKET
 
 DEPLOY_MD = (REPO / "docs" / "DEPLOY.md").read_text()
 MANIFESTS = sorted((REPO / "deploy").glob("*.yaml"))

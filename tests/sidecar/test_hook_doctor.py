@@ -7,14 +7,14 @@ import subprocess
 
 import pytest
 
-from sidecar.config import DEFAULT_OPTIONS, PREFIX, options_from_annotations
-from sidecar.core import handle_define_domain
+from pcitopo.sidecar.config import DEFAULT_OPTIONS, PREFIX, options_from_annotations
+from pcitopo.sidecar.core import handle_define_domain
 from testkit import REPO
 from testkit.hookkit import BIN, fixture_domain, fixture_sysfs, vmi_json
-from topology.checks.doctor import DoctorError
-from topology.model.tree import Topology
-from topology.host.sysfs import SysfsReader, open_host
-from topology.host.sources import MemoryTree, resolve
+from pcitopo.topology.checks.doctor import DoctorError
+from pcitopo.topology.model.tree import Topology
+from pcitopo.topology.host.sysfs import SysfsReader, open_host
+from pcitopo.topology.host.sources import MemoryTree, resolve
 
 DOMAIN = fixture_domain("hgx-h100")  # 20 hostdevs, the same BDFs as hgx-h100-faults
 ONE_PAIR = fixture_domain("hgx-h100", "one-pair")  # GPU0 and NIC0 (both on vfio-pci)
@@ -97,7 +97,7 @@ def test_the_shim_log_line_carries_the_findings(tmp_path):
 def test_a_doctor_that_cannot_run_is_logged_and_never_stops_the_vm(clean):
     """The checks need a sysfs source; a host model without one (or any failure inside the
     checks) is an error entry in the log line, under require too."""
-    from topology.model.tree import Topology as Topo
+    from pcitopo.topology.model.tree import Topology as Topo
 
     class NoSource:  # a loader with no sysfs behind it, like a guest layout
         def __init__(self, topo):
@@ -118,13 +118,13 @@ def test_a_doctor_that_cannot_run_is_logged_and_never_stops_the_vm(clean):
 
 
 def test_require_over_the_socket_is_failed_precondition():
-    from sidecar.hooks import status_name
+    from pcitopo.sidecar.hooks import status_name
 
     assert status_name(DoctorError("x")) == "FAILED_PRECONDITION"
 
 
 def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
-    from sidecar.cli import xmlfix_main
+    from pcitopo.sidecar.cli import xmlfix_main
 
     domain = REPO / "fixtures" / "hgx-h100" / "cases" / "one-pair" / "domain.xml"
     assert xmlfix_main(["--explain", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0
@@ -137,7 +137,7 @@ def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
 def test_xmlfix_check_names_failed_doctor_checks_on_stderr(capsys):
     """doctor: warn (the default): --check stays about the topology (exit 0) but says, in one
     warning line, that checks failed and which."""
-    from sidecar.cli import xmlfix_main
+    from pcitopo.sidecar.cli import xmlfix_main
 
     domain = REPO / "fixtures" / "hgx-h100" / "domain.xml"
     assert xmlfix_main(["--check", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0

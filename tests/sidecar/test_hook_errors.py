@@ -11,23 +11,23 @@ import pkgutil
 
 import pytest
 
-import sidecar
-import topology
-from sidecar.hooks import _GRPC_CODE, status_name
-from topology.errors import PcitopoError
+import pcitopo.sidecar
+import pcitopo.topology
+from pcitopo.sidecar.hooks import _GRPC_CODE, status_name
+from pcitopo.topology.errors import PcitopoError
 
 DELIBERATE = {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL"}
 
 
 def _all_error_classes() -> list[type[PcitopoError]]:
-    for pkg in (topology, sidecar):
+    for pkg in (pcitopo.topology, pcitopo.sidecar):
         for mod in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
             importlib.import_module(mod.name)
     seen: list[type[PcitopoError]] = [PcitopoError]
     todo = [PcitopoError]
     while todo:
         for sub in todo.pop().__subclasses__():
-            if sub not in seen and sub.__module__.split(".")[0] in ("topology", "sidecar"):
+            if sub not in seen and sub.__module__.startswith(("pcitopo.topology.", "pcitopo.sidecar.")):
                 seen.append(sub)
                 todo.append(sub)
     return seen
@@ -50,12 +50,12 @@ def test_every_error_kind_maps_to_a_deliberate_grpc_code(cls):
 
 def test_errors_live_in_topology_errors_except_the_doors_own():
     """House rule: typed errors in topology/errors.py (the doors' own failures excepted)."""
-    moved = [c for c in CLASSES if c.__module__ in ("topology.checks.doctor", "topology.checks.fleet")]
+    moved = [c for c in CLASSES if c.__module__ in ("pcitopo.topology.checks.doctor", "pcitopo.topology.checks.fleet")]
     assert moved == []
 
 
 def test_a_failed_write_and_a_bare_failure_are_not_unknown():
-    from topology.errors import OutputError
+    from pcitopo.topology.errors import OutputError
 
     assert status_name(OutputError("cannot write x")) == "FAILED_PRECONDITION"
     assert status_name(PcitopoError("x")) == "INTERNAL"

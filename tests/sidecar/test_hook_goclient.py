@@ -57,7 +57,7 @@ def test_f13_stubs_are_generated_for_kubevirts_service_names(hookclient):
                    "/kubevirt.hooks.v1alpha2.Callbacks/OnDefineDomain", "/kubevirt.hooks.v1alpha3.Callbacks/OnDefineDomain",
                    "/kubevirt.hooks.v1alpha3.Callbacks/Shutdown"):
         assert f'"{method}"' in text, method
-    assert set(PACKAGES) == {p.name for p in (Path(__file__).resolve().parents[2] / "proto/sidecar/hookproto").glob("*.proto")}
+    assert set(PACKAGES) == {p.name for p in (Path(__file__).resolve().parents[2] / "proto/pcitopo/sidecar/hookproto").glob("*.proto")}
 
 
 def test_f13_go_client_info_and_negotiation(hookclient, server):

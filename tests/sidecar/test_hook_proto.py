@@ -78,7 +78,7 @@ _TYPE = {
 
 
 def _file_proto(stem: str) -> descriptor_pb2.FileDescriptorProto:
-    mod = importlib.import_module(f"sidecar.hookproto.{stem}_pb2")
+    mod = importlib.import_module(f"pcitopo.sidecar.hookproto.{stem}_pb2")
     fdp = descriptor_pb2.FileDescriptorProto()
     fdp.ParseFromString(mod.DESCRIPTOR.serialized_pb)
     return fdp
@@ -134,7 +134,7 @@ def test_committed_descriptors_equal_the_proto_files(tmp_path):
     out = tmp_path / "set.pb"
     rc = protoc.main([
         "protoc", f"-I{generate.PROTO_ROOT}", f"--descriptor_set_out={out}",
-        *(str(generate.PROTO_ROOT / generate.PACKAGE_DIR / p) for p in generate.PROTOS),
+        *(str(generate.PROTO_ROOT / generate.PROTO_PACKAGE_DIR / p) for p in generate.PROTOS),
     ])
     assert rc == 0
     fresh = descriptor_pb2.FileDescriptorSet()

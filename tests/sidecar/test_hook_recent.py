@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from sidecar.core import handle_define_domain
-from sidecar.hooks import DOCTOR_ENTRIES, HostCache
+from pcitopo.sidecar.core import handle_define_domain
+from pcitopo.sidecar.hooks import DOCTOR_ENTRIES, HostCache
 from testkit.hookkit import REPO, fixture_domain, vmi_json
-from topology.host.sources import PCI_DEVICES_DIR, MemoryTree
-from topology.host.sysfs import open_host
-from topology.model.tree import RECENT_KEEP
+from pcitopo.topology.host.sources import PCI_DEVICES_DIR, MemoryTree
+from pcitopo.topology.host.sysfs import open_host
+from pcitopo.topology.model.tree import RECENT_KEEP
 
 HOST = "hgx-h100"
 KINDS = ("plan", "controller_elements", "guest_view", "verdicts", "mmio_budget", "nccl_file", "pair_counts", "vm_pairs",

@@ -27,8 +27,8 @@ from testkit.hookkit import (
     vmi_json,
     wait_for_socket,
 )
-from sidecar.config import PREFIX
-from sidecar.hookproto import (
+from pcitopo.sidecar.config import PREFIX
+from pcitopo.sidecar.hookproto import (
     info_pb2,
     info_pb2_grpc,
     v1alpha1_pb2,
@@ -38,8 +38,8 @@ from sidecar.hookproto import (
     v1alpha3_pb2,
     v1alpha3_pb2_grpc,
 )
-from sidecar.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
-from sidecar.wire import MAX_MESSAGE_BYTES
+from pcitopo.sidecar.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
+from pcitopo.sidecar.wire import MAX_MESSAGE_BYTES
 
 ROOT = os.geteuid() == 0
 
@@ -138,7 +138,7 @@ def test_socket_permissions_let_the_compute_container_in_and_nobody_else(start):
 # becomes the given uid/gid for good before touching the socket.
 INFO_AS_CLIENT = r"""
 import sys, time, os, grpc
-from sidecar.hookproto import info_pb2, info_pb2_grpc
+from pcitopo.sidecar.hookproto import info_pb2, info_pb2_grpc
 path, uid = sys.argv[1], int(sys.argv[2])
 if uid >= 0:
     os.setgroups([])

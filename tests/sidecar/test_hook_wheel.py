@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json
-from sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
+from pcitopo.sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
 
 CONTAINERFILE = REPO / "Containerfile"
 KUBEVIRT_HOOKS = "/var/run/kubevirt-hooks"
@@ -146,12 +146,42 @@ def test_the_wheel_carries_the_generated_code_and_the_console_scripts(wheel):
         dist = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         entry_points = z.read(f"{dist}/entry_points.txt").decode()
     for stem in ("info", "v1alpha1", "v1alpha2", "v1alpha3"):
-        assert f"sidecar/hookproto/{stem}_pb2.py" in names and f"sidecar/hookproto/{stem}_pb2_grpc.py" in names
-    assert {"sidecar/server.py", "sidecar/shim.py", "sidecar/core.py", "sidecar/config.py", "topology/guest/rewrite.py"} <= names
-    # The two packages the image runs, nothing else: no test kit (testkit/), tests, fixtures or bench.
-    assert {n.split("/")[0] for n in names if n.split("/")[0] != dist} == {"topology", "sidecar"}
-    for line in ("pcitopo = sidecar.cli:pcitopo_main", "onDefineDomain = sidecar.shim:main", "xmlfix = sidecar.cli:xmlfix_main"):
+        assert f"pcitopo/sidecar/hookproto/{stem}_pb2.py" in names and f"pcitopo/sidecar/hookproto/{stem}_pb2_grpc.py" in names
+    assert {"pcitopo/sidecar/server.py", "pcitopo/sidecar/shim.py", "pcitopo/sidecar/core.py", "pcitopo/sidecar/config.py",
+            "pcitopo/topology/guest/rewrite.py"} <= names
+    for line in ("pcitopo = pcitopo.sidecar.cli:pcitopo_main", "onDefineDomain = pcitopo.sidecar.shim:main",
+                 "xmlfix = pcitopo.sidecar.cli:xmlfix_main"):
         assert line in entry_points
+
+
+def test_f11_the_wheel_installs_one_top_level_package_and_no_test_kit(wheel):
+    """Issue 26, finding 11: `sidecar` and `topology` are names other projects use, and the test
+    kit is not for users: the wheel holds one top-level package, pcitopo, with the two folders
+    below it, whatever a full checkout holds (it is built here from the Containerfile's paths;
+    the next test builds it from the whole checkout)."""
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    dist = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+    assert {n.split("/")[0] for n in names if n.split("/")[0] != dist} == {"pcitopo"}
+    assert {n.split("/")[1] for n in names if n.startswith("pcitopo/")} == {"topology", "sidecar"}
+
+
+def test_f11_a_wheel_of_the_whole_checkout_ships_only_what_users_run(tmp_path):
+    """`pip install .` from a checkout (what README documents) builds its wheel from the whole
+    tree: still only pcitopo/topology and pcitopo/sidecar, every package folder of theirs listed
+    in pyproject.toml, none of testkit/, tests/, bench/ or fixtures/."""
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (whl,) = tmp_path.glob("pcitopo-*.whl")
+    with zipfile.ZipFile(whl) as z:
+        names = set(z.namelist())
+    dist = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+    packages = {str(Path(n).parent).replace("/", ".") for n in names if n.endswith("/__init__.py")}
+    folders = {"pcitopo." + str(p.parent.relative_to(REPO)).replace("/", ".")
+               for top in ("topology", "sidecar") for p in (REPO / top).rglob("__init__.py")}
+    assert packages == folders
+    assert {n.split("/")[0] for n in names if n.split("/")[0] != dist} == {"pcitopo"}
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -215,7 +245,7 @@ def venv(tmp_path_factory, wheel):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     # pip compiles at install by default in the image; do the same here for our package only.
-    subprocess.run([str(py), "-m", "compileall", "-q", str(site / "sidecar"), str(site / "topology")], check=True, timeout=120)
+    subprocess.run([str(py), "-m", "compileall", "-q", str(site / "pcitopo")], check=True, timeout=120)
     r = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return root

@@ -9,8 +9,8 @@ import random
 
 from google.protobuf.message import DecodeError
 
-from sidecar import wire
-from sidecar.hookproto import info_pb2, v1alpha2_pb2, v1alpha3_pb2
+from pcitopo.sidecar import wire
+from pcitopo.sidecar.hookproto import info_pb2, v1alpha2_pb2, v1alpha3_pb2
 
 
 def test_info_result_is_protobufs_bytes():
