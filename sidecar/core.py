@@ -7,8 +7,10 @@ annotations (``sidecar.config``) and calls the one rewrite function every door s
 
 What it promises its doors:
 - the returned XML is never empty (libvirt gets it raw; empty bytes fail the VM start);
-- under ``on-error: passthrough`` a failure of the rewrite returns the input bytes unchanged,
-  with the reason, instead of raising;
+- under ``on-error: passthrough`` a failure of the rewrite returns the input unchanged, with the
+  reason, instead of raising; like ``mode: off`` it still gives every PCI hostdev libvirt's
+  default ``mode='subsystem'`` (KubeVirt's Plugins pipeline cannot read a domain without it,
+  kubevirt/kubevirt#18861; libvirt reads both the same);
 - otherwise every failure is a :class:`topology.errors.PcitopoError` with a one-line reason,
   including bugs (wrapped as :class:`InternalError`), so no door ever shows a traceback;
 - a bad option (annotation) or malformed VMI JSON always raises, whatever ``on-error`` says;
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
 from pcitopo.topology.checks.doctor import DoctorError, DoctorReport, run_checks
-from pcitopo.topology.libvirt.domain import readable_hostdev_sources
+from pcitopo.topology.libvirt.domain import readable_hostdev_sources, with_hostdev_modes
 from pcitopo.topology.errors import DomainError, FabricError, InternalError, NvlinkError, PairingError, PcitopoError
 from pcitopo.topology.model.tree import Bdf, Topology
 from pcitopo.topology.guest.rewrite import RewriteResult, rewrite_domain
@@ -91,7 +93,8 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         raise DomainError("the domain XML is empty")
     vmi, options = options_from_vmi(vmi_json)
     if options.mode == "off":
-        return HookOutcome(domain_xml, "unchanged-off", f"annotation {annotation('mode')} is off", vmi=vmi, options=options)
+        return HookOutcome(with_hostdev_modes(domain_xml)[0], "unchanged-off", f"annotation {annotation('mode')} is off",
+                           vmi=vmi, options=options)
     topo: Topology | None = None
     try:
         topo = host() if callable(host) else host
@@ -268,12 +271,14 @@ def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: H
     stops the VM whatever ``on-error`` says."""
     summary: dict[str, Any] = {"error": err.kind}
     doctor = None
+    unchanged = domain_xml
+    domain_xml = with_hostdev_modes(domain_xml)[0]
     if options.nvlink == "off" and options.doctor == "off" and options.pairing == "off":
         return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options)
     present, why = None, err  # without a host model the devices cannot be checked
     if topo is not None:
         try:
-            present = [b for b in readable_hostdev_sources(domain_xml) if topo.find(b) is not None]
+            present = [b for b in readable_hostdev_sources(unchanged) if topo.find(b) is not None]
         except Exception as e:  # the host model failing on its own devices (or a bug): one line
             why = e if isinstance(e, PcitopoError) else InternalError.of(e)
     if present is None:

@@ -27,6 +27,7 @@ from ..libvirt.document import (
 from ..libvirt.domain import (
     DOWNSTREAM,
     DomainView,
+    HOSTDEV_MODE,
     GuestAddress,
     PCIE_ROOT,
     PXB,
@@ -299,6 +300,11 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
         report.warnings += budget.warnings
     if cliques is not None:
         report.notes += cliques.notes
+    # every PCI hostdev, placed or not: KubeVirt's Plugins pipeline cannot read one without mode
+    moded = sum(hd.give_mode() for hd in view.pci_hostdevs())
+    if moded:
+        report.notes.append(f"{moded} hostdev(s) given libvirt's default mode='{HOSTDEV_MODE}' (KubeVirt leaves it "
+                            f"out; its Plugins pipeline refuses a hostdev without it, kubevirt#18861)")
     if normalised:
         report.notes.append(f"hostdevs written as libvirt formats them (its schema has no room for what KubeVirt "
                             f"sent): dropped {', '.join(sorted(normalised))}")

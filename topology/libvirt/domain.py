@@ -17,13 +17,16 @@ from lxml import etree
 from ..errors import DomainError, quoted
 from ..model.address import MAX_CONTROLLER_INDEX, address_in_range
 from ..model.tree import Bdf
-from .document import append_child, parse_domain, remove_element
+from .document import append_child, parse_domain, remove_element, serialize
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 
 # Every controller we create carries an alias with this prefix; KubeVirt keeps controller
 # aliases through its re-parse only when they start with "ua-".
 OUR_ALIAS_PREFIX = "ua-pcitopo-"
+
+# libvirt's default (and only PCI) hostdev mode, written out where KubeVirt leaves it implicit.
+HOSTDEV_MODE = "subsystem"
 
 PXB = "pcie-expander-bus"
 ROOT_PORT = "pcie-root-port"
@@ -224,6 +227,20 @@ class PciHostdev:
     def address(self) -> GuestAddress | None:
         return read_guest_address(self.el)
 
+    def give_mode(self) -> bool:
+        """Write libvirt's default ``mode='subsystem'`` when the hostdev has none (KubeVirt
+        writes none). libvirt reads both the same, but the Go model KubeVirt's Plugins pipeline
+        parses the domain with (libvirt-go-xml-module) refuses a hostdev without ``mode``:
+        kubevirt/kubevirt#18861. First among the attributes, where libvirt writes it."""
+        if self.el.get("mode") is not None:
+            return False
+        rest = dict(self.el.attrib)
+        self.el.attrib.clear()
+        self.el.set("mode", HOSTDEV_MODE)
+        for k, v in rest.items():
+            self.el.set(k, v)
+        return True
+
     def format_as_libvirt(self) -> list[str]:
         """Drop what libvirt's schema has no room for, the way libvirt itself writes the hostdev:
         a ``type`` on the source address (KubeVirt writes ``type='pci'``; the re-parse of
@@ -331,6 +348,20 @@ def readable_hostdev_sources(data: bytes) -> list[Bdf]:
         except DomainError:
             continue
     return out
+
+
+def with_hostdev_modes(data: bytes) -> tuple[bytes, int]:
+    """The domain with ``mode='subsystem'`` on every PCI hostdev that lacks it, and how many got
+    one: what the hook hands back even when it leaves the placement alone (``mode: off``,
+    ``on-error: passthrough``), so KubeVirt's Plugins pipeline can read the domain. A domain that
+    cannot be parsed, or has nothing to add, comes back byte for byte."""
+    try:
+        tree = parse_domain(data)
+        view = DomainView(tree)
+    except DomainError:
+        return data, 0
+    given = sum(h.give_mode() for h in view.pci_hostdevs())
+    return (serialize(tree, data), given) if given else (data, 0)
 
 
 # Linux's largest NR_CPUS; no cpu or node list can name more.
