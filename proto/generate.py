@@ -26,7 +26,7 @@ PROTO_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_ROOT.parent
 PACKAGE_DIR = "sidecar/hookproto"  # where the generated modules are committed
 PROTO_PACKAGE_DIR = "pcitopo/sidecar/hookproto"  # where the .proto files are, below proto/
-PROTOS = ("info.proto", "v1alpha1.proto", "v1alpha2.proto", "v1alpha3.proto")
+PROTOS = ("info.proto", "v1alpha1.proto", "v1alpha2.proto", "v1alpha3.proto", "plugins_v1alpha1.proto")
 # The grpcio-tools release the committed code was generated with.
 GENERATOR = "1.85.1"
 

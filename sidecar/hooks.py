@@ -162,8 +162,11 @@ class Hooks:
     Knows nothing of gRPC: a failure is a :class:`CallFailed`, which the transport turns into
     the call's status."""
 
-    def __init__(self, host: HostCache, log: JsonLog, stop: threading.Event, fabric: Callable | None = None):
+    def __init__(self, host: HostCache, log: JsonLog, stop: threading.Event, fabric: Callable | None = None,
+                 permitted: Any = None):
         self.host = host
+        # the node hook's KubeVirt permittedHostDevices (sidecar.plugin.nodehook.PermittedDevices), or None
+        self.permitted = permitted
         self.fabric = fabric  # topology.paths.fabric.FabricFile, or None without --fabric
         self.log = log
         self.stop = stop
@@ -175,6 +178,29 @@ class Hooks:
         return wire.INFO_RESULT
 
     def on_define_domain(self, version: str, domain_xml: bytes, vmi_json: bytes) -> bytes:
+        """The hook sidecar's door (``hooks.kubevirt.io/hookSidecars``): KubeVirt v1.6 to v1.9."""
+        return self._define(ON_DEFINE_DOMAIN, {"door": "hook", "version": version}, domain_xml, vmi_json)
+
+    def mutate_domain(self, domain_type: str, domain_xml: bytes, vmi_json: bytes, context: str) -> bytes:
+        """The Plugin's door (VEP 190, KubeVirt v1.9 and later): the same rewrite on ``Boot``.
+        Other contexts get the domain back as sent (with libvirt's default hostdev mode, which
+        KubeVirt needs to read it): ``MigrationTarget``'s reply is not used by virt-launcher, and
+        a VM with passthrough devices cannot live-migrate anyway."""
+        fields = {"door": "plugin", "context": context or None}
+        why = plugin_context_skip(domain_type, context)
+        if why is None:
+            return self._define(MUTATE_DOMAIN, fields, domain_xml, vmi_json)
+        from pcitopo.topology.libvirt.domain import with_hostdev_modes
+
+        out, moded = with_hostdev_modes(domain_xml)
+        self.log(MUTATE_DOMAIN, level="warning" if context not in PLUGIN_CONTEXTS else "info", **fields,
+                 domain_type=domain_type or None, vmi=_vmi_ref(vmi_json), outcome="unchanged", reason=why,
+                 hostdev_modes_given=moded or None)
+        if not out.strip():
+            raise CallFailed("INVALID_ARGUMENT", "pcitopo: domain: the domain XML is empty")
+        return out
+
+    def _define(self, event: str, door: dict[str, Any], domain_xml: bytes, vmi_json: bytes) -> bytes:
         with self._lock:
             self._calls += 1
             call = self._calls
@@ -185,28 +211,62 @@ class Hooks:
             out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric)
         except PcitopoError as e:
             self.log(
-                ON_DEFINE_DOMAIN, level="error", version=version, vmi=_vmi_ref(vmi_json), call=call,
+                event, level="error", **door, vmi=_vmi_ref(vmi_json), call=call,
                 outcome="failed", error=e.kind, reason=e.reason, duration_ms=elapsed_ms(t0),
             )
             raise CallFailed(status_name(e), error_details(e)) from None
         except Exception as e:  # core wraps bugs already; this is the door's last line of defence
             reason = f"{type(e).__name__}: {e}"
-            self.log(ON_DEFINE_DOMAIN, level="error", version=version, call=call, outcome="failed", error="internal", reason=reason, duration_ms=elapsed_ms(t0))
+            self.log(event, level="error", **door, call=call, outcome="failed", error="internal", reason=reason, duration_ms=elapsed_ms(t0))
             raise CallFailed("INTERNAL", f"pcitopo: internal: {one_line(reason)}") from None
         if len(out.xml) + wire.REPLY_FRAMING_BYTES > wire.MAX_REPLY_BYTES:  # only a reply the client can read
             e = DomainError(
                 f"the {out.outcome} domain is {len(out.xml)} bytes: virt-launcher's gRPC client (grpc-go defaults) "
                 f"refuses replies over {wire.MAX_REPLY_BYTES} bytes, so the VM could not start with it"
             )
-            self.log(ON_DEFINE_DOMAIN, level="error", version=version, vmi=out.vmi.ref, call=call, outcome="failed",
+            self.log(event, level="error", **door, vmi=out.vmi.ref, call=call, outcome="failed",
                      error=e.kind, reason=e.reason, in_bytes=len(domain_xml), out_bytes=len(out.xml), duration_ms=elapsed_ms(t0))
             raise CallFailed("RESOURCE_EXHAUSTED", error_details(e))
         self.log(
-            ON_DEFINE_DOMAIN, level="warning" if out.outcome == "passthrough" else "info", version=version,
+            event, level="warning" if out.outcome == "passthrough" else "info", **door,
             vmi=out.vmi.ref, call=call, outcome=out.outcome, reason=out.reason, duration_ms=elapsed_ms(t0),
             in_bytes=len(domain_xml), out_bytes=len(out.xml), **out.summary,
         )
         return out.xml
+
+    def execute_node_hook(self, hook_point: str, vmi_json: bytes, node: str) -> None:
+        """The Plugin's node hook (virt-handler, ``PreVMStart``): the doctor's checks for the
+        VM's devices on this node (``sidecar.plugin.nodehook``); a refusal is a CallFailed."""
+        with self._lock:
+            self._calls += 1
+            call = self._calls
+        t0 = time.perf_counter()
+        fields: dict[str, Any] = {"door": "node-hook", "hook_point": hook_point or None, "node": node or None, "call": call}
+        if hook_point != PRE_VM_START:
+            self.log(EXECUTE_NODE_HOOK, **fields, vmi=_vmi_ref(vmi_json), outcome="ignored",
+                     reason=f"pcitopo checks nodes at {PRE_VM_START} only")
+            return
+        from .plugin import nodehook
+
+        try:
+            verdict = nodehook.check_node(vmi_json, node, self.host, self.permitted)
+        except PcitopoError as e:
+            self.log(EXECUTE_NODE_HOOK, level="error", **fields, vmi=_vmi_ref(vmi_json), outcome="failed", error=e.kind,
+                     reason=e.reason, duration_ms=elapsed_ms(t0))
+            raise CallFailed(status_name(e), error_details(e)) from None
+        except Exception as e:  # a bug: one line, and the VM's start is the Plugin's failureStrategy's call
+            reason = one_line(f"{type(e).__name__}: {e}")
+            self.log(EXECUTE_NODE_HOOK, level="error", **fields, outcome="failed", error="internal", reason=reason,
+                     duration_ms=elapsed_ms(t0))
+            raise CallFailed("INTERNAL", f"pcitopo: internal: {reason}") from None
+        refused = verdict.refusal
+        found = dict(verdict.fields)
+        reason = found.pop("reason", None)
+        self.log(EXECUTE_NODE_HOOK, level="info" if verdict.outcome != "not-ready" else ("error" if refused else "warning"),
+                 **fields, outcome="refused" if refused else verdict.outcome, **found,
+                 reason=refused.reason if refused else reason, duration_ms=elapsed_ms(t0))
+        if refused is not None:
+            raise CallFailed(status_name(refused), error_details(refused))
 
     def pre_cloud_init_iso(self, version: str) -> None:
         self.log("PreCloudInitIso", version=version, outcome="unchanged")
@@ -214,6 +274,28 @@ class Hooks:
     def shutdown(self) -> None:
         self.log(SHUTDOWN, reason="virt-launcher asked us to stop")
         self.stop.set()
+
+
+MUTATE_DOMAIN = "MutateDomain"
+EXECUTE_NODE_HOOK = "ExecuteNodeHook"
+PRE_VM_START = "PreVMStart"
+# The invocation contexts KubeVirt's plugin API names (pkg/hooks/plugins/v1alpha1); virt-launcher
+# v1.9 sends Boot for every define of a boot and MigrationTarget on a migration's target.
+BOOT = "Boot"
+PLUGIN_CONTEXTS = (BOOT, "MigrationSource", "MigrationTarget")
+LIBVIRT_DOMAIN = "libvirt"
+
+
+def plugin_context_skip(domain_type: str, context: str) -> str | None:
+    """Why a MutateDomain call leaves the domain as sent, or None when it is rewritten."""
+    if domain_type and domain_type != LIBVIRT_DOMAIN:
+        return f"domain_type {domain_type[:40]!r}: pcitopo rewrites libvirt domains only"
+    if context == BOOT:
+        return None
+    if context.startswith("Migration"):
+        return (f"invocation context {context}: a VM with passthrough GPUs and NICs cannot live-migrate, "
+                f"and virt-launcher does not use this reply; left as sent")
+    return f"invocation context {context[:40]!r} is not one pcitopo knows ({', '.join(PLUGIN_CONTEXTS)}); left as sent"
 
 
 def elapsed_ms(t0: float) -> float:

@@ -55,6 +55,7 @@ from . import wire
 from .doors import EXIT_OK, Parser
 from .hookproto import VERSIONS
 from .hooks import CallFailed, HostCache, Hooks, JsonLog, elapsed_ms
+from .plugin.sockets import DEFAULT_PLUGIN, NODE_HOOK_SOCKET
 
 if TYPE_CHECKING:
     import grpc
@@ -73,11 +74,20 @@ WORKERS = 2
 # How long in-flight calls may run on when we are asked to stop.
 STOP_GRACE_S = 5.0
 # What the hook's output relies on from KubeVirt (docs/DEPLOY.md, section 12), said once at start.
-RELIES_ON = (
-    "KubeVirt v1.6 to main: virt-launcher defines the last OnDefineDomain reply as sent, and each "
-    "call re-sends what its re-parse drops (v1.6-1.7: busNr and <node>); no domain-hook Plugins "
-    "(with any, v1.9 defines XML rebuilt from its struct: maxphysaddr and qemu:override lost)"
-)
+RELIES_ON = {
+    "hook": (
+        "KubeVirt v1.6 to main: virt-launcher defines the last OnDefineDomain reply as sent, and each "
+        "call re-sends what its re-parse drops (v1.6-1.7: busNr and <node>); where any Plugin exists (v1.9+), "
+        "the reply is rebuilt from KubeVirt's struct: maxphysaddr and qemu:override lost unless the pcitopo "
+        "Plugin runs too (docs/DEPLOY.md, two doors)"
+    ),
+    "plugin": (
+        "KubeVirt v1.9+ with the Plugins gate: virt-launcher defines libvirt-go-xml-module's reading of the last "
+        "MutateDomain reply; on releases without kubevirt#18866 a VM with PCI hostdevs starts only if the "
+        "pcitopo hook sidecar runs too (it writes the hostdevs' mode)"
+    ),
+    "node-hook": "KubeVirt v1.9+ with the Plugins gate: virt-handler calls PreVMStart with the VMI before the VM starts",
+}
 
 
 # -- the transport: raw bytes in and out -----------------------------------------------------
@@ -118,15 +128,35 @@ def _methods(hooks: Hooks, version: str) -> dict[str, Callable[[bytes], bytes]]:
         hooks.shutdown()
         return b""  # ShutdownResult{}
 
+    def mutate_domain(request: bytes) -> bytes:
+        domain_type, domain_xml, vmi_json, context = wire.mutate_domain_request(request)
+        return wire.mutate_domain_response(hooks.mutate_domain(domain_type, domain_xml, vmi_json, context))
+
+    def execute_node_hook(request: bytes) -> bytes:
+        hook_point, vmi_json, node = wire.execute_node_hook_request(request)
+        hooks.execute_node_hook(hook_point, vmi_json, node)
+        return b""  # ExecuteNodeHookResponse{}
+
     return {
         "Info": lambda request: hooks.info(),
         "OnDefineDomain": on_define_domain,
         "PreCloudInitIso": pre_cloud_init_iso,
         "Shutdown": shutdown,
+        "MutateDomain": mutate_domain,
+        "ExecuteNodeHook": execute_node_hook,
     }
 
 
-def _handlers(hooks: Hooks) -> list:
+# What each door serves on its socket: the hook sidecar's API versions, the Plugin's domain
+# hook (in the VM's pod), the Plugin's node hook (on the node, for virt-handler).
+DOOR_SERVICES = {
+    "hook": wire.SERVICES,
+    "plugin": {wire.DOMAIN_HOOK_SERVICE: wire.PLUGIN_SERVICES[wire.DOMAIN_HOOK_SERVICE]},
+    "node-hook": {wire.NODE_HOOK_SERVICE: wire.PLUGIN_SERVICES[wire.NODE_HOOK_SERVICE]},
+}
+
+
+def _handlers(hooks: Hooks, door: str = "hook") -> list:
     """One generic handler per service, raw bytes in and out, all delegating to ``hooks``."""
     import grpc
 
@@ -134,8 +164,8 @@ def _handlers(hooks: Hooks) -> list:
         return grpc.unary_unary_rpc_method_handler(lambda request, context: _served(context, lambda: method(request)))
 
     out = []
-    for service, names in wire.SERVICES.items():
-        methods = _methods(hooks, service.split(".")[2])
+    for service, names in DOOR_SERVICES[door].items():
+        methods = _methods(hooks, service.rsplit(".", 2)[-2])
         out.append((service, {name: handler(methods[name]) for name in names}))
     return out
 
@@ -184,7 +214,8 @@ class HookServer:
     """The server's lifecycle: build, bind, open the door, wait, stop, clean up."""
 
     def __init__(self, socket_path: str, sysfs: str, log: JsonLog | None = None, workers: int = WORKERS,
-                 fabric: str | None = None, module_map: str | None = None):
+                 fabric: str | None = None, module_map: str | None = None, door: str = "hook", permitted=None):
+        self.door = door
         self.socket_path = os.path.abspath(socket_path)
         self.sysfs = sysfs
         self.log = log or JsonLog()
@@ -196,7 +227,7 @@ class HookServer:
             from pcitopo.topology.paths.fabric import FabricFile
 
             self.fabric = FabricFile(fabric, module_map, self.host)
-        self.hooks = Hooks(self.host, self.log, self.stop_event, self.fabric)
+        self.hooks = Hooks(self.host, self.log, self.stop_event, self.fabric, permitted)
         self._server: grpc.Server | None = None
         self._ident: tuple[int, int] | None = None
 
@@ -236,7 +267,7 @@ class HookServer:
                 ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
             ],
         )
-        for service, methods in _handlers(self.hooks):
+        for service, methods in _handlers(self.hooks, self.door):
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
             server.add_registered_method_handlers(service, methods)
 
@@ -254,15 +285,15 @@ class HookServer:
             os.umask(old_umask)
         if port == 0:
             raise ConfigError(f"cannot bind {self.socket_path}")
-        if os.geteuid() == 0:
+        if os.geteuid() == 0 and self.door != "node-hook":  # virt-handler, the node hook's client, is root
             os.chown(self.socket_path, COMPUTE_UID, COMPUTE_GID)
         server.start()
         self._server = server
         st = os.lstat(self.socket_path)
         self._ident = (st.st_dev, st.st_ino)
         self.log(
-            "serving", pcitopo_version=__version__, socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
-            replaced_stale_socket=replaced or None, ready_ms=elapsed_ms(t0), relies_on=RELIES_ON,
+            "serving", pcitopo_version=__version__, door=self.door, socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
+            replaced_stale_socket=replaced or None, ready_ms=elapsed_ms(t0), relies_on=RELIES_ON[self.door],
         )
 
     def wait(self) -> None:
@@ -304,12 +335,36 @@ class HookServer:
 
 
 def serve_main(argv: list[str]) -> int:
-    """``pcitopo serve [--socket PATH] [--sysfs PATH] [--fabric FILE [--module-map FILE]]``.
+    """``pcitopo serve [--plugin NAME | --node-hook] [--socket PATH] [--sysfs PATH] [--fabric FILE
+    [--module-map FILE]] [--permitted-host-devices FILE]``.
     Returns the exit code; a bad argument exits 2 with one line, an unusable socket path raises
     PcitopoError (one line, exit 2 through the CLI door, which also tunes the process first:
     ``sidecar.process``)."""
-    parser = Parser(prog="pcitopo serve", description="Serve KubeVirt's hook API (OnDefineDomain) on a Unix socket.")
-    parser.add_argument("--socket", default=DEFAULT_SOCKET, help=f"socket path (default {DEFAULT_SOCKET})")
+    args = _serve_parser().parse_args(argv)
+    ignored = _hook_version_arg(args.version)
+    if ignored is None:
+        print(f"pcitopo {__version__}")
+        return EXIT_OK
+    if args.module_map and not args.fabric:
+        raise ConfigError("--module-map needs --fabric")
+    door, socket_path, permitted = _door_of(args)
+    server = HookServer(socket_path, args.sysfs, fabric=args.fabric, module_map=args.module_map, door=door, permitted=permitted)
+    if ignored:
+        server.log("args", level="warning", ignored=f"--version {ignored}",
+                   reason=f"pcitopo serves every hook API version ({', '.join(VERSIONS)}); virt-launcher picks one")
+    return server.run()
+
+
+def _serve_parser() -> Parser:
+    parser = Parser(prog="pcitopo serve", description="Serve KubeVirt's hook API (OnDefineDomain), or the pcitopo Plugin's "
+                    "domain hook (MutateDomain) or node hook (ExecuteNodeHook), on a Unix socket.")
+    doors = parser.add_mutually_exclusive_group()
+    doors.add_argument("--plugin", metavar="NAME", nargs="?", const=DEFAULT_PLUGIN,
+                       help=f"serve the Plugin's domain hook for the Plugin named NAME (default {DEFAULT_PLUGIN}; KubeVirt "
+                       "v1.9+), on /var/run/kubevirt-plugin/NAME/domain.sock unless --socket says otherwise")
+    doors.add_argument("--node-hook", action="store_true", help=f"serve the Plugin's node hook (PreVMStart: the doctor's "
+                       f"checks for the VM's devices), on {NODE_HOOK_SOCKET} unless --socket says otherwise")
+    parser.add_argument("--socket", default=None, help=f"socket path (default {DEFAULT_SOCKET}, or the door's)")
     parser.add_argument(
         "--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)"
     )
@@ -317,23 +372,37 @@ def serve_main(argv: list[str]) -> int:
                         help="NVLink fabric partitions (`fmpm -l` output; default $PCITOPO_FABRIC), re-read when it changes")
     parser.add_argument("--module-map", default=os.environ.get("PCITOPO_MODULE_MAP") or None, metavar="FILE",
                         help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for placeholder BDFs (default $PCITOPO_MODULE_MAP)')
+    parser.add_argument("--permitted-host-devices", default=os.environ.get("PCITOPO_KUBEVIRT_CR") or None, metavar="FILE",
+                        help="--node-hook: the KubeVirt CR (YAML or JSON), whose permittedHostDevices map a VM's GPU and host "
+                        "device resource names to vendor:device (default $PCITOPO_KUBEVIRT_CR; without it: every "
+                        "vfio-pci GPU and NIC of the node)")
     parser.add_argument(
         "--version", nargs="?", const="", metavar="HOOK_API_VERSION",
         help="alone: print pcitopo's version; with a hook API version (KubeVirt's example sidecars pass "
         "`--version v1alpha2`): accepted and ignored, pcitopo serves v1alpha1, v1alpha2 and v1alpha3",
     )
-    args = parser.parse_args(argv)
-    ignored = _hook_version_arg(args.version)
-    if ignored is None:
-        print(f"pcitopo {__version__}")
-        return EXIT_OK
-    if args.module_map and not args.fabric:
-        raise ConfigError("--module-map needs --fabric")
-    server = HookServer(args.socket, args.sysfs, fabric=args.fabric, module_map=args.module_map)
-    if ignored:
-        server.log("args", level="warning", ignored=f"--version {ignored}",
-                   reason=f"pcitopo serves every hook API version ({', '.join(VERSIONS)}); virt-launcher picks one")
-    return server.run()
+    return parser
+
+
+def _door_of(args) -> tuple[str, str, object]:
+    """(door, socket path, permitted host devices) from the arguments; a socket KubeVirt would
+    never dial is a one-line error before anything binds."""
+    from .plugin import sockets
+
+    if args.permitted_host_devices and not args.node_hook:
+        raise ConfigError("--permitted-host-devices is for --node-hook")
+    if args.plugin is not None:
+        path = args.socket or sockets.domain_socket(args.plugin)
+        sockets.check_domain_socket(path, args.plugin)
+        return "plugin", path, None
+    if args.node_hook:
+        permitted = None
+        if args.permitted_host_devices:
+            from .plugin.nodehook import PermittedDevices
+
+            permitted = PermittedDevices.read(args.permitted_host_devices)
+        return "node-hook", args.socket or sockets.NODE_HOOK_SOCKET, permitted
+    return "hook", args.socket or DEFAULT_SOCKET, None
 
 
 def _hook_version_arg(value: str | None) -> str | None:

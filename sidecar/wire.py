@@ -169,3 +169,43 @@ INFO_RESULT = encode_fields(
     + [(INFO_RESULT_HOOK_POINTS, encode_fields([(HOOK_POINT_NAME, name.encode())])) for name in (ON_DEFINE_DOMAIN, SHUTDOWN)]
     + [(INFO_RESULT_VERSIONS, v.encode()) for v in VERSIONS]
 )
+
+
+# -- KubeVirt Plugins (VEP 190): proto/pcitopo/sidecar/hookproto/plugins_v1alpha1.proto --------
+
+PLUGIN_PACKAGE = "kubevirt.hooks.plugins.v1alpha1"
+DOMAIN_HOOK_SERVICE = f"{PLUGIN_PACKAGE}.DomainHookService"
+NODE_HOOK_SERVICE = f"{PLUGIN_PACKAGE}.NodeHookService"
+PLUGIN_SERVICES = {DOMAIN_HOOK_SERVICE: ("MutateDomain",), NODE_HOOK_SERVICE: ("ExecuteNodeHook",)}
+# MutateDomainRequest{domain_type = 1; domain = 2; vmi = 3; sidecar_context = 4 {invocation_context = 1}}
+MUTATE_DOMAIN_TYPE, MUTATE_DOMAIN, MUTATE_VMI, MUTATE_SIDECAR_CONTEXT, INVOCATION_CONTEXT = 1, 2, 3, 4, 1
+MUTATE_RESULT_DOMAIN = 1  # MutateDomainResponse.domain
+# ExecuteNodeHookRequest{hookPoint = 1; vmi = 2; node_context = 3 {node_name = 1}}
+NODE_HOOK_POINT, NODE_HOOK_VMI, NODE_HOOK_CONTEXT, NODE_NAME = 1, 2, 3, 1
+
+
+def _string(value: bytes, what: str) -> str:
+    """A proto3 ``string`` field: protobuf refuses one that is not UTF-8, and so do we."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError(f"{what} is not UTF-8") from None
+
+
+def mutate_domain_request(buf: bytes) -> tuple[str, bytes, bytes, str]:
+    """``MutateDomainRequest`` -> (domain_type, domain, vmi, invocation_context); missing is empty."""
+    f = decode_fields(buf)
+    context = decode_fields(f.get(MUTATE_SIDECAR_CONTEXT, b""))
+    return (_string(f.get(MUTATE_DOMAIN_TYPE, b""), "domain_type"), f.get(MUTATE_DOMAIN, b""), f.get(MUTATE_VMI, b""),
+            _string(context.get(INVOCATION_CONTEXT, b""), "invocation_context"))
+
+
+def mutate_domain_response(domain_xml: bytes) -> bytes:
+    return encode_fields([(MUTATE_RESULT_DOMAIN, domain_xml)])
+
+
+def execute_node_hook_request(buf: bytes) -> tuple[str, bytes, str]:
+    """``ExecuteNodeHookRequest`` -> (hookPoint, vmi, node_name); missing is empty."""
+    f = decode_fields(buf)
+    node = decode_fields(f.get(NODE_HOOK_CONTEXT, b""))
+    return _string(f.get(NODE_HOOK_POINT, b""), "hookPoint"), f.get(NODE_HOOK_VMI, b""), _string(node.get(NODE_NAME, b""), "node_name")

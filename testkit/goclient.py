@@ -1,4 +1,5 @@
-"""Build the grpc-go hook client (tests/sidecar/goclient/main.go) with Debian's Go packages.
+"""Build the grpc-go clients (tests/sidecar/goclient/main.go for the hook sidecar,
+tests/sidecar/goclient/plugin/main.go for the Plugin) with Debian's Go packages.
 
 The Go stubs are generated from proto/pcitopo/sidecar/hookproto/*.proto (wire-identical to KubeVirt's
 pkg/hooks/info and pkg/hooks/v1alpha1..3 .proto files) by protoc with Debian's protoc-gen-go and
@@ -18,7 +19,12 @@ from pathlib import Path
 from testkit import REPO
 
 PROTO_DIR = REPO / "proto" / "pcitopo" / "sidecar" / "hookproto"
-MAIN_GO = REPO / "tests" / "sidecar" / "goclient" / "main.go"
+# program -> its source: the hook sidecar's client (virt-launcher's hook manager) and the Plugin's
+# (virt-launcher's domain-hook client and virt-handler's node-hook client).
+PROGRAMS = {
+    "hookclient": REPO / "tests" / "sidecar" / "goclient" / "main.go",
+    "pluginclient": REPO / "tests" / "sidecar" / "goclient" / "plugin" / "main.go",
+}
 DEBIAN_GOPATH = Path("/usr/share/gocode")
 TOOLS = ("go", "protoc", "protoc-gen-go", "protoc-gen-go-grpc")
 # The Debian packages the build uses (scripts/setup-debian.sh installs them); their versions are
@@ -35,6 +41,7 @@ PACKAGES = {
     "v1alpha1.proto": "pcitopo/hooks/v1alpha1",
     "v1alpha2.proto": "pcitopo/hooks/v1alpha2",
     "v1alpha3.proto": "pcitopo/hooks/v1alpha3",
+    "plugins_v1alpha1.proto": "pcitopo/hooks/plugins",
 }
 
 
@@ -61,7 +68,7 @@ def _go_env(gopath: Path, cache: Path) -> dict[str, str]:
 
 def _inputs_key() -> str:
     h = hashlib.sha256()
-    for p in [MAIN_GO, Path(__file__), *sorted(PROTO_DIR.glob("*.proto"))]:
+    for p in [*PROGRAMS.values(), Path(__file__), *sorted(PROTO_DIR.glob("*.proto"))]:
         h.update(p.name.encode() + b"\0" + p.read_bytes())
     h.update(subprocess.run(["dpkg-query", "-W", *GO_PACKAGES], capture_output=True).stdout)
     for cmd in (["go", "version"], ["protoc", "--version"]):
@@ -71,8 +78,13 @@ def _inputs_key() -> str:
 
 def build_hookclient() -> Path:
     """The hookclient binary, built once per set of inputs."""
+    return build_client("hookclient")
+
+
+def build_client(program: str) -> Path:
+    """One of PROGRAMS, built once per set of inputs (all of them share one GOPATH)."""
     base = REPO / ".cache" / "goclient" / _inputs_key()
-    binary = base / "hookclient"
+    binary = base / program
     if binary.is_file():
         return binary
     gopath = base / "gopath"
@@ -86,17 +98,17 @@ def build_hookclient() -> Path:
         + sorted(PACKAGES),
         check=True, capture_output=True, cwd=PROTO_DIR,
     )
-    (src / "pcitopo" / "hookclient").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(MAIN_GO, src / "pcitopo" / "hookclient" / "main.go")
-    tmp = base / "hookclient.tmp"
+    (src / "pcitopo" / program).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(PROGRAMS[program], src / "pcitopo" / program / "main.go")
+    tmp = base / f"{program}.tmp"
     r = subprocess.run(
-        ["go", "build", "-o", str(tmp), "pcitopo/hookclient"],
-        env=_go_env(gopath, base / "gocache"), capture_output=True, cwd=base, timeout=900,
+        ["go", "build", "-o", str(tmp), f"pcitopo/{program}"],
+        env=_go_env(gopath, base / f"gocache-{program}"), capture_output=True, cwd=base, timeout=900,
     )
     if r.returncode != 0:
         raise RuntimeError(f"go build failed:\n{r.stderr.decode(errors='replace')}")
     tmp.rename(binary)
-    shutil.rmtree(base / "gocache", ignore_errors=True)
+    shutil.rmtree(base / f"gocache-{program}", ignore_errors=True)
     return binary
 
 
@@ -104,7 +116,7 @@ if __name__ == "__main__":
     print(build_hookclient())
 
 
-def hookclient_or_skip() -> Path:
+def hookclient_or_skip(program: str = "hookclient") -> Path:
     """The built client for a test: skipped where the Go toolchain is missing, failed under CI
     (where scripts/setup-debian.sh must have installed it)."""
     import pytest
@@ -115,4 +127,4 @@ def hookclient_or_skip() -> Path:
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
-    return build_hookclient()
+    return build_client(program)

@@ -68,6 +68,23 @@ WIRE = {
         }},
         {**ON_DEFINE, **CLOUD_INIT, "ShutdownParams": [], "ShutdownResult": []},
     ),
+    # KubeVirt Plugins (VEP 190): pkg/hooks/plugins/v1alpha1/api.proto at v1.9.0.
+    "plugins_v1alpha1": (
+        "kubevirt.hooks.plugins.v1alpha1",
+        {
+            "DomainHookService": {"MutateDomain": ("MutateDomainRequest", "MutateDomainResponse")},
+            "NodeHookService": {"ExecuteNodeHook": ("ExecuteNodeHookRequest", "ExecuteNodeHookResponse")},
+        },
+        {
+            "MutateDomainRequest": [("domain_type", 1, S, False), ("domain", 2, B, False), ("vmi", 3, B, False),
+                                    ("sidecar_context", 4, MSG, False)],
+            "SidecarContext": [("invocation_context", 1, S, False)],
+            "MutateDomainResponse": [("domain", 1, B, False)],
+            "ExecuteNodeHookRequest": [("hookPoint", 1, S, False), ("vmi", 2, B, False), ("node_context", 3, MSG, False)],
+            "NodeContext": [("node_name", 1, S, False)],
+            "ExecuteNodeHookResponse": [],
+        },
+    ),
 }
 _TYPE = {
     descriptor_pb2.FieldDescriptorProto.TYPE_BYTES: B,
@@ -104,6 +121,9 @@ def test_wire_names_and_field_numbers_match_kubevirt(stem):
         for m in fdp.message_type
     }
     assert got_messages == messages
+    if stem == "plugins_v1alpha1":  # the reserved field of SidecarContext stays reserved
+        ctx = next(m for m in fdp.message_type if m.name == "SidecarContext")
+        assert [(r.start, r.end) for r in ctx.reserved_range] == [(2, 3)]
     if stem == "info":
         hp = next(f for f in fdp.message_type[1].field if f.name == "hookPoints")
         assert hp.type_name == ".kubevirt.hooks.info.HookPoint"
@@ -123,6 +143,8 @@ def test_method_paths_are_the_ones_virt_launcher_calls():
         "/kubevirt.hooks.v1alpha3.Callbacks/OnDefineDomain",
         "/kubevirt.hooks.v1alpha3.Callbacks/PreCloudInitIso",
         "/kubevirt.hooks.v1alpha3.Callbacks/Shutdown",
+        "/kubevirt.hooks.plugins.v1alpha1.DomainHookService/MutateDomain",
+        "/kubevirt.hooks.plugins.v1alpha1.NodeHookService/ExecuteNodeHook",
     }
 
 
