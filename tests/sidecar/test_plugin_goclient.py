@@ -1,0 +1,192 @@
+"""Issue 25: pcitopo's Plugin hooks against an independent grpc-go client built from
+proto/pcitopo/sidecar/hookproto/plugins_v1alpha1.proto (tests/sidecar/goclient/plugin), called as
+KubeVirt v1.9 calls them: MutateDomain on the domain hook's socket under
+/var/run/kubevirt-plugin/<plugin>/ (virt-launcher), ExecuteNodeHook on the node hook's socket
+(virt-handler). The server is the real `pcitopo serve` process; the three chained defines put
+KubeVirt v1.9.0's re-parse and libvirtxml's round trip (testkit/plugin) between the calls.
+The image itself, run as KubeVirt runs it, is tests/sidecar/test_image.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from testkit.goclient import hookclient_or_skip
+from testkit.hookkit import fixture_domain, fixture_sysfs, placement, serve_argv, vmi_json, xmlfix
+from testkit.plugin.pipeline import as_libvirtxml, boot
+from testkit.server_proc import ServerProcess
+
+FIXTURES = ("hgx-b200", "hgx-h100", "dgx-h100")
+PLUGIN_ROOT = Path("/var/run/kubevirt-plugin")
+
+
+@pytest.fixture(scope="module")
+def client() -> Path:
+    return hookclient_or_skip("pluginclient")
+
+
+def call(client: Path, socket: Path, *args: str) -> dict:
+    r = subprocess.run([str(client), "-socket", str(socket), *args], capture_output=True, timeout=120)
+    lines = r.stdout.decode().strip().splitlines()
+    assert lines, f"pluginclient printed nothing (exit {r.returncode}): {r.stderr.decode(errors='replace')[:2000]}"
+    rep = json.loads(lines[-1])
+    assert (r.returncode == 0) == rep["ok"], rep
+    return rep
+
+
+@pytest.fixture(scope="module")
+def plugin_servers(tmp_path_factory):
+    """One domain-hook server per fixture host, each a Plugin of its own name, on the very path
+    KubeVirt v1.9 dials (needs root to create /var/run/kubevirt-plugin/<name>/)."""
+    if not os.access(PLUGIN_ROOT.parent, os.W_OK):
+        pytest.skip(f"needs write access to {PLUGIN_ROOT.parent} (root) for the plugin socket folder")
+    made, servers = [], {}
+    try:
+        for name in FIXTURES:
+            plugin = f"pcitopo-test-{os.getpid()}-{name}"
+            folder = PLUGIN_ROOT / plugin
+            folder.mkdir(parents=True)
+            made.append(folder)
+            argv = [*serve_argv(folder / "domain.sock", fixture_sysfs(name)), "--plugin", plugin]
+            srv = ServerProcess(argv, tmp_path_factory.mktemp("plugin") / "server.log", socket=folder / "domain.sock")
+            servers[name] = srv
+            srv.wait_for_socket()
+        yield servers
+    finally:
+        for srv in servers.values():
+            srv.stop()
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def mutate(client: Path, socket: Path, domain: bytes, tmp: Path, context: str = "Boot",
+           annotations: dict[str, str] | None = None) -> tuple[dict, bytes | None]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "in.xml").write_bytes(domain)
+    (tmp / "vmi.json").write_bytes(vmi_json(domain, annotations))
+    out = tmp / "out.xml"
+    out.unlink(missing_ok=True)
+    rep = call(client, socket, "mutate", "-domain", str(tmp / "in.xml"), "-vmi", str(tmp / "vmi.json"),
+               "-context", context, "-out", str(out))
+    return rep, out.read_bytes() if rep["ok"] else None
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_i25_grpc_go_three_chained_defines_keep_what_xmlfix_writes(client, plugin_servers, tmp_path, name):
+    """Per fixture: KubeVirt v1.9.0's three defines with the legacy hook and the plugin (both
+    pcitopo), the plugin called over its socket by grpc-go. Every define equals xmlfix's output
+    for the domain the plugin got, as libvirtxml reads both."""
+    srv = plugin_servers[name]
+    calls = iter(range(100))
+
+    def plugin(domain: bytes) -> bytes:
+        rep, out = mutate(client, srv.socket, domain, tmp_path / f"call{next(calls)}")
+        assert rep["ok"], rep
+        return out
+
+    def legacy(domain: bytes) -> bytes:
+        r = xmlfix(domain, fixture_sysfs(name), vmi_json(domain), tmp_path)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    b = boot(fixture_domain(name), legacy=legacy, plugins=[plugin])
+    assert b.error is None and len(b.defines) == 3
+    for sent, defined in zip(b.plugin_inputs, b.defines):
+        expected = xmlfix(sent, fixture_sysfs(name), vmi_json(sent), tmp_path)
+        assert expected.returncode == 0, expected.stderr
+        assert defined == as_libvirtxml(expected.stdout)
+    first = xmlfix(fixture_domain(name), fixture_sysfs(name), None, tmp_path).stdout
+    assert placement(b.defines[-1]) == placement(first)
+    for setting in (b"<maxphysaddr", b'name="x-speed"', b'<sysinfo type="fwcfg">', b'<model name="pxb-pcie">', b"busNr=",
+                    b'<hostdev mode="subsystem"'):
+        assert setting in b.defines[-1], setting
+    served = [r for r in srv.log_lines() if r.get("event") == "MutateDomain"][-3:]
+    assert [(r["door"], r["context"], r["outcome"]) for r in served] == [("plugin", "Boot", "rewritten")] * 3
+
+
+def test_i25_grpc_go_migration_target_gets_the_domain_back(client, plugin_servers, tmp_path):
+    srv = plugin_servers["hgx-b200"]
+    domain = as_libvirtxml(xmlfix(fixture_domain("hgx-b200"), fixture_sysfs("hgx-b200"), None, tmp_path).stdout)
+    rep, out = mutate(client, srv.socket, domain, tmp_path, context="MigrationTarget")
+    assert rep["ok"] and out == domain
+    last = [r for r in srv.log_lines() if r.get("event") == "MutateDomain"][-1]
+    assert last["outcome"] == "unchanged" and "cannot live-migrate" in last["reason"]
+
+
+def test_i25_grpc_go_sees_a_refusal_as_one_line(client, plugin_servers, tmp_path):
+    srv = plugin_servers["hgx-b200"]
+    rep, _ = mutate(client, srv.socket, fixture_domain("hgx-b200"), tmp_path,
+                    annotations={"pcitopo.kubevirt.io/pairing": "always"})
+    assert not rep["ok"] and rep["code"] == "InvalidArgument"
+    assert rep["message"].startswith("pcitopo: config: annotation pcitopo.kubevirt.io/pairing") and "\n" not in rep["message"]
+
+
+def test_i25_the_plugin_refuses_a_socket_virt_launcher_would_never_dial(tmp_path):
+    r = subprocess.run([*serve_argv(tmp_path / "domain.sock", fixture_sysfs("hgx-b200")), "--plugin", "pcitopo"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "is not directly in /var/run/kubevirt-plugin/pcitopo/" in r.stderr and "/var/run/kubevirt-plugin/pcitopo/domain.sock" in r.stderr
+
+
+# -- the node hook -----------------------------------------------------------------------------
+
+@pytest.fixture()
+def node_hook(tmp_path):
+    def start(fixture: str) -> ServerProcess:
+        d = Path(tempfile.mkdtemp(prefix="pcitopo-node-"))
+        sock = d / "pcitopo.sock"
+        srv = ServerProcess([*serve_argv(sock, fixture_sysfs(fixture)), "--node-hook"], tmp_path / f"{fixture}.log", socket=sock)
+        started.append((srv, d))
+        srv.wait_for_socket()
+        return srv
+
+    started: list = []
+    yield start
+    for srv, d in started:
+        srv.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def node_call(client: Path, srv: ServerProcess, tmp: Path, annotations: dict[str, str] | None, hook: str = "PreVMStart") -> dict:
+    (tmp / "vmi.json").write_bytes(vmi_json(fixture_domain("hgx-h100"), annotations))
+    return call(client, srv.socket, "node", "-hook", hook, "-vmi", str(tmp / "vmi.json"), "-node", "gpu-node-7")
+
+
+def test_i25_node_hook_refuses_a_node_that_cannot_give_gpudirect_rdma(client, node_hook, tmp_path):
+    srv = node_hook("hgx-h100-faults")
+    rep = node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "require"})
+    assert not rep["ok"] and rep["code"] == "FailedPrecondition", rep
+    msg = rep["message"]
+    assert "\n" not in msg and msg.startswith("pcitopo: doctor: gpu-node-7 cannot give this VM GPUDirect RDMA")
+    assert "; fix: " in msg and "(and " in msg
+    rec = [r for r in srv.log_lines() if r.get("event") == "ExecuteNodeHook"][-1]
+    assert rec["outcome"] == "refused" and rec["door"] == "node-hook" and rec["doctor"]["fail"] > 0
+    again = node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "require"})
+    assert again == rep  # hook points fire again while the VM is not running: the same answer
+
+
+def test_i25_node_hook_passes_a_ready_node(client, node_hook, tmp_path):
+    srv = node_hook("hgx-b200")
+    assert node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "require"})["ok"]
+    rec = [r for r in srv.log_lines() if r.get("event") == "ExecuteNodeHook"][-1]
+    assert rec["outcome"] == "ready" and rec["devices"] > 0 and rec["doctor"]["fail"] == 0
+
+
+def test_i25_node_hook_with_warn_passes_and_logs(client, node_hook, tmp_path):
+    srv = node_hook("hgx-h100-faults")
+    assert node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "warn"})["ok"]
+    rec = [r for r in srv.log_lines() if r.get("event") == "ExecuteNodeHook"][-1]
+    assert rec["outcome"] == "not-ready" and rec["level"] == "warning" and rec["doctor_findings"]
+
+
+def test_i25_node_hook_ignores_other_hook_points(client, node_hook, tmp_path):
+    srv = node_hook("hgx-h100-faults")
+    assert node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "require"}, hook="PostVMStop")["ok"]
+    rec = [r for r in srv.log_lines() if r.get("event") == "ExecuteNodeHook"][-1]
+    assert rec["outcome"] == "ignored"
