@@ -77,7 +77,7 @@ STOP_GRACE_S = 5.0
 RELIES_ON = {
     "hook": (
         "KubeVirt v1.6 to main: virt-launcher defines the last OnDefineDomain reply as sent, and each "
-        "call re-sends what its re-parse drops (v1.6-1.7: busNr and <node>); where any Plugin exists (v1.9+), "
+        "call re-sends what its re-parse drops (v1.6-1.7: busNr and <node>); with Plugins (v1.9+) and any Plugin CR, "
         "the reply is rebuilt from KubeVirt's struct: maxphysaddr and qemu:override lost unless the pcitopo "
         "Plugin runs too (docs/DEPLOY.md, two doors)"
     ),

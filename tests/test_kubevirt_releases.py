@@ -194,4 +194,5 @@ def test_deploy_md_quotes_the_serving_lines_relies_on():
 
     from pcitopo.sidecar.server import RELIES_ON
 
-    assert f'"relies_on":{json.dumps(RELIES_ON)}' in DEPLOY_MD
+    for door, text in RELIES_ON.items():  # each door's serving line, as DEPLOY.md quotes it
+        assert f'"door":"{door}"' in DEPLOY_MD and f'"relies_on":{json.dumps(text)}' in DEPLOY_MD, door

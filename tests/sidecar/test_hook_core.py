@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from lxml import etree
 
 from testkit import REPO
 from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
@@ -11,6 +12,7 @@ from pcitopo.sidecar.core import InternalError, handle_define_domain
 from pcitopo.topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
 from pcitopo.topology.guest.rewrite import rewrite_domain
 from pcitopo.topology.host.sysfs import open_host
+from pcitopo.topology.libvirt.domain import with_hostdev_modes
 
 PASSTHROUGH = {f"{PREFIX}on-error": "passthrough"}
 
@@ -46,14 +48,33 @@ def test_host_may_be_a_callable_and_mode_off_never_calls_it(b200):
 
     assert handle_define_domain(dom, None, host).outcome == "rewritten" and calls == [1]
     out = handle_define_domain(dom, vmi_json(dom, {f"{PREFIX}mode": "off"}), host)
-    assert out.outcome == "unchanged-off" and out.xml is dom and calls == [1]
+    assert out.outcome == "unchanged-off" and out.xml == moded(dom) and calls == [1]
     assert "pcitopo.kubevirt.io/mode" in out.reason
+
+
+def moded(dom: bytes) -> bytes:
+    """What mode: off and on-error: passthrough hand back: the domain, with libvirt's default
+    mode='subsystem' written on the PCI hostdevs that lack it (issue 25), nothing else changed."""
+    out = with_hostdev_modes(dom)[0]
+    root, back = etree.fromstring(dom), etree.fromstring(out)
+    assert all(hd.get("mode") == "subsystem" for hd in back.iter("hostdev"))
+    for hd in [*root.iter("hostdev"), *back.iter("hostdev")]:
+        hd.attrib.pop("mode", None)
+    assert etree.tostring(back) == etree.tostring(root), "more than mode changed"
+    return out
+
+
+def test_i25_off_and_passthrough_write_only_the_hostdev_mode():
+    dom = fixture_domain("hgx-b200")
+    out = moded(dom)
+    assert out != dom and out.count(b'<hostdev mode="subsystem" type="pci"') == dom.count(b"<hostdev ")
+    assert with_hostdev_modes(out) == (out, 0)  # nothing more to add: the same bytes back
 
 
 def test_mode_off_works_where_sysfs_cannot_be_read():
     dom = fixture_domain("hgx-b200")
     out = handle_define_domain(dom, vmi_json(dom, {f"{PREFIX}mode": "off"}), lambda: open_host("/nonexistent"))
-    assert out.xml == dom
+    assert out.xml == moded(dom)
 
 
 def test_failure_raises_by_default_and_passes_through_when_asked(b200):
@@ -62,7 +83,7 @@ def test_failure_raises_by_default_and_passes_through_when_asked(b200):
         handle_define_domain(dom, vmi_json(dom), b200)
     assert "0000:77:00.0" in ei.value.reason
     out = handle_define_domain(dom, vmi_json(dom, PASSTHROUGH), b200)
-    assert out.outcome == "passthrough" and out.xml == dom and out.result is None
+    assert out.outcome == "passthrough" and out.xml == moded(dom) and out.result is None
     assert out.reason.startswith("domain: ") and "0000:77:00.0" in out.reason
 
 
@@ -72,7 +93,7 @@ def test_unreadable_sysfs_is_a_sysfs_error_or_a_passthrough():
     with pytest.raises(SysfsError):
         handle_define_domain(dom, vmi_json(dom), host)
     out = handle_define_domain(dom, vmi_json(dom, PASSTHROUGH), host)
-    assert out.outcome == "passthrough" and out.xml == dom and out.reason.startswith("sysfs: ")
+    assert out.outcome == "passthrough" and out.xml == moded(dom) and out.reason.startswith("sysfs: ")
 
 
 @pytest.mark.parametrize("doc", [b"", b"   \n"])
@@ -104,7 +125,7 @@ def test_a_bug_becomes_a_one_line_internal_error_under_the_same_policy():
         handle_define_domain(dom, None, lambda: object())
     assert isinstance(ei.value, PcitopoError) and ei.value.kind == "internal" and "\n" not in str(ei.value)
     out = handle_define_domain(dom, vmi_json(dom, PASSTHROUGH), lambda: object())
-    assert out.outcome == "passthrough" and out.xml == dom and out.reason.startswith("internal: ")
+    assert out.outcome == "passthrough" and out.xml == moded(dom) and out.reason.startswith("internal: ")
 
 
 # -- on-error: passthrough does not switch off nvlink/doctor: require (the docs say "whatever
@@ -140,7 +161,7 @@ def test_nvlink_require_stops_a_passthrough(h100, h100_fabric):
 def test_nvlink_warn_on_a_passthrough_logs_the_verdict(h100, h100_fabric):
     ann = {**PASSTHROUGH, f"{PREFIX}nvlink": "warn", f"{PREFIX}doctor": "off"}
     out = handle_define_domain(H100_FOREIGN, vmi_json(H100_FOREIGN, ann), h100, h100_fabric)
-    assert out.outcome == "passthrough" and out.xml == H100_FOREIGN
+    assert out.outcome == "passthrough" and out.xml == moded(H100_FOREIGN)
     assert out.summary["nvlink"] == "not-a-partition" and "no fabric partition" in out.summary["nvlink_reason"]
 
 

@@ -40,6 +40,7 @@ from pcitopo.sidecar.hookproto import (
 )
 from pcitopo.sidecar.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
 from pcitopo.sidecar.wire import MAX_MESSAGE_BYTES
+from pcitopo.topology.libvirt.domain import with_hostdev_modes
 
 ROOT = os.geteuid() == 0
 
@@ -354,12 +355,12 @@ def test_a_request_that_is_not_protobuf_is_refused_and_the_server_keeps_serving(
     assert info(shared_server.socket).name == "pcitopo"
 
 
-def test_passthrough_and_off_return_the_input_bytes_unchanged(shared_server):
+def test_passthrough_and_off_return_the_input_with_only_the_hostdev_mode_added(shared_server):
     bad = DOMAIN.replace(b'bus="0x1b" slot="0x00"', b'bus="0x77" slot="0x00"', 1)
-    assert define(shared_server.socket, bad, vmi_json(bad, {f"{PREFIX}on-error": "passthrough"})) == bad
+    assert define(shared_server.socket, bad, vmi_json(bad, {f"{PREFIX}on-error": "passthrough"})) == with_hostdev_modes(bad)[0]
     last = [r for r in shared_server.log_lines() if r.get("event") == "OnDefineDomain"][-1]
     assert last["outcome"] == "passthrough" and last["level"] == "warning" and "0000:77:00.0" in last["reason"]
-    assert define(shared_server.socket, DOMAIN, vmi_json(DOMAIN, {f"{PREFIX}mode": "off"})) == DOMAIN
+    assert define(shared_server.socket, DOMAIN, vmi_json(DOMAIN, {f"{PREFIX}mode": "off"})) == with_hostdev_modes(DOMAIN)[0]
 
 
 def test_every_log_line_is_json_and_a_call_says_what_happened(shared_server):
@@ -391,6 +392,6 @@ def test_an_unreadable_sysfs_still_serves_and_says_why_per_call(start):
         define(srv.socket, DOMAIN)
     assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert ei.value.details().startswith("pcitopo: sysfs: /nonexistent/sysfs")
-    assert define(srv.socket, DOMAIN, vmi_json(DOMAIN, {f"{PREFIX}mode": "off"})) == DOMAIN
+    assert define(srv.socket, DOMAIN, vmi_json(DOMAIN, {f"{PREFIX}mode": "off"})) == with_hostdev_modes(DOMAIN)[0]
     host = next(r for r in srv.log_lines() if r.get("event") == "host")
     assert host["level"] == "error" and host["error"] == "sysfs"

@@ -11,6 +11,7 @@ import pytest
 
 from testkit.hookkit import BIN, REPO, fixture_domain, fixture_sysfs, vmi_json
 from pcitopo.sidecar.config import PREFIX
+from pcitopo.topology.libvirt.domain import with_hostdev_modes
 
 DOMAIN = fixture_domain("hgx-b200")
 EXPECTED = (REPO / "fixtures/hgx-b200/expected.xml").read_bytes()
@@ -47,14 +48,15 @@ def test_equals_form_any_order_and_a_sysfs_flag():
 
 
 def test_the_domain_bytes_come_back_exactly_when_nothing_is_to_be_done():
-    """Off and passthrough hand back the very bytes the shim passed, non-ASCII included."""
+    """Off and passthrough hand back what the shim passed, non-ASCII included, with only libvirt's
+    default hostdev mode written where it was missing (issue 25)."""
     dom = DOMAIN.replace(b"<devices>", "<description>Gr\u00fc\u00dfe \u2013 GPU VM</description><devices>".encode(), 1)
     off = vmi_json(dom, {f"{PREFIX}mode": "off"})
     r = subprocess.run([str(BIN / "onDefineDomain"), b"--vmi", off, b"--domain", dom], capture_output=True, cwd="/", timeout=60)
-    assert r.returncode == 0 and r.stdout == dom
+    assert r.returncode == 0 and r.stdout == with_hostdev_modes(dom)[0]
     bad = dom.replace(b'bus="0x1b" slot="0x00"', b'bus="0x77" slot="0x00"', 1)
     r = shim("--vmi", vmi_json(bad, {f"{PREFIX}on-error": "passthrough"}).decode(), "--domain", bad.decode())
-    assert r.returncode == 0 and r.stdout == bad
+    assert r.returncode == 0 and r.stdout == with_hostdev_modes(bad)[0]
     assert json.loads(one_line(r.stderr))["outcome"] == "passthrough"
 
 
