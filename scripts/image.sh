@@ -69,7 +69,7 @@ fi
 # lock files, and the sources of the wheel as .containerignore lets them through.
 digest() { find "$@" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16; }
 LOCK_DIGEST=$(digest requirements.lock requirements-build.lock)
-SOURCE_DIGEST=$(digest pyproject.toml README.md topology sidecar)
+SOURCE_DIGEST=$(digest pyproject.toml README.md LICENSE topology sidecar)
 
 for arch in "${ARCHES[@]}"; do
     base=$(bash scripts/image-base.sh "$arch")
