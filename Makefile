@@ -83,7 +83,8 @@ fixtures: setup-base
 #   make image                  this machine's architecture: localhost/pcitopo:<version>-<arch>
 #   make image ARCH=arm64       the aarch64 image (under qemu-user on x86)
 #   make image ARCH=all         both, and the manifest list localhost/pcitopo:<version>
-# Behind a proxy that inspects TLS, PIP_CA_BUNDLE=<your CA file> lets the build stage's pip trust it.
+# Behind a proxy that inspects TLS, PIP_CA_BUNDLE=<your CA file> (or pip's own PIP_CERT) lets the
+# build stage's pip trust it. `bash scripts/image.sh --preflight [--arch ...]` checks, builds nothing.
 ARCH ?=
 image: .cache/.debian
 	bash scripts/image.sh $(if $(ARCH),--arch $(ARCH)) $(if $(filter all,$(ARCH)),--manifest)
