@@ -7,6 +7,7 @@ but builds nothing."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -95,3 +96,27 @@ def test_f11_setup_debian_installs_what_a_foreign_arch_build_needs():
     packages = text[text.index("PACKAGES=("):text.index("\n)\n")]
     for p in ("arch-test", "qemu-user-static", "binfmt-support", "mmdebstrap"):
         assert f"\n    {p} " in packages or f"\n    {p}\n" in packages, p
+
+
+# -- the installed package, as the docs describe it ----------------------------------------------
+
+DOCS = [ROOT / "README.md", ROOT / "fixtures" / "README.md", ROOT / "tests" / "e2e" / "README.md",
+        *sorted((ROOT / "docs").glob("*.md"))]
+# a dotted module path that starts at a folder's name, not at the installed package
+BARE_MODULE = re.compile(r"(?<![\w./-])(?:topology|sidecar)\.[a-z_]+\w*(?:\.\w+)*")
+
+
+def test_f11_docs_name_modules_as_installed_and_say_one_top_level_package():
+    """Since the wheel installs `pcitopo.topology` and `pcitopo.sidecar` (and no test kit), a doc
+    naming `topology.host.sysfs.open_host` or `import topology` names what no install has."""
+    for doc in DOCS:
+        text = doc.read_text()
+        bare = BARE_MODULE.findall(text)
+        assert not bare, f"{doc.relative_to(ROOT)}: {bare[:5]} (write pcitopo.{bare[0]})"
+        assert not re.search(r"\b(?:import|from) (?:topology|sidecar)\b", text), doc
+    for doc in (ROOT / "README.md", ROOT / "docs" / "ARCHITECTURE.md"):
+        text = " ".join(doc.read_text().split())
+        assert "one top-level Python package, `pcitopo`" in text, doc
+        assert "`pcitopo.topology`" in text and "`pcitopo.sidecar`" in text, doc
+    arch = " ".join((ROOT / "docs" / "ARCHITECTURE.md").read_text().split())
+    assert "It is never installed" in arch and "a package of the development install" not in arch
