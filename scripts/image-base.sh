@@ -8,11 +8,15 @@
 # debuerreotype's .slimify-excludes).
 #
 #   scripts/image-base.sh [amd64|arm64]      prints the image name it made or found
+#   scripts/image-base.sh --preflight [ARCH] checks only what the build needs (one line each
+#                                            missing thing, exit 2), makes nothing
 #
 # The root tarball is cached under .cache/image/ (keyed by this script and the architecture), so
 # only the first run pays mmdebstrap (about 80 s for amd64; arm64 runs its maintainer scripts
 # under qemu-user). A foreign architecture needs qemu-user-static and binfmt-support
-# (scripts/setup-debian.sh installs them and enables the handler).
+# (scripts/setup-debian.sh installs them and enables the handler) and arch-test, with which
+# mmdebstrap decides how to run the foreign root's programs (without it mmdebstrap ends with a
+# bare `E: install arch-test`; this script says what to install first).
 #
 # Environment:
 #   PCITOPO_CACHE_IMAGE  where the tarballs go (default <repo>/.cache/image)
@@ -21,7 +25,10 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-ARCH="${1:-$(dpkg --print-architecture)}"
+PREFLIGHT=0
+[[ ${1:-} == --preflight ]] && { PREFLIGHT=1; shift; }
+NATIVE=$(dpkg --print-architecture)
+ARCH="${1:-$NATIVE}"
 CACHE="${PCITOPO_CACHE_IMAGE:-$REPO_ROOT/.cache/image}"
 SOURCES="${APT_SOURCES:-/etc/apt/sources.list.d/debian.sources}"
 SUITE=bookworm
@@ -38,6 +45,32 @@ for tool in mmdebstrap podman; do
     command -v "$tool" >/dev/null || { log "$tool is missing: run scripts/setup-debian.sh"; exit 2; }
 done
 [[ -r $SOURCES ]] || { log "no apt sources file at $SOURCES (set APT_SOURCES)"; exit 2; }
+
+# A foreign architecture's root runs its maintainer scripts under qemu-user: mmdebstrap asks
+# arch-test whether ARCH's programs run here, qemu-user-static has the emulator, binfmt-support
+# registers it with the kernel's binfmt_misc (Debian package names; mmdebstrap only recommends
+# arch-test and suggests the other two, so an install without recommends lacks all three).
+foreign_arch_ready() {
+    local qarch missing=()
+    [[ $ARCH == "$NATIVE" ]] && return 0
+    case $ARCH in arm64) qarch=aarch64 ;; amd64) qarch=x86_64 ;; esac
+    command -v arch-test >/dev/null || missing+=(arch-test)
+    command -v "qemu-$qarch-static" >/dev/null || missing+=(qemu-user-static)
+    command -v update-binfmts >/dev/null || missing+=(binfmt-support)
+    if [[ ${#missing[@]} -gt 0 ]]; then
+        log "an $ARCH root on this $NATIVE machine runs $ARCH programs under qemu-user, which needs ${missing[*]}: apt-get install ${missing[*]} (scripts/setup-debian.sh installs arch-test, qemu-user-static and binfmt-support), then retry"
+        exit 2
+    fi
+    if ! grep -qx enabled "/proc/sys/fs/binfmt_misc/qemu-$qarch" 2>/dev/null; then
+        log "qemu-$qarch is not registered with binfmt_misc: update-binfmts --enable qemu-$qarch (scripts/setup-debian.sh does it), then retry"
+        exit 2
+    fi
+}
+foreign_arch_ready
+if [[ $PREFLIGHT == 1 ]]; then
+    log "preflight: $ARCH base on $NATIVE: ready"
+    exit 0
+fi
 
 # The cache key: what decides the tarball's content besides the archive's state.
 KEY=$( { cat "${BASH_SOURCE[0]}"; echo "$ARCH $SUITE $PACKAGES"; } | sha256sum | cut -c1-12)

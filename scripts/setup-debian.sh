@@ -55,6 +55,7 @@ PACKAGES=(
     mmdebstrap
     qemu-user-static
     binfmt-support
+    arch-test                # mmdebstrap's test whether a foreign root's programs run (only Recommended)
 )
 
 if [[ -n ${ONLY:-} ]]; then

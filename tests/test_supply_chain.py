@@ -1,19 +1,16 @@
 """Issue 14 finding 10: the image's inputs. A small build context (.containerignore), every
-dependency pinned with hashes in a lock the Containerfile installs from, the image pinned by
-digest through a kustomize base, and `make demo` without the e2e guest kernel."""
+dependency pinned with hashes in a lock the Containerfile installs from, and `make demo` without
+the e2e guest kernel. (The image pinned by digest through kustomize: tests/test_kustomize.py.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
 import subprocess
 import tomllib
 from importlib import metadata as md
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -145,54 +142,6 @@ def test_f10_containerfile_installs_from_the_locks():
     assert "--no-build-isolation" in runs_build, "our wheel builds with the pinned setuptools, not a fresh download"
     assert re.search(r"pip install [^&]*--no-index [^&]*--require-hashes -r /tmp/requirements\.lock", runs_final)
     assert re.search(r"pip install [^&]*--no-index [^&]*--no-deps pcitopo", runs_final)
-
-
-# -- kustomize -----------------------------------------------------------------------------------
-
-def _kustomize() -> list[str] | None:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    kubectl = shutil.which("kubectl")
-    if kubectl:
-        r = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True, timeout=60)
-        m = re.search(r"Kustomize Version: v(\d+)\.(\d+)", r.stdout)
-        if m and (int(m.group(1)), int(m.group(2))) >= (4, 1):
-            return [kubectl, "kustomize"]
-    return None
-
-
-def yaml_single_quoted(text: str, key: str) -> str:
-    """The value of ``key: '...'`` in YAML output, with its line folding undone (a line break
-    and the next line's indentation read as one space; '' is a quote)."""
-    start = text.index(f"{key}: '") + len(key) + 3
-    body, i = [], start
-    while True:
-        j = text.index("'", i)
-        if text.startswith("''", j):
-            body.append(text[i:j] + "'")
-            i = j + 2
-            continue
-        body.append(text[i:j])
-        break
-    return re.sub(r"\n\s*", " ", "".join(body))
-
-
-def test_f10_kustomize_base_pins_the_sidecar_image_by_digest(tmp_path):
-    """Finding 10: the `images:` entry of deploy/kustomization.yaml ends up, by digest, in the
-    VM template's hooks.kubevirt.io/hookSidecars annotation; the helper Pod is not emitted."""
-    cmd = _kustomize()
-    if cmd is None:
-        pytest.skip("no kustomize 4.1+ (kustomize, or kubectl 1.22+) on this machine")
-    base = tmp_path / "deploy"
-    shutil.copytree(ROOT / "deploy", base)
-    digest = "sha256:" + "ab" * 32
-    k = base / "kustomization.yaml"
-    k.write_text(re.sub(r"digest: sha256:[0-9a-f]{64}", f"digest: {digest}", k.read_text()))
-    r = subprocess.run([*cmd, str(base)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    sidecars = json.loads(yaml_single_quoted(r.stdout, "hooks.kubevirt.io/hookSidecars"))
-    assert sidecars == [{"image": f"registry.example.com/pcitopo@{digest}", "imagePullPolicy": "IfNotPresent"}]
-    assert "kind: Pod" not in r.stdout and "kind: VirtualMachine" in r.stdout
 
 
 # -- make demo ----------------------------------------------------------------------------------

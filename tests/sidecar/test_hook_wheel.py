@@ -166,6 +166,18 @@ def test_f11_the_wheel_installs_one_top_level_package_and_no_test_kit(wheel):
     assert {n.split("/")[1] for n in names if n.startswith("pcitopo/")} == {"topology", "sidecar"}
 
 
+def test_f10_the_wheel_ships_the_license_text(wheel):
+    """Issue 26, finding 10: pyproject's `license-files` puts LICENSE in the wheel (built from the
+    Containerfile's paths, so the image's install has it too) and names it in the metadata."""
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        dist = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
+        assert z.read(f"{dist}/licenses/LICENSE") == (REPO / "LICENSE").read_bytes()
+        meta = z.read(f"{dist}/METADATA").decode()
+    assert "License-Expression: Apache-2.0" in meta.splitlines()
+    assert "License-File: LICENSE" in meta.splitlines()
+
+
 def test_f11_a_wheel_of_the_whole_checkout_ships_only_what_users_run(tmp_path):
     """`pip install .` from a checkout (what README documents) builds its wheel from the whole
     tree: still only pcitopo/topology and pcitopo/sidecar, every package folder of theirs listed
