@@ -264,6 +264,7 @@ def test_i27_cells_doctor_reports_the_packed_kubelet(capsys):
         "set: a pod's CPUs fill whole NUMA nodes first), topology manager policy best-effort",
         f"kubelet: pod {POD} container compute: 65 exclusive CPUs on host NUMA nodes 0,1",
     ]
+    assert "\n".join(kubelet_lines(out)) in (ROOT / "docs" / "DEPLOY.md").read_text()  # quoted as printed
     _, nfd = doctor(capsys, "--kubelet-dir", str(KUBELET / "packed"), "--nfd")
     assert "pcitopo.kubevirt.io/kubelet-cpu-manager-policy=static" in nfd.splitlines()
     assert "pcitopo.kubevirt.io/kubelet-distribute-cpus-across-numa=false" in nfd.splitlines()
@@ -278,6 +279,7 @@ def test_i27_cells_doctor_reports_the_spread_kubelet(capsys):
     _, out = doctor(capsys, "--kubelet-dir", str(KUBELET / "spread"))
     assert kubelet_lines(out)[0] == ("kubelet: CPU manager policy static (cpu_manager_state), options "
                                      "distribute-cpus-across-numa=true, topology manager policy best-effort")
+    assert "\n".join(kubelet_lines(out)) in (ROOT / "docs" / "DEPLOY.md").read_text()  # quoted as printed
 
 
 def test_i27_cells_doctor_says_when_it_cannot_read_the_kubelet(capsys, tmp_path):
