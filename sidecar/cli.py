@@ -148,6 +148,7 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from pcitopo.topology.checks.doctor import run_checks
+    from pcitopo.topology.checks.kubelet import KUBELET_DIR
     from pcitopo.topology.checks.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
     from pcitopo.topology.model.tree import Bdf, Topology
     from pcitopo.topology.host.sysfs import SysfsReader
@@ -156,7 +157,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     source = open_source(args.sysfs)
     topo = Topology(SysfsReader(source))
     bdfs = [Bdf.parse(b) for b in args.bdf] if args.bdf else None
-    report = run_checks(topo, bdfs, source)
+    # the kubelet's files are this node's: read them when asked, or when --sysfs is this node's /sys
+    kubelet_dir = args.kubelet_dir or (KUBELET_DIR if args.sysfs == "/sys" else None)
+    report = run_checks(topo, bdfs, source, kubelet_dir, args.kubelet_config)
     pix = pix_facts(topo, report.targets) if (args.prometheus or args.nfd or args.prometheus_out or args.nfd_out) else None
     if args.prometheus_out:
         write_atomic(args.prometheus_out, prometheus_text(report, pix))
@@ -186,6 +189,11 @@ def _add_doctor_parser(sub, default_sysfs: str) -> None:
     out.add_argument("--nfd", action="store_true", help="Node Feature Discovery local features (key=value) on stdout")
     d.add_argument("--prometheus-out", metavar="FILE.prom", help="also write the metrics to FILE (atomically)")
     d.add_argument("--nfd-out", metavar="FILE", help="also write the NFD features to FILE (atomically)")
+    d.add_argument("--kubelet-dir", metavar="DIR", default=os.environ.get("PCITOPO_KUBELET_DIR") or None,
+                   help="the node's kubelet directory, for its CPU manager settings (cpu_manager_state, config.yaml); "
+                   "default $PCITOPO_KUBELET_DIR, or /var/lib/kubelet when --sysfs is /sys, else not read")
+    d.add_argument("--kubelet-config", metavar="FILE", default=None,
+                   help="the kubelet's config file when not DIR/config.yaml (the kubelet's --config)")
     d.add_argument("-v", "--verbose", action="store_true", help="human output: list the checks that passed too")
     d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")
 

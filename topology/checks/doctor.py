@@ -33,6 +33,7 @@ from ..host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
 from ..model.labels import Labeled, default_devices, host_labels, label_devices
 from ..model.tree import MELLANOX, Bdf, PciFunction, Role, Topology, is_bdf
 from ..paths.classify import Nccl, classify
+from .kubelet import KubeletFacts, read_kubelet
 
 CHECKS = ("iommu", "vfio-driver", "iommu-group", "acs", "ats", "link", "numa", "bar")
 STATUSES = ("ok", "warn", "fail", "unknown")
@@ -63,6 +64,8 @@ class DoctorReport:
     host: str
     findings: tuple[Finding, ...]
     targets: tuple["Target", ...] = ()  # the devices checked (for the fleet outputs)
+    # the node's kubelet CPU manager settings, when the doctor was asked to read them (on a node)
+    kubelet: KubeletFacts | None = None
 
     def summary(self) -> dict[str, int]:
         counts = dict.fromkeys(STATUSES, 0)
@@ -75,7 +78,10 @@ class DoctorReport:
         return [f for f in self.findings if f.status == "fail"]
 
     def as_json(self) -> dict:
-        return {"checks": [f.as_json() for f in self.findings], "summary": self.summary()}
+        doc = {"checks": [f.as_json() for f in self.findings], "summary": self.summary()}
+        if self.kubelet is not None:
+            doc["kubelet"] = self.kubelet.as_json()
+        return doc
 
 
 # -- reading what the model does not hold -----------------------------------------------------
@@ -372,8 +378,10 @@ def path_bridges(topo: Topology, targets: Sequence[Target]) -> list[tuple[PciFun
             for b in sorted(funcs)]
 
 
-def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source | None = None) -> DoctorReport:
-    """Every check for the chosen devices and the bridges above them; ``iommu`` first."""
+def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source | None = None,
+               kubelet_dir: str | None = None, kubelet_config: str | None = None) -> DoctorReport:
+    """Every check for the chosen devices and the bridges above them; ``iommu`` first. With
+    ``kubelet_dir`` (the doctor runs on the node), the kubelet's CPU manager settings too."""
     files = HostFiles(topo, source if source is not None else host_source(topo))
     targets = select_targets(topo, bdfs)
     labels = {t.function.bdf: t.label for t in targets}
@@ -389,7 +397,8 @@ def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source
     for bridge, label in path_bridges(topo, targets):
         out.append(check_acs(files, bridge, label))
         out.append(check_link(bridge, label, topo.role(bridge)))
-    return DoctorReport(topo.name, tuple(out), tuple(targets))
+    kubelet = read_kubelet(kubelet_dir, kubelet_config, topo.numa_nodes()) if kubelet_dir else None
+    return DoctorReport(topo.name, tuple(out), tuple(targets), kubelet)
 
 
 __all__ = ["CHECKS", "STATUSES", "DoctorError", "DoctorReport", "Finding", "HostFiles", "Target",

@@ -65,6 +65,8 @@ def doctor_text(report: DoctorReport, verbose: bool = False) -> str:
         who = " ".join(x for x in (f.label, f.bdf) if x) or "host"
         fix = f"  fix: {f.fix}" if f.fix and f.status != "ok" else ""
         lines.append(f"{f.status.upper():<7} {f.check:<11} {who}: {f.message}{fix}")
+    if report.kubelet is not None:
+        lines += report.kubelet.lines()
     lines.append(verdict(report))
     return "\n".join(lines) + "\n"
 
@@ -141,6 +143,8 @@ def nfd_text(report: DoctorReport, pix: PixFacts) -> str:
     }
     for check in CHECKS:
         features[f"check-{check}"] = _worst(report, check)
+    if report.kubelet is not None:
+        features.update(report.kubelet.nfd_features())
     lines = ["# pcitopo doctor: host readiness for GPUDirect RDMA in VMs (Node Feature Discovery local features)"]
     lines += [f"{NFD_PREFIX}{k}={v}" for k, v in features.items()]
     return "\n".join(lines) + "\n"

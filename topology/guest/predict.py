@@ -29,6 +29,7 @@ SHORT_REASONS = {
     Why.BROADCOM_COLLAPSE: "by design (Broadcom flattening)",
     Why.NO_ACPI: "(no ACPI: the guest sees no NUMA)",
     Why.NO_CELLS: "(no guest NUMA cells)",
+    Why.MISSING_CELLS: "(a device's host node has no guest cell)",
     Why.UNEXPRESSIBLE: "(host firmware NUMA mismatch: no guest can show it)",
     Why.NOT_PLACED: "(not placed in the guest)",
 }
@@ -103,20 +104,6 @@ def pair_views(result: RewriteResult, host: Topology, fabric=None) -> list[PairV
     return [PairView(p, (label_of[p.a], label_of[p.b]), links(p)) for p in result.report.pairs]
 
 
-def cell_less_devices(result: RewriteResult) -> dict[int, list[Bdf]]:
-    """Host NUMA node → placed devices on it that get no guest cell (numa_node -1 in the
-    guest), when the VM has guest cells for other host nodes: the guest cannot show where
-    those devices are."""
-    report = result.report
-    if not report.numa_map:
-        return {}
-    out: dict[int, list[Bdf]] = {}
-    for d in report.placed:
-        if d.host_node >= 0 and d.guest_cell is None:
-            out.setdefault(d.host_node, []).append(d.host)
-    return out
-
-
 def guest_ib_hcas(result: RewriteResult, host: Topology) -> list[tuple[str, str]]:
     """The RDMA device names the guest will give the VM's GPUDirect RDMA NICs, in guest PCI
     order, as ``(name, host label)``. Inside the guest the mlx5 driver names every ConnectX or
@@ -172,8 +159,8 @@ def verdict(result: RewriteResult, host: Topology, fabric=None) -> str:
     parts = [_view_summary(views, "nccl", "NCCL"), _view_summary(views, "nvml", "nvidia-smi")]
     if not result.report.numa_map and result.report.placed:
         parts.append("NUMA: no guest cells")
-    for node, bdfs in sorted(cell_less_devices(result).items()):
-        parts.append(f"NUMA: {len(bdfs)} device(s) of host node {node} have no guest cell")
+    if result.report.missing_cells is not None:
+        parts.append(result.report.missing_cells.short)
     pairing = pairing_summary(result)
     if pairing:
         parts.append(pairing)
@@ -208,11 +195,8 @@ def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[s
         e = vs[0]
         view = "nccl" if e.differs("nccl") else "nvml"
         out.append(f"{len(vs)} pair(s) differ, e.g. {e.name} ({e.p.a}-{e.p.b}) {view.upper()} {e.transition(view)}: {why}")
-    for node, bdfs in sorted(cell_less_devices(result).items()):
-        out.append(
-            f"{len(bdfs)} device(s) of host NUMA node {node} (e.g. {bdfs[0]}) have no guest cell: "
-            f"the guest shows numa_node -1 for them; give the VM a guest cell backed by host node {node}"
-        )
+    if result.report.missing_cells is not None:
+        out.append(result.report.missing_cells.line)
     if not result.report.numa_map and len({d.host_node for d in result.report.placed if d.host_node >= 0}) > 1:
         out.append(KUBEVIRT_NUMA_ADVICE)
     return out + beyond_pairs(result, fabric)

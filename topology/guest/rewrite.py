@@ -46,6 +46,7 @@ from ..model.tree import Bdf, Topology
 from ..paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 from ..paths.ncclxml import FWCFG_NAME
 from .buses import root_ports_added
+from .cells import MissingCells, missing_cells
 from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan
 from .plan import plan
 from .tree import GuestView, guest_view
@@ -65,6 +66,9 @@ class Why(StrEnum):
     )
     NO_ACPI = "no <features><acpi/>: the guest sees no NUMA, so SYS/NODE collapse"
     NO_CELLS = "no guest NUMA cells tied to host nodes: cross-node pairs cannot show SYS"
+    # Devices whose host node backs no guest cell (the pod's CPUs are elsewhere): the NUMA line
+    # (``Report.missing_cells``) names them and the fix.
+    MISSING_CELLS = "a device's host NUMA node has no guest cell (see the NUMA line)"
     # A host shape no guest can express; ``PairReport.detail`` says which.
     UNEXPRESSIBLE = "no guest can show this"
     UNEXPECTED = "unexpected difference (planner bug: please report with `pcitopo capture`)"
@@ -125,6 +129,8 @@ class Report:
     # root ports given the host's link (link: auto); GPUs and NICs in the fw_cfg NCCL file
     link_ports: int = 0
     nccl_topo_devices: int = 0
+    # placed devices on host nodes without a guest cell, and the fix (topology.guest.cells)
+    missing_cells: MissingCells | None = None
 
     @property
     def fidelity_lost(self) -> list[PairReport]:
@@ -153,6 +159,7 @@ class Report:
             "warnings": [f"{w.kind}: {w.reason}" for w in self.warnings],
             "link_ports": self.link_ports,
             "nccl_topo_devices": self.nccl_topo_devices,
+            "numa_cells": self.missing_cells.line if self.missing_cells is not None else None,
         }
 
 
@@ -355,6 +362,7 @@ def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report:
                                  lambda: _judge(host, guest, hostdevs, no_cells, facts.acpi))
     report.placed = list(placed)
     report.pairs += judged
+    report.missing_cells = missing_cells(placed, report.numa_map, host.numa_nodes())
     return guest
 
 
@@ -369,6 +377,8 @@ def _judge(host: Topology, guest: GuestView, hostdevs: tuple[tuple[Bdf, str | No
             gf = guest.topology.function(gbdf)
             cell = gf.numa_node if gf.numa_node >= 0 else None
         placed.append(PlacedDevice(f.bdf, alias, gbdf, host.role(f).value, host.numa_of(f), cell))
+    # with cells for some host nodes, the devices of the others show numa_node -1 in the guest
+    cell_less = set() if no_cells else {d.host for d in placed if d.host_node >= 0 and d.guest_cell is None}
     judged = []
     for a, b in pairs([d.host for d in placed]):
         hc = classify(host, a, b)
@@ -378,7 +388,7 @@ def _judge(host: Topology, guest: GuestView, hostdevs: tuple[tuple[Bdf, str | No
         if gc is None:
             why = Why.NOT_PLACED
         elif gc != hc:
-            why = _why_differs(hc, gc, no_cells, acpi)
+            why = _why_differs(hc, gc, no_cells, acpi, bool(cell_less & {a, b}))
             odd = [f for f in (host.function(a), host.function(b)) if _numa_divergent(host, f)]
             if odd:
                 f = odd[0]
@@ -396,7 +406,8 @@ def _numa_divergent(host: Topology, f) -> bool:
     return nccl_path(host, f).cpu != host.numa_of(nccl_device(host, f))
 
 
-def _why_differs(hc: PairClass, gc: PairClass, no_cells: bool, acpi: bool) -> Why:
+def _why_differs(hc: PairClass, gc: PairClass, no_cells: bool, acpi: bool, cell_less: bool) -> Why:
+    """``cell_less``: an end of the pair is on a host node that backs no guest cell."""
     # The Broadcom collapse is judged first: it happens with or without NUMA cells.
     if broadcom_collapse(hc, gc):
         return Why.BROADCOM_COLLAPSE
@@ -404,6 +415,8 @@ def _why_differs(hc: PairClass, gc: PairClass, no_cells: bool, acpi: bool) -> Wh
         return Why.NO_ACPI
     if no_cells:
         return Why.NO_CELLS
+    if cell_less:
+        return Why.MISSING_CELLS
     return Why.UNEXPECTED
 
 

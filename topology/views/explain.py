@@ -18,7 +18,7 @@ from ..guest.mmio import (
     SEABIOS_VERSION,
     MmioBudget,
 )
-from ..guest.predict import KUBEVIRT_NUMA_ADVICE, cell_less_devices, guest_ib_hcas, guest_nvlink, pair_views, verdict
+from ..guest.predict import KUBEVIRT_NUMA_ADVICE, guest_ib_hcas, guest_nvlink, pair_views, verdict
 from ..model.bars import fmt_size
 from ..model.labels import Labeled, label_devices
 from ..model.tree import Role, Topology
@@ -177,11 +177,10 @@ def explain_differences(result, host: Topology, width: int = 100, fabric=None) -
     hidden = sum(1 for v in views if v.nvlink and v.p.guest != v.p.host)
     if hidden:
         out.append(f"({hidden} GPU pair(s) joined by NVLink differ only in their PCIe class: not listed, both views use NVLink)")
-    cell_less = cell_less_devices(result)
-    for node, bdfs in sorted(cell_less.items()):
-        out.append(f"NUMA: {len(bdfs)} device(s) of host node {node} have no guest cell (numa_node -1 in the guest): "
-                   + ", ".join(str(b) for b in bdfs))
-    if not groups and not cell_less:
+    cells = result.report.missing_cells
+    if cells is not None:
+        out.append(cells.line)
+    if not groups and cells is None:
         out.append("Every pair reads the same in the guest as on the host (NCCL and nvidia-smi).")
     return out
 
