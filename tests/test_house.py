@@ -1,6 +1,7 @@
 """House rules that can be checked mechanically (issues 10 and 17): in the library (topology/)
-and the doors (sidecar/), generated code (sidecar/hookproto) aside, no function longer than 60
-lines, no module longer than 450, no folder of more than 12 modules; topology/ keeps only its
+and the doors (sidecar/), generated code (sidecar/hookproto) aside, and (issue 26 finding 13) in
+the test kit (testkit/) and the benchmarks (bench/), no function longer than 60 lines, no module
+longer than 450, no folder of more than 12 modules; topology/ keeps only its
 ``__init__`` and errors at the top, the rest in rooms whose imports go one way (ORDER); no
 import cycle among the project's modules; nothing edits ``sys.path`` outside a conftest.py; no
 file refers to documents outside the repository."""
@@ -77,6 +78,45 @@ def test_the_measure_sees_a_crowded_folder():
 @pytest.mark.parametrize("package", ["topology", "sidecar"])
 def test_no_folder_of_more_than_12_modules(package):
     assert crowded_folders([p.relative_to(ROOT) for p in _product_files(package)]) == []
+
+
+# Issue 26 finding 13: the same three measures reach the test kit and the benchmark scripts,
+# which had grown past them (testkit/synth.py 815 lines, testkit/strategies.py 608,
+# bench/perf.py 506 with a 173-line measure()).
+SUPPORT = ("testkit", "bench")
+
+
+def size_violations(files: list[Path], root: Path = ROOT) -> list[str]:
+    """Every breach of the three measures among ``files`` (paths relative to ``root``)."""
+    out = [x for p in files for x in long_functions((root / p).read_text(), str(p))]
+    out += [f"{p} ({n} lines)" for p in files if (n := len((root / p).read_text().splitlines())) > MAX_MODULE_LINES]
+    return out + crowded_folders(files)
+
+
+@pytest.mark.parametrize("folder", SUPPORT)
+def test_f13_testkit_and_bench_keep_the_size_rules(folder):
+    files = [p.relative_to(ROOT) for p in _product_files(folder)]
+    assert size_violations(files) == []
+
+
+def test_f13_the_measure_sees_each_breach_in_a_subpackage(tmp_path):
+    """What the support folders are held to, on a made-up kit whose subpackage (walked like
+    testkit/synth/) has one long module, one long function and one module too many."""
+    sub = tmp_path / "kit" / "sub"
+    sub.mkdir(parents=True)
+    files = [Path("kit/sub/__init__.py")] + [Path(f"kit/sub/m{i}.py") for i in range(MAX_FOLDER_MODULES + 1)]
+    for p in files:
+        (tmp_path / p).write_text("x = 1\n")
+    (sub / "m0.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    (sub / "m1.py").write_text("def f():\n" + "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES)))
+    assert size_violations(files, tmp_path) == [
+        f"kit/sub/m1.py:1 f ({MAX_FUNCTION_LINES + 1} lines)",
+        f"kit/sub/m0.py ({MAX_MODULE_LINES + 1} lines)",
+        f"kit/sub ({MAX_FOLDER_MODULES + 1} modules)",
+    ]
+    (sub / "m0.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (sub / "m1.py").unlink()
+    assert size_violations([p for p in files if p.name != "m1.py"], tmp_path) == []
 
 
 def test_topology_top_level_holds_only_its_init_and_errors():

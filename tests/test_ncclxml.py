@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ast
 import base64
+import threading
 from pathlib import Path
 
 import pytest
 
 from pcitopo.topology.paths import ncclinstall, ncclxml, nccltree
+from pcitopo.topology.paths.ncclprice import SharedNcclTree
 from pcitopo.topology.paths.nccltree import DirSysfs, NcclTree
 from pcitopo.topology.paths.ncclxml import NcclXmlError, bandwidth, parse, rate
 
@@ -153,3 +155,50 @@ def _stdlib_only(src: str) -> None:
     relative = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
     assert relative <= {"ncclxml"}, relative  # only the guest modules' own
     assert imported <= {"argparse", "base64", "binascii", "os", "re", "subprocess", "sys", "typing"}, imported
+
+
+class _HeldSysfs(DirSysfs):
+    """A sysfs view that holds the first thread reading ``busid``'s attributes until released,
+    so another thread can ask the tree for the same node while it is being filled."""
+
+    def __init__(self, root: str, busid: str):
+        super().__init__(root)
+        self.busid = busid
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def attr(self, path, name):
+        if path and path[-1] == self.busid and not self.inside.is_set():
+            self.inside.set()
+            self.release.wait(60)
+        return super().attr(path, name)
+
+
+def test_a_node_asked_for_while_another_thread_fills_it_comes_back_whole(tmp_path):
+    """The tree kept with a host model (ncclprice.nccl_tree: a SharedNcclTree) serves every call
+    on it, so threads ask it for the same node at once. The second asker must get the node with
+    the switches above it, not the bare node the first asker has marked as filled and not yet
+    attached (what a plain NcclTree hands out)."""
+    rp, us, ds, gpu = "pci0000:d4/0000:d4:00.0", "0000:d5:00.0", "0000:d6:00.0", "0000:d7:00.0"
+    root = _sysfs(tmp_path, {
+        rp: ("32.0 GT/s PCIe", "16", "0"),
+        f"{rp}/{us}": ("32.0 GT/s PCIe", "16", "0"),
+        f"{rp}/{us}/{ds}": ("32.0 GT/s PCIe", "16", "0"),
+        f"{rp}/{us}/{ds}/{gpu}": ("32.0 GT/s PCIe", "16", "0"),
+    })
+    want = [n.get("busid") for n in NcclTree(DirSysfs(str(root))).chain(gpu)]
+    assert want == [gpu, us]  # the root port is skipped, as NCCL skips it
+    view = _HeldSysfs(str(root), gpu)
+    tree = SharedNcclTree(view)
+    chains: dict[str, list] = {}
+    first = threading.Thread(target=lambda: chains.__setitem__("first", tree.chain(gpu)))
+    second = threading.Thread(target=lambda: chains.__setitem__("second", tree.chain(gpu)))
+    first.start()
+    assert view.inside.wait(60)
+    second.start()
+    second.join(2)  # left to finish on its own while the first is held (it must wait for it instead)
+    view.release.set()
+    first.join(60)
+    second.join(60)
+    assert [n.get("busid") for n in chains["first"]] == want
+    assert [n.get("busid") for n in chains["second"]] == want

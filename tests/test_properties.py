@@ -1,6 +1,6 @@
 """Properties of the rewrite over generated host worlds and KubeVirt-shaped domains.
 
-On every example (testkit/strategies.py makes them), through one to three chained
+On every example (testkit/strategies/ makes them), through one to three chained
 OnDefineDomain calls with libvirt's define additions and KubeVirt's lossy re-parse in between:
 - the output validates against libvirt's own RelaxNG schema (loaded once per session);
 - the bus, index, chassis and placement rules (docs/SOURCES.md) hold, on the raw output and on the

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import testkit.synth as synth
+import testkit.synth.build as synth_build
 from testkit import FIXTURES, fixture_script
 from testkit.synth import build_tree, format_cpus, load_topo_file, parse_topo
 from pcitopo.topology.libvirt.domain import parse_cpuset
@@ -243,7 +243,7 @@ def test_iommu_groups_unique_per_function_and_shared_behind_a_pci_bridge():
 
 
 def test_builder_refuses_an_attribute_it_cannot_write(monkeypatch):
-    monkeypatch.setattr(synth, "OPTIONAL_ATTRS", (*OPTIONAL_ATTRS, "brand_new_attr"))
+    monkeypatch.setattr(synth_build, "OPTIONAL_ATTRS", (*OPTIONAL_ATTRS, "brand_new_attr"))
     with pytest.raises(SysfsError, match="brand_new_attr"):
         tree_of(SMALL)
 

@@ -10,6 +10,7 @@ node (ports and VFs merge into function 0 / the PF).
 
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 from ..model.tree import Bdf, PciFunction, Role, Topology, component_bdf
@@ -51,12 +52,29 @@ def _attr(f: PciFunction, name: str) -> str:
     return ""
 
 
+class SharedNcclTree(NcclTree):
+    """The tree kept with a topology: every call on that host model asks it for nodes, from as
+    many threads as the server runs. :class:`NcclTree` fills a node when first asked and marks it
+    filled before its attributes and parent are in, so a second thread asking meanwhile would get
+    it half-built (a device without the switches above it, dropped from an NCCL file as a shape
+    mismatch). Here a node is filled under a lock: one handed out is complete, and nothing
+    changes it afterwards."""
+
+    def __init__(self, sysfs: SysfsView, system: ncclxml.XmlNode | None = None):
+        super().__init__(sysfs, system)
+        self._lock = threading.RLock()
+
+    def node(self, busid: str) -> ncclxml.XmlNode:
+        with self._lock:
+            return super().node(busid)
+
+
 def nccl_tree(topo: Topology, system: ncclxml.XmlNode | None = None) -> NcclTree:
     """NCCL's tree over ``topo`` (with a topology file's nodes when given); without a file, one
-    per topology, kept with it like its other derived facts."""
+    per topology, kept with it like its other derived facts (and shared across threads)."""
     if system is not None:
         return NcclTree(TopologySysfs(topo), system)
-    return topo.memo(("nccl_tree",), lambda: NcclTree(TopologySysfs(topo)))
+    return topo.memo(("nccl_tree",), lambda: SharedNcclTree(TopologySysfs(topo)))
 
 
 def nccl_busid(topo: Topology, f: PciFunction) -> str:

@@ -55,7 +55,8 @@ class DirSysfs(SysfsView):
 
 class NcclTree:
     """NCCL's PCI tree for some devices: a topology file (if any) overlaid on sysfs, filled in
-    the way ncclTopoGetXmlFromSys does it, then priced link by link."""
+    the way ncclTopoGetXmlFromSys does it, then priced link by link. One thread at a time: the
+    tree the host side shares across calls is :class:`ncclprice.SharedNcclTree`."""
 
     def __init__(self, sysfs: SysfsView, system: Optional[XmlNode] = None):
         self.sysfs = sysfs
