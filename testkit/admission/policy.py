@@ -1,0 +1,194 @@
+"""Evaluate a ValidatingAdmissionPolicy or MutatingAdmissionPolicy's CEL with cel-python, and
+apply the JSON patches a mutation yields (RFC 6902, the subset policies write).
+
+What kube-apiserver gives a policy's expressions, and how it is given here:
+- ``object``, ``oldObject`` (null on CREATE), ``params``, ``namespaceObject``, ``request`` and
+  ``variables`` (each variable sees the ones before it): as JSON values;
+- ``matchConditions`` all true, else the policy does not apply; ``validations`` each true;
+- the CEL standard library and its macros (``has``, ``exists``, ``all``, ``filter``, ``in``,
+  ``matches``, raw strings, ternaries): cel-python's own.
+
+What cel-python cannot do, and how it is covered:
+- Kubernetes' typed object construction in mutations, ``Object.spec.containers{...}`` and
+  ``JSONPatch{...}``: cel-python resolves a type name through the activation and calls it with
+  the field initialisers. ``TYPES`` binds ``Object`` (any path below it) and ``JSONPatch`` to
+  constructors that build the plain JSON object. Kubernetes also type-checks those fields against
+  the resource's schema at admission; the tests validate the patched object against the
+  Kubernetes 1.34 schema in strict mode instead, which refuses an unknown or mistyped field.
+- ``ApplyConfiguration`` mutations (server-side apply): not used by our policies, refused here.
+- Cost limits and static type checking: not modelled.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import celpy
+from celpy import celtypes
+
+
+class _TypeName(celtypes.MessageType):
+    """A Kubernetes CEL type name (``Object``, ``Object.spec.containers``, ``JSONPatch``):
+    selecting a field names the type below it, calling it with field initialisers builds the
+    object."""
+
+    def __init__(self, name: str = "Object") -> None:
+        super().__init__()
+        self.name = name
+
+    def get(self, field, default=None):  # noqa: D102 (cel-python's member selection)
+        return _TypeName(f"{self.name}.{field}")
+
+    def __call__(self, fields=None):
+        return celtypes.MapType(dict(fields or {}))
+
+    def __repr__(self) -> str:
+        return f"type({self.name})"
+
+
+def to_json(value: Any) -> Any:
+    """A CEL result as plain JSON; an evaluation error raises."""
+    if isinstance(value, celpy.CELEvalError):
+        raise value
+    if value is None or isinstance(value, celtypes.BoolType):
+        return None if value is None else bool(value)
+    if isinstance(value, (celtypes.IntType, celtypes.UintType)):
+        return int(value)
+    if isinstance(value, celtypes.DoubleType):
+        return float(value)
+    if isinstance(value, (celtypes.StringType, str)):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    raise TypeError(f"unexpected CEL value {value!r}")
+
+
+def evaluate(expression: str, activation: dict[str, Any]) -> Any:
+    """Evaluate one CEL expression; ``activation`` holds JSON values (and ``variables``)."""
+    env = celpy.Environment()
+    program = env.program(env.compile(expression))
+    cel_vars = {k: (v if isinstance(v, celtypes.MapType) else celpy.json_to_cel(v)) for k, v in activation.items()}
+    cel_vars["Object"] = _TypeName("Object")
+    cel_vars["JSONPatch"] = _TypeName("JSONPatch")
+    return to_json(program.evaluate(cel_vars))
+
+
+class Admission:
+    """One admission request against one policy: the objects, and every expression's result in
+    ``trace`` (name -> value), for the report."""
+
+    def __init__(self, policy: dict, obj: dict, *, old: dict | None = None, params: dict | None = None,
+                 namespace: dict | None = None, operation: str = "CREATE") -> None:
+        self.spec = policy["spec"]
+        self.base = {
+            "object": obj, "oldObject": old, "params": params,
+            "namespaceObject": namespace,
+            "request": {"operation": operation, "kind": {"group": _group(obj), "version": _version(obj), "kind": obj.get("kind")},
+                        "namespace": (obj.get("metadata") or {}).get("namespace")},
+        }
+        self.trace: dict[str, Any] = {}
+        self._variables: dict[str, Any] | None = None
+
+    def eval(self, name: str, expression: str) -> Any:
+        value = evaluate(expression, {**self.base, "variables": celpy.json_to_cel(self.variables())})
+        self.trace[name] = value
+        return value
+
+    def variables(self) -> dict[str, Any]:
+        if self._variables is None:
+            self._variables = {}
+            for v in self.spec.get("variables") or []:
+                act = {**self.base, "variables": celpy.json_to_cel(self._variables)}
+                self._variables[v["name"]] = evaluate(v["expression"], act)
+                self.trace[f"variables.{v['name']}"] = self._variables[v["name"]]
+        return self._variables
+
+    def matches(self) -> bool:
+        """All matchConditions true (evaluated in order, as kube-apiserver stops at a false one)."""
+        for c in self.spec.get("matchConditions") or []:
+            value = evaluate(c["expression"], self.base)
+            self.trace[f"matchConditions.{c['name']}"] = value
+            if value is not True:
+                return False
+        return True
+
+    def denials(self) -> list[str]:
+        """A ValidatingAdmissionPolicy's failed validations' messages (empty: admitted)."""
+        if not self.matches():
+            return []
+        out = []
+        for i, v in enumerate(self.spec["validations"]):
+            if self.eval(f"validations[{i}]", v["expression"]) is not True:
+                msg = v.get("message")
+                out.append(self.eval(f"validations[{i}].message", v["messageExpression"]) if "messageExpression" in v else msg)
+        return out
+
+    def mutated(self) -> dict | None:
+        """A MutatingAdmissionPolicy's result: the object after each mutation's JSON patch, or
+        None when the policy does not match."""
+        if not self.matches():
+            return None
+        obj = copy.deepcopy(self.base["object"])
+        for i, m in enumerate(self.spec["mutations"]):
+            if m["patchType"] != "JSONPatch":
+                raise NotImplementedError(f"patchType {m['patchType']}: only JSONPatch is evaluated here")
+            self.base["object"] = obj
+            patch = self.eval(f"mutations[{i}]", m["jsonPatch"]["expression"])
+            obj = apply_patch(obj, patch)
+        return obj
+
+
+def _group(obj: dict) -> str:
+    api = obj.get("apiVersion", "")
+    return api.split("/")[0] if "/" in api else ""
+
+
+def _version(obj: dict) -> str:
+    return obj.get("apiVersion", "").split("/")[-1]
+
+
+# -- RFC 6902 (add, replace, remove, test) ---------------------------------------------------------
+
+def _pointer(path: str) -> list[str]:
+    if not path.startswith("/"):
+        raise ValueError(f"JSON pointer {path!r} does not start with /")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _parent(doc: Any, parts: list[str]) -> Any:
+    for p in parts[:-1]:
+        doc = doc[int(p)] if isinstance(doc, list) else doc[p]  # a missing parent raises, as RFC 6902 says
+    return doc
+
+
+def apply_patch(doc: dict, patch: list[dict]) -> dict:
+    """Apply ``patch`` to a copy of ``doc``; an operation that cannot apply raises."""
+    doc = copy.deepcopy(doc)
+    for op in patch:
+        parts = _pointer(op["path"])
+        parent, last = _parent(doc, parts), parts[-1]
+        kind = op["op"]
+        if kind == "add" and isinstance(parent, list):
+            parent.insert(len(parent) if last == "-" else int(last), copy.deepcopy(op["value"]))
+        elif kind == "add":
+            parent[last] = copy.deepcopy(op["value"])
+        elif kind == "replace":
+            if (isinstance(parent, list) and not 0 <= int(last) < len(parent)) or (isinstance(parent, dict) and last not in parent):
+                raise KeyError(f"replace: {op['path']} does not exist")
+            parent[int(last) if isinstance(parent, list) else last] = copy.deepcopy(op["value"])
+        elif kind == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+        elif kind == "test":
+            if (parent[int(last)] if isinstance(parent, list) else parent[last]) != op["value"]:
+                raise ValueError(f"test failed at {op['path']}")
+        else:
+            raise NotImplementedError(f"JSON patch op {kind}")
+    return doc
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)

@@ -1,0 +1,381 @@
+"""deploy/plugin/: pcitopo as a KubeVirt Plugin (issue 25, "Deploy").
+
+What is checked, and how:
+
+- the Plugin CR against KubeVirt v1.9.0's API (``staging/src/kubevirt.io/api/plugin/v1alpha1/
+  types.go``): a CRD, so no Kubernetes schema; a structural check of every field name, type and
+  enum instead (``PLUGIN_API`` below), plus virt-operator's own policies on Plugin objects
+  (``tests/data/kubevirt-v1.9.0-policies.yaml``), evaluated with cel-python;
+- the hooks' conditions with cel-python: the node hook's as virt-handler evaluates it (the VMI
+  through its json names), the domain hook's on a model of what virt-launcher's environment
+  gives it (the VMI's Go field names; ``go_view``);
+- every Kubernetes object against Kubernetes 1.34's strict schemas (kubernetes-validate). 1.34
+  serves MutatingAdmissionPolicy only as v1beta1 (and v1alpha1): the v1beta1 form that
+  deploy/plugin-k8s-1.34 builds is validated against 1.34, the shipped v1 form against 1.36;
+- the MutatingAdmissionPolicy evaluated with cel-python (testkit/admission) against a
+  virt-launcher pod as KubeVirt v1.9.0 renders it (``tests/data/virt-launcher-pod.json``:
+  labels from ``podLabels``, the pod security context from ``computePodSecurityContext`` in
+  ``pkg/virt-controller/services/template.go``; volumes and the compute container's mounts,
+  among them the emptyDir ``kubevirt-plugin-sockets`` at /var/run/kubevirt-plugin, from
+  ``rendervolumes.go``), its JSON patch applied, and the patched pod held to virt-operator's
+  subPath policy and to the socket rule.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testkit import REPO as ROOT
+
+celpy = pytest.importorskip("celpy")
+from testkit.admission.manifests import kind, kustomize, load  # noqa: E402
+from testkit.admission.policy import Admission, evaluate  # noqa: E402  (needs cel-python)
+
+PLUGIN = ROOT / "deploy" / "plugin"
+DATA = ROOT / "tests" / "data"
+K8S = "1.34.0"
+LABEL = "pcitopo.kubevirt.io/plugin"
+SOCKETS = "kubevirt-plugin-sockets"
+
+
+@pytest.fixture(scope="module")
+def plugin() -> dict:
+    return kind(load(PLUGIN / "plugin.yaml"), "Plugin")
+
+
+@pytest.fixture(scope="module")
+def injector() -> dict:
+    return kind(load(PLUGIN / "injector.yaml"), "MutatingAdmissionPolicy")
+
+
+@pytest.fixture(scope="module")
+def params() -> dict:
+    return kind(load(PLUGIN / "params" / "params.yaml"), "ConfigMap")
+
+
+@pytest.fixture()
+def pod() -> dict:
+    return json.loads((DATA / "virt-launcher-pod.json").read_text())
+
+
+def kubevirt_policy(name: str) -> dict:
+    return next(d for d in load(DATA / "kubevirt-v1.9.0-policies.yaml") if d["metadata"]["name"] == name)
+
+
+# -- the Plugin CR ---------------------------------------------------------------------------------
+
+# types.go, v1.9.0: field -> (type, required); a dict type is a nested struct, a list of one dict a
+# list of structs; enums by name.
+HOOK_POINTS = {"PreVMStart", "PostVMStart", "PreVMStop", "PostVMStop", "PreMigrationSource", "PreMigrationTarget",
+               "PostMigrationTarget"}
+STRATEGY = {"Fail", "Ignore"}
+ADMISSION_REF = {"name": (str, True)}
+DOMAIN_HOOK = {"cel": ({"expression": (str, True)}, False), "sidecar": ({"socketPath": (str, True)}, False),
+               "condition": (str, False), "failureStrategy": (STRATEGY, False), "timeout": ("duration", False)}
+NODE_HOOK = {"socket": (str, True), "permittedHooks": ([HOOK_POINTS], True), "condition": (str, False),
+             "failureStrategy": (STRATEGY, False), "timeout": ("duration", False)}
+PLUGIN_API = {
+    "condition": (str, False), "failureStrategy": (STRATEGY, False),
+    "domainHooks": ([DOMAIN_HOOK], False), "nodeHooks": ([NODE_HOOK], False),
+    "mutatingAdmissionPolicies": ([ADMISSION_REF], False), "validatingAdmissionPolicies": ([ADMISSION_REF], False),
+    "mutatingAdmissionWebhooks": ([ADMISSION_REF], False), "validatingAdmissionWebhooks": ([ADMISSION_REF], False),
+}
+# metav1.Duration: Go's time.ParseDuration
+DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+")
+
+
+def structure_errors(value, typ, path: str) -> list[str]:
+    if isinstance(typ, dict):
+        if not isinstance(value, dict):
+            return [f"{path}: not an object"]
+        errs = [f"{path}.{k}: unknown field" for k in value if k not in typ]
+        errs += [f"{path}.{k}: missing" for k, (_, req) in typ.items() if req and k not in value]
+        return errs + [e for k, v in value.items() if k in typ for e in structure_errors(v, typ[k][0], f"{path}.{k}")]
+    if isinstance(typ, list):
+        if not isinstance(value, list) or not value:
+            return [f"{path}: not a non-empty list"]
+        return [e for i, v in enumerate(value) for e in structure_errors(v, typ[0], f"{path}[{i}]")]
+    if isinstance(typ, set):
+        return [] if value in typ else [f"{path}: {value!r} not one of {sorted(typ)}"]
+    if typ == "duration":
+        return [] if isinstance(value, str) and DURATION.fullmatch(value) else [f"{path}: {value!r} not a duration"]
+    return [] if isinstance(value, typ) and value else [f"{path}: not a non-empty {typ.__name__}"]
+
+
+def test_i25_deploy_plugin_cr_has_kubevirt_v1_9_0_structure(plugin):
+    assert plugin["apiVersion"] == "plugin.kubevirt.io/v1alpha1" and plugin["kind"] == "Plugin"
+    assert set(plugin) == {"apiVersion", "kind", "metadata", "spec"}
+    assert set(plugin["metadata"]) == {"name"}, "cluster-scoped: no namespace"
+    assert structure_errors(plugin["spec"], PLUGIN_API, "spec") == []
+    # the check does fail on what people get wrong
+    bad = copy.deepcopy(plugin["spec"])
+    bad["nodeHooks"][0]["permittedHooks"] = ["PreVmStart"]
+    bad["domainHooks"][0]["timeout"] = 15
+    bad["domainHooks"][0]["sidecar"]["socket"] = bad["domainHooks"][0]["sidecar"].pop("socketPath")
+    assert len(structure_errors(bad, PLUGIN_API, "spec")) == 4
+
+
+def test_i25_deploy_plugin_cr_hooks_as_asked(plugin):
+    """A sidecar domain hook and a PreVMStart node hook, each with its own condition, Fail and a
+    timeout; no plugin-level condition (v1.9.0 and main disagree on where it applies)."""
+    spec = plugin["spec"]
+    assert "condition" not in spec
+    (dh,) = spec["domainHooks"]
+    (nh,) = spec["nodeHooks"]
+    assert dh["sidecar"]["socketPath"] == f"/var/run/kubevirt-plugin/{plugin['metadata']['name']}/domain.sock"
+    assert nh["socket"] == "/var/run/kubevirt/plugins/pcitopo.sock" and nh["permittedHooks"] == ["PreVMStart"]
+    for hook in (dh, nh):
+        assert hook["failureStrategy"] == "Fail" and hook["condition"] and hook["timeout"]
+    assert spec["mutatingAdmissionPolicies"] == [{"name": "pcitopo-plugin-injector"}]
+
+
+@pytest.mark.parametrize("name", ["kubevirt-plugin-validation-policy", "kubevirt-plugin-socket-path-policy"])
+def test_i25_deploy_plugin_cr_passes_virt_operators_policies(plugin, name):
+    policy = kubevirt_policy(name)
+    assert Admission(policy, plugin).denials() == []
+    bad = copy.deepcopy(plugin)
+    bad["metadata"]["name"] = "pcitopo2"  # the socket folder no longer matches the Plugin's name
+    bad["spec"]["domainHooks"][0]["failureStrategy"] = "fail"
+    assert Admission(policy, bad).denials() != []
+
+
+def vmi(labels: dict | None) -> dict:
+    meta = {"name": "train-0", "namespace": "ml"}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta,
+            "spec": {"domain": {"devices": {"gpus": [{"name": "gpu0", "deviceName": "nvidia.com/B200"}]}}}}
+
+
+def go_view(obj: dict) -> dict:
+    """The VMI as virt-launcher's CEL environment sees it (v1.9.0
+    pkg/virt-launcher/virtwrap/plugins/cel/evaluator.go: ext.NativeTypes of the Go struct, no
+    json tags): ObjectMeta's fields promoted under their Go names, a nil map read as empty.
+    A model of the fields our condition reads, not of the whole struct."""
+    meta = obj.get("metadata") or {}
+    return {"Name": meta.get("name", ""), "Namespace": meta.get("namespace", ""),
+            "Labels": meta.get("labels") or {}, "Annotations": meta.get("annotations") or {}}
+
+
+OPTED = [({LABEL: "true"}, True), ({LABEL: "false"}, False), ({"app": "x"}, False), (None, False),
+         ({LABEL: "True"}, False)]
+
+
+@pytest.mark.parametrize("labels,expected", OPTED)
+def test_i25_deploy_plugin_conditions_select_opted_in_vmis(plugin, labels, expected):
+    """The node hook's condition on the VMI's JSON (virt-handler: json names); the domain hook's
+    on the Go-name view. Both select exactly the VMIs labelled pcitopo.kubevirt.io/plugin: "true"."""
+    node = plugin["spec"]["nodeHooks"][0]["condition"]
+    domain = plugin["spec"]["domainHooks"][0]["condition"]
+    assert evaluate(node, {"vmi": vmi(labels)}) is expected
+    assert evaluate(domain, {"vmi": go_view(vmi(labels))}) is expected
+
+
+def test_i25_deploy_plugin_conditions_use_each_environments_names(plugin):
+    """The two spellings are not interchangeable: a Go name under the json view is an error (a
+    hard error for KubeVirt), which is why each hook carries its own."""
+    node = plugin["spec"]["nodeHooks"][0]["condition"]
+    domain = plugin["spec"]["domainHooks"][0]["condition"]
+    assert "vmi.metadata.labels" in node and "vmi.Labels" not in node
+    assert "vmi.Labels" in domain and "metadata" not in domain
+    with pytest.raises(celpy.CELEvalError):
+        evaluate(domain, {"vmi": vmi({LABEL: "true"})})
+
+
+# -- the injector: Kubernetes schemas -----------------------------------------------------------------
+
+def _kv():
+    return pytest.importorskip("kubernetes_validate")
+
+
+def test_i25_deploy_kubernetes_1_34_serves_map_as_v1beta1_only():
+    """Which MutatingAdmissionPolicy versions each release's schema set has: 1.34 v1alpha1 and
+    v1beta1 (v1beta1 off by default), v1 from 1.36."""
+    kv = _kv()
+    root = Path(kv.__file__).parent / "kubernetes-json-schema"
+
+    def versions(release: str) -> set[str]:
+        names = (root / f"v{release}-local-strict").glob("mutatingadmissionpolicy-admissionregistration-*.json")
+        return {p.stem.rsplit("-", 1)[1] for p in names}
+
+    assert versions("1.34.0") == {"v1alpha1", "v1beta1"}
+    assert versions("1.35.0") == {"v1alpha1", "v1beta1"}
+    assert "v1" in versions("1.36.0")
+
+
+def test_i25_deploy_objects_are_valid_kubernetes_1_34():
+    """deploy/plugin-k8s-1.34 (the v1beta1 form) against 1.34 strict; the Plugin CR is a CRD
+    (checked structurally above)."""
+    kv = _kv()
+    docs = kustomize(ROOT / "deploy" / "plugin-k8s-1.34")
+    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
+                                              "Plugin"]
+    for doc in docs:
+        if doc["kind"] != "Plugin":
+            kv.validate(doc, K8S, strict=True)
+    bad = copy.deepcopy(kind(docs, "MutatingAdmissionPolicy"))
+    bad["spec"]["mutations"][0]["jsonpatch"] = bad["spec"]["mutations"][0].pop("jsonPatch")
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, K8S, strict=True)
+
+
+def test_i25_deploy_v1_objects_are_valid_kubernetes_1_36():
+    kv = _kv()
+    docs = kustomize(PLUGIN)
+    v1 = [d for d in docs if d["apiVersion"] == "admissionregistration.k8s.io/v1"]
+    assert len(v1) == 2
+    for doc in v1:
+        kv.validate(doc, "1.36.0", strict=True)
+        with pytest.raises(kv.utils.SchemaNotFoundError):  # 1.34 has no v1
+            kv.validate(doc, K8S, strict=True)
+
+
+def pin_overlay(image: str, digest: str) -> dict:
+    """The overlay docs/DEPLOY.md gives for pinning the image (kustomize's `images:` does not
+    reach ConfigMap data)."""
+    text = (ROOT / "docs" / "DEPLOY.md").read_text()
+    block = re.search(r"^( *)```yaml\n(\1# overlay/kustomization\.yaml: pin the image\n.*?)^\1```", text, re.S | re.M)
+    assert block, "DEPLOY.md shows no image-pinning overlay for deploy/plugin"
+    return yaml.safe_load(textwrap.dedent(block[2]).replace("registry.example.com/pcitopo@sha256:<digest>", image)
+                          .replace("sha256:<digest>", digest))
+
+
+def test_i25_deploy_kustomize_overlay_pins_the_image_by_digest(tmp_path):
+    """The documented overlay sets the ConfigMap both policies read (image and digest)."""
+    digest = "sha256:" + "5e" * 32
+    overlay = pin_overlay(f"reg.example.org/ml/pcitopo@{digest}", digest)
+    overlay["resources"] = [os.path.relpath(PLUGIN, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    cm = kind(kustomize(tmp_path), "ConfigMap")
+    assert cm["data"]["image"] == f"reg.example.org/ml/pcitopo@{digest}"
+    assert cm["data"]["digest"] == digest and cm["data"]["legacyHook"] == "false"
+
+
+# -- the injector: its CEL on a virt-launcher pod ---------------------------------------------------
+
+def injected(pod: dict, injector: dict, params: dict) -> tuple[Admission, dict | None]:
+    a = Admission(injector, pod, params=params, namespace={"metadata": {"name": pod["metadata"]["namespace"]}})
+    return a, a.mutated()
+
+
+def test_i25_deploy_injector_matches_only_opted_in_launcher_pods(pod, injector, params):
+    a, out = injected(pod, injector, params)
+    assert out is not None
+    assert all(v is True for k, v in a.trace.items() if k.startswith("matchConditions."))
+    for change in ({LABEL: "false"}, {"kubevirt.io": "virt-exporter"}):
+        other = copy.deepcopy(pod)
+        other["metadata"]["labels"].update(change)
+        assert injected(other, injector, params)[1] is None, change
+    del pod["metadata"]["labels"][LABEL]
+    assert injected(pod, injector, params)[1] is None
+    # the objectSelector says the same as the matchConditions
+    assert injector["spec"]["matchConstraints"]["objectSelector"]["matchLabels"] == {"kubevirt.io": "virt-launcher", LABEL: "true"}
+
+
+def test_i25_deploy_injector_is_idempotent_and_needs_the_plugin_volume(pod, injector, params):
+    _, once = injected(pod, injector, params)
+    assert injected(once, injector, params)[1] is None  # already injected: no second container
+    pod["spec"]["volumes"] = [v for v in pod["spec"]["volumes"] if v["name"] != SOCKETS]  # Plugins gate off
+    assert injected(pod, injector, params)[1] is None
+
+
+def container(pod: dict, name: str) -> dict:
+    (c,) = [c for c in pod["spec"]["containers"] if c["name"] == name]
+    return c
+
+
+def test_i25_deploy_injected_container_is_what_the_plugin_needs(pod, injector, params, plugin):
+    _, out = injected(pod, injector, params)
+    c = container(out, "pcitopo")
+    assert out["spec"]["containers"][:-1] == pod["spec"]["containers"]  # appended, nothing else changed
+    assert c["image"] == params["data"]["image"] and "command" not in c
+    entry = json.loads(re.search(r"^ENTRYPOINT (.*)$", (ROOT / "Containerfile").read_text(), re.M)[1])
+    assert entry + c["args"] == ["pcitopo", "serve", "--plugin", "pcitopo", "--sysfs", "/sys"]
+    sc = c["securityContext"]
+    assert (sc["runAsUser"], sc["runAsGroup"], sc["runAsNonRoot"]) == (107, 107, True)
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["requests"] == c["resources"]["limits"] == {"cpu": "200m", "memory": "96Mi"}
+    # the socket rule: pcitopo's mount of the shared folder is <compute's mount>/<plugin name>,
+    # the folder of the Plugin's socketPath, so compute dials the same path pcitopo binds
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == SOCKETS]
+    (compute,) = [m for m in container(out, "compute")["volumeMounts"] if m["name"] == SOCKETS]
+    name = plugin["metadata"]["name"]
+    socket = plugin["spec"]["domainHooks"][0]["sidecar"]["socketPath"]
+    assert mount["subPath"] == name
+    assert mount["mountPath"] == f"{compute['mountPath']}/{mount['subPath']}" == socket.rsplit("/", 1)[0]
+
+
+def test_i25_deploy_patched_pod_passes_virt_operators_subpath_policy(pod, injector, params):
+    policy = kubevirt_policy("kubevirt-plugin-sidecar-subpath-policy")
+    _, out = injected(pod, injector, params)
+    a = Admission(policy, out)
+    assert a.denials() == []
+    assert a.trace["variables.containersHaveSubPath"] is True
+    # and the policy does refuse a container that mounts the folder whole
+    del container(out, "pcitopo")["volumeMounts"][0]["subPath"]
+    assert Admission(policy, out).denials() == ["sidecar containers must use subPath when mounting the plugin socket volume"]
+
+
+def test_i25_deploy_patched_pod_is_a_valid_kubernetes_1_34_pod(pod, injector, params):
+    """Kubernetes type-checks the typed objects a mutation builds (Object.spec.containers{...});
+    cel-python builds plain maps, so the patched pod goes through the strict schema instead."""
+    kv = _kv()
+    _, out = injected(pod, injector, params)
+    kv.validate(out, K8S, strict=True)
+    bad = copy.deepcopy(out)
+    container(bad, "pcitopo")["securityContext"]["runAsUsr"] = 107
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, K8S, strict=True)
+
+
+def test_i25_deploy_injector_mounts_the_fabric_like_the_hook_sidecar(pod, injector, params):
+    """deploy/nvlink-fabric.yaml hands the hook sidecar `--fabric /etc/pcitopo/fabric.json`
+    from a ConfigMap's key fabric.json; the label pcitopo.kubevirt.io/fabric-configmap does the
+    same for the Plugin's container."""
+    kv = _kv()
+    legacy = kind(load(ROOT / "deploy" / "nvlink-fabric.yaml"), "VirtualMachineInstance")
+    (sidecar,) = json.loads(legacy["metadata"]["annotations"]["hooks.kubevirt.io/hookSidecars"])
+    pod["metadata"]["labels"]["pcitopo.kubevirt.io/fabric-configmap"] = sidecar["configMap"]["name"]
+    _, out = injected(pod, injector, params)
+    c = container(out, "pcitopo")
+    assert c["args"][-2:] == sidecar["args"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "pcitopo-fabric"]
+    (vol,) = [v for v in out["spec"]["volumes"] if v["name"] == "pcitopo-fabric"]
+    assert mount["mountPath"] == sidecar["configMap"]["hookPath"] and mount["readOnly"]
+    assert vol["configMap"]["name"] == sidecar["configMap"]["name"]
+    assert vol["configMap"]["items"] == [{"key": sidecar["configMap"]["key"], "path": mount["subPath"]}]
+    kv.validate(out, K8S, strict=True)
+    assert Admission(kubevirt_policy("kubevirt-plugin-sidecar-subpath-policy"), out).denials() == []
+
+
+# -- the node hook in the doctor's DaemonSet ----------------------------------------------------------
+
+def test_i25_deploy_node_hook_container_serves_where_virt_handler_dials(plugin):
+    kv = _kv()
+    docs = load(ROOT / "deploy" / "doctor-daemonset.yaml")
+    ds = kind(docs, "DaemonSet")
+    kv.validate(ds, K8S, strict=True)
+    pod = ds["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["doctor", "node-hook"]
+    c = pod["containers"][1]
+    script = c["args"][0]
+    assert "exec pcitopo serve \"$@\"" in script and "--node-hook --sysfs /host/sys" in script
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]}
+    socket = plugin["spec"]["nodeHooks"][0]["socket"]
+    folder = socket.rsplit("/", 1)[0]
+    # bound on the host at the path the Plugin names: the same folder, at the same path
+    assert mounts[folder]["hostPath"] == {"path": folder, "type": "DirectoryOrCreate"}
+    assert mounts["/host/sys"]["hostPath"]["path"] == "/sys"
+    cr = mounts["/etc/pcitopo/kubevirt"]["configMap"]
+    assert cr == {"name": "pcitopo-kubevirt-cr", "optional": True}
+    assert "--permitted-host-devices /etc/pcitopo/kubevirt/kubevirt.yaml" in script
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
