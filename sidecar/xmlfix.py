@@ -23,6 +23,7 @@ from pcitopo.topology.errors import ConfigError, DomainError
 from pcitopo.topology.host.sources import default_sysfs
 
 from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser
+from .plugin.door import DEFAULT_DOOR, DOORS
 
 MAX_VMI_BYTES = 4 * 1024 * 1024
 
@@ -74,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
     p.add_argument("--nccl-topo", action="store_true", help="NCCL's topology file for the predicted guest (what the hook passes "
                    "through fw_cfg under nccl-topo: fwcfg), for the guest's /var/run/nvidia-topologyd/virtualTopology.xml")
+    p.add_argument("--door", choices=DOORS, default=DEFAULT_DOOR,
+                   help=f"the KubeVirt door the VM comes through (default {DEFAULT_DOOR}): plugin, the pcitopo Plugin (KubeVirt v1.9+); "
+                   "hook, the hook sidecar (v1.6-v1.8); --explain says what reaches libvirt through it, --check --vmi that "
+                   "the VMI asks for it")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
     return p
 
@@ -83,6 +88,8 @@ def xmlfix(argv: Sequence[str]) -> int:
     from pcitopo.topology.views.explain import diff_text, explain_text
     from pcitopo.topology.views.report import wrap_text
     from pcitopo.topology.host.sysfs import open_host
+
+    from .plugin.door import DOOR_NOTES
 
     args = build_parser().parse_args(list(argv))
     _one_document(args)
@@ -119,6 +126,7 @@ def xmlfix(argv: Sequence[str]) -> int:
             sys.stdout.write(wrap_text(f"domain left unchanged ({outcome.outcome}): {outcome.reason}") + "\n")
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
+            sys.stdout.write("\n" + wrap_text(DOOR_NOTES[args.door]) + "\n")
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
                 from pcitopo.topology.checks.fleet import doctor_text
 
