@@ -204,8 +204,8 @@ class BootDomain:
     memory_mib: int  # the domain's RAM, which the boot gives the guest
 
 
-def boot_domain(case: str, efi: bool) -> BootDomain:
-    """A KubeVirt-shaped domain of every GPU and NIC of ``case`` (CPU custom qemu64), rewritten."""
+def kubevirt_input(case: str, efi: bool) -> tuple[Topology, bytes]:
+    """``case``'s host and a KubeVirt-shaped domain of its every GPU and NIC (CPU custom qemu64)."""
     host = CASES[case]()
     root = etree.fromstring(kubevirt_domain(host, DomainSpec(f"mmio-{case}", tuple(gpus_and_nics(host)))))
     cpu = root.find("cpu")
@@ -214,7 +214,13 @@ def boot_domain(case: str, efi: bool) -> BootDomain:
     model.text = "qemu64"
     cpu.insert(0, model)
     xml = etree.tostring(root)
-    r = rewrite_domain(with_efi(xml) if efi else xml, host, host_phys_bits=HOST_BITS)
+    return host, with_efi(xml) if efi else xml
+
+
+def boot_domain(case: str, efi: bool) -> BootDomain:
+    """:func:`kubevirt_input`, rewritten."""
+    host, xml = kubevirt_input(case, efi)
+    r = rewrite_domain(xml, host, host_phys_bits=HOST_BITS)
     sizes = {}
     out = etree.fromstring(r.xml)
     for hd in out.iter("hostdev"):

@@ -120,19 +120,22 @@ def call(client: Path, socket: Path, *args: str) -> dict:
 class Sidecar:
     """One container of the image, run as a non-root VMI's sidecar, removed by its own name."""
 
-    def __init__(self, image: str, fixture: str, arch: str = "amd64"):
+    def __init__(self, image: str, fixture: str, arch: str = "amd64", plugin: str | None = None):
+        """``plugin``: run as the Plugin's domain hook (``--plugin NAME``), the emptyDir's subPath
+        mounted at /var/run/kubevirt-plugin/NAME, as deploy/plugin's admission policy does."""
         self.dir = Path(tempfile.mkdtemp(prefix="pcitopo-img-"))
         os.chmod(self.dir, 0o777)  # an emptyDir: writable by the sidecar's uid
-        self.socket = self.dir / "pcitopo.sock"
+        self.socket = self.dir / ("domain.sock" if plugin else "pcitopo.sock")
         self.name = f"pcitopo-test-{os.getpid()}-{time.monotonic_ns()}"
+        mount = f"/var/run/kubevirt-plugin/{plugin}" if plugin else HOOKS
         podman(
             "run", "--detach", "--name", self.name, "--arch", arch,
             "--user", "107:107", "--read-only", "--cap-drop=ALL", "--security-opt", "no-new-privileges",
             "--network", "none",
-            "-v", f"{self.dir}:{HOOKS}",
+            "-v", f"{self.dir}:{mount}",
             "-v", f"{fixture_sysfs(fixture)}:/host:ro",
             "-v", f"{CPUINFO}:/host-cpuinfo:ro", "-e", "PCITOPO_CPUINFO=/host-cpuinfo",
-            image, "--sysfs", "/host",
+            image, "--sysfs", "/host", *(("--plugin", plugin) if plugin else ()),
         )
 
     def wait_for_socket(self, timeout: float) -> None:
@@ -234,6 +237,49 @@ def test_the_image_serves_virt_launcher_byte_identical_to_xmlfix(amd64, hookclie
         finally:
             side.remove()
     assert len(results) == len(FIXTURES) * len(CASES)
+
+
+def test_i25_the_image_serves_the_plugins_three_defines_as_kubevirt_runs_it(amd64, tmp_path):
+    """Issue 25: the image as the Plugin's domain hook (uid 107, read-only, no capabilities, the
+    socket under /var/run/kubevirt-plugin/pcitopo/), MutateDomain from grpc-go over KubeVirt
+    v1.9.0's three defines (legacy hook and plugin), per fixture: every define equals xmlfix's
+    output for what the plugin got, as libvirt-go-xml-module reads both."""
+    from testkit.plugin.pipeline import as_libvirtxml, boot
+
+    client = hookclient_or_skip("pluginclient")
+    for fixture in FIXTURES:
+        side = Sidecar(amd64["image"], fixture, plugin="pcitopo")
+        try:
+            side.wait_for_socket(60)
+            st = os.stat(side.socket)
+            assert (st.st_uid, st.st_gid) == (107, 107) and os.listdir(side.dir) == ["domain.sock"]
+            status = proc_status(side.state()["Pid"])
+            assert status["Uid"].split()[:2] == ["107", "107"] and int(status["CapEff"], 16) == 0
+            calls = iter(range(100))
+
+            def plugin(domain: bytes) -> bytes:
+                d = tmp_path / f"{fixture}-{next(calls)}"
+                d.mkdir()
+                (d / "in.xml").write_bytes(domain)
+                (d / "vmi.json").write_bytes(vmi_json(domain))
+                r = subprocess.run([str(client), "-socket", str(side.socket), "mutate", "-domain", str(d / "in.xml"),
+                                    "-vmi", str(d / "vmi.json"), "-context", "Boot", "-out", str(d / "out.xml")],
+                                   capture_output=True, timeout=180)
+                assert r.returncode == 0, r.stdout + r.stderr
+                return (d / "out.xml").read_bytes()
+
+            def legacy(domain: bytes) -> bytes:
+                return xmlfix(domain, fixture_sysfs(fixture), vmi_json(domain), tmp_path).stdout
+
+            b = boot(fixture_domain(fixture), legacy=legacy, plugins=[plugin])
+            assert b.error is None and len(b.defines) == 3
+            for sent, defined in zip(b.plugin_inputs, b.defines):
+                assert defined == as_libvirtxml(xmlfix(sent, fixture_sysfs(fixture), vmi_json(sent), tmp_path).stdout)
+            served = [r for r in side.log_records() if r.get("event") == "MutateDomain"]
+            assert [(r["door"], r["outcome"]) for r in served] == [("plugin", "rewritten")] * 3
+            assert next(r for r in side.log_records() if r.get("event") == "serving")["door"] == "plugin"
+        finally:
+            side.remove()
 
 
 def test_the_arm64_image_answers_and_serves_under_emulation(arm64, hookclient, tmp_path):
