@@ -109,14 +109,14 @@ def test_pairs_agrees_with_topo_on_every_fixture_and_test_host(tmp_path, capsys)
             assert g["gdr"] == gdr
             same = [n for n in nics if root[n] == root[gpu]]
             assert [s["nic"] for s in g["same_pcie_root_nics"]] == same
-            enough = not gdr or (bool(same) and all(cls[gpu, n][0] == cls[gpu, best][0] for n in same))
+            enough = bool(same) and all(cls[gpu, n][0] == cls[gpu, best][0] for n in same)
             assert g["pcie_root_enough"] == enough, (name, gpu)
             checked += 1
         assert pairs["pcie_root_enough"] == all(g["pcie_root_enough"] for g in pairs["gpus"])
     assert checked > 60
 
 
-@pytest.mark.parametrize("name", ["hgx-h100", "hgx-h200-snc2", "hgx-b200", "hgx-b300", "dgx-h100", "pcie-2socket"])
+@pytest.mark.parametrize("name", ["hgx-h100", "hgx-h200-snc2", "hgx-b200", "hgx-b300", "dgx-h100"])
 def test_pcie_root_is_enough_on_hosts_with_a_root_complex_per_switch(name, capsys):
     doc = _json(capsys, ["pairs", "--json", "--sysfs", str(FIXTURES / name)])
     assert doc["pcie_root_enough"] is True and doc["pcie_root_not_enough_for"] == []
@@ -126,14 +126,34 @@ def test_pcie_root_is_not_enough_where_a_root_complex_carries_two_switches(tmp_p
     src = str(_amd_dir(tmp_path))
     doc = _json(capsys, ["pairs", "--json", "--sysfs", src])
     assert doc["pcie_root_enough"] is False
-    assert doc["pcie_root_not_enough_for"] == ["GPU0", "GPU1"]
+    assert doc["pcie_root_not_enough_for"] == ["GPU0", "GPU1", "GPU3"]
     by_label = {g["label"]: g for g in doc["gpus"]}
     assert by_label["GPU2"]["pcie_root_enough"] and by_label["GPU2"]["nccl"] == "PIX"
-    assert by_label["GPU3"]["gdr"] is False and by_label["GPU3"]["pcie_root_enough"]  # nothing to pair
+    # nothing to pair, and alone on its root complex: a pcieRoot claim never allocates it a NIC
+    assert by_label["GPU3"]["gdr"] is False and not by_label["GPU3"]["pcie_root_enough"]
     assert pcitopo_main(["pairs", "--sysfs", src]) == 0
     text = capsys.readouterr().out
     assert "not enough on this host for 2 GPU(s): GPU0, GPU1" in text
+    assert "can never be satisfied for 1 GPU(s): GPU3" in text
     assert "no: also NIC1 PHB" in text
+
+
+
+def test_f12_pcie_root_enough_only_where_a_claim_can_be_satisfied(capsys):
+    """Issue 26 finding 12: on pcie-2socket no GPU shares a pcieRoot with a NIC, so a claim
+    matching GPU and NIC on pcieRoot never allocates there: not "enough", for either GPU."""
+    src = str(FIXTURES / "pcie-2socket")
+    doc = _json(capsys, ["pairs", "--json", "--sysfs", src])
+    assert all(g["same_pcie_root_nics"] == [] for g in doc["gpus"]) and len(doc["gpus"]) == 2
+    assert doc["pcie_root_enough"] is False
+    assert doc["pcie_root_not_enough_for"] == ["GPU0", "GPU1"]
+    assert [g["pcie_root_enough"] for g in doc["gpus"]] == [False, False]
+    assert pcitopo_main(["pairs", "--sysfs", src]) == 0
+    text = capsys.readouterr().out
+    assert "is enough" not in text
+    assert "can never be satisfied for 2 GPU(s): GPU0, GPU1" in text
+    assert text.count("no: no NIC on its pcieRoot") == 2
+    assert "none at PXB or closer" in text  # and they lose nothing by it: no NIC is at PXB or closer
 
 
 def test_b300_pairs_are_pxb_and_named(capsys):
@@ -279,7 +299,8 @@ def test_xmlfix_explain_and_json_carry_the_verdict(tmp_path, capsys):
 def test_the_doctor_exports_the_gpus_pcie_root_does_not_serve(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
-    for src, want in ((str(FIXTURES / "hgx-b300"), 0), (str(_amd_dir(tmp_path)), 2)):
+    # pcie-2socket: no GPU has a NIC at PXB or closer, so pcieRoot alignment loses none of them one
+    for src, want in ((str(FIXTURES / "hgx-b300"), 0), (str(_amd_dir(tmp_path)), 2), (str(FIXTURES / "pcie-2socket"), 0)):
         prom = tmp_path / "p.prom"
         assert pcitopo_main(["doctor", "--sysfs", src, "--prometheus-out", str(prom)]) in (0, 1)
         fam = {f.name: f for f in text_string_to_metric_families(prom.read_text())}

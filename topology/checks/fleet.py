@@ -50,7 +50,7 @@ def pix_facts(topo: Topology, targets: Sequence[Target]) -> PixFacts:
         nvml += sum(c.nvml == Nvml.PIX for c in classes)
         with_pix += any(c.nccl == Nccl.PIX for c in classes)
         with_gdr += any(c.nccl in (Nccl.PIX, Nccl.PXB) for c in classes)
-    not_enough = sum(not host_pair(topo, g).pcie_root_enough for g in gpus)
+    not_enough = sum(host_pair(topo, g).pcie_root_loses_gdr for g in gpus)
     return PixFacts(len(gpus), len(nics), nccl, nvml, with_pix, with_gdr, not_enough)
 
 
