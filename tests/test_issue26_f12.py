@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from pcitopo.sidecar.cli import xmlfix_main
 from testkit import REPO as ROOT
 
 DOCS = ROOT / "docs"
@@ -41,3 +42,42 @@ def test_f12_virtctl_scp_lines_have_a_source_and_a_destination():
                 assert len(args) == 2, (doc.name, line, args)
                 assert sum(":" in a for a in args) == 1, (doc.name, line)  # one side is the VM
     assert len(found) >= 2, found  # the guest tool and the prediction, one command each
+
+
+def _deploy_launcher_table() -> dict[str, dict[str, str]]:
+    """DEPLOY section 12's "What virt-launcher itself ships" table: release -> column -> version."""
+    text = (DOCS / "DEPLOY.md").read_text()
+    section = text[text.index("## 12. KubeVirt releases"):]
+    rows = [ln for ln in section.split("| KubeVirt | QEMU", 1)[1].splitlines() if ln.startswith("| v")]
+    head = ["KubeVirt", "QEMU", "libvirt", "SeaBIOS", "edk2"]
+    table = {}
+    for ln in rows:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        table[cells[0]] = dict(zip(head, cells))
+    return table
+
+
+def _explain(capsys, fixture: str = "hgx-b200", *extra: str) -> str:
+    """``xmlfix --explain`` of a fixture's golden input, its folded lines joined again."""
+    src = ROOT / "fixtures" / fixture
+    assert xmlfix_main(["--explain", *extra, "--sysfs", str(src), str(src / "domain.xml")]) == 0
+    return re.sub(r"\n {4,}", " ", capsys.readouterr().out)
+
+
+def test_f12_explain_names_the_firmware_virt_launcher_ships(capsys):
+    """`--explain` said "OVMF 2025.02, as KubeVirt 1.8-1.9's virt-launcher ships it" while DEPLOY
+    section 12 says edk2 20241117 (kubevirt/kubevirt hack/rpm-deps.sh, EDK2_VERSION 0:20241117-8.el9
+    at v1.8.0 and v1.9.0). One constant each now, and the doc's table is held to them."""
+    from pcitopo.topology.guest.mmio import EDK2_VERSION, FIRMWARE_OF, SEABIOS_VERSION
+
+    table = _deploy_launcher_table()
+    v18_19 = [r for r in table if r.startswith(("v1.8.", "v1.9."))]
+    assert v18_19, table
+    for release in v18_19:
+        assert table[release]["edk2"] == EDK2_VERSION, release
+        assert table[release]["SeaBIOS"] == SEABIOS_VERSION, release
+    assert "1.8-1.9" in FIRMWARE_OF
+    text = _explain(capsys)
+    assert f"ovmf (edk2 {EDK2_VERSION}, {FIRMWARE_OF}): rule: " in text
+    assert f"seabios (SeaBIOS {SEABIOS_VERSION}, {FIRMWARE_OF}): rule: " in text
+    assert "OVMF 2025.02, as" not in text

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ..guest.mmio import (
+    EDK2_VERSION,
     FIRMWARE_OF,
     OVMF_DEFAULT_APERTURE,
-    OVMF_VERSION,
     QEMU_DEFAULT_BITS,
     SEABIOS_MIN_BITS,
     SEABIOS_VERSION,
@@ -268,6 +268,6 @@ def _seabios_lines(b: MmioBudget) -> list[str]:
 def _ovmf_lines(b: MmioBudget) -> list[str]:
     bits = b.ovmf_bits
     need = f"{bits} bits" if bits else f"QEMU's default ({QEMU_DEFAULT_BITS} bits) is enough"
-    return [f"  ovmf (OVMF {OVMF_VERSION}, {FIRMWARE_OF}): rule: the 64-bit window is the top eighth of 2^bits "
+    return [f"  ovmf (edk2 {EDK2_VERSION}, {FIRMWARE_OF}): rule: the 64-bit window is the top eighth of 2^bits "
             f"when the CPU has 1 GiB pages (pdpe1gb), else {fmt_size(OVMF_DEFAULT_APERTURE)}",
             f"  ovmf: total {fmt_size(b.total)}, needs {need}, window {fmt_size(b.ovmf_window(bits))}{_mark(b, 'ovmf')}"]
