@@ -203,18 +203,17 @@ def _one_document(args: argparse.Namespace) -> None:
 
 def _check(outcome, host, fabric=None) -> int:
     """--check: exit 0 only if the guest will see what the host has."""
-    from pcitopo.topology.guest.predict import beyond_pairs, check_problems, verdict
+    from pcitopo.topology.guest.predict import check_verdict
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    problems = check_problems(outcome.result, host, fabric)
+    problems, parts = check_verdict(outcome.result, host, fabric)
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
     # the verdict counts pairs and cells; what else fails the check (NVLink, firmware) joins it
     # by name, its sentence being one of the lines just printed
-    why = "; ".join([verdict(outcome.result, host, fabric)]
-                    + [f"{line.split(':', 1)[0]} (above)" for line in beyond_pairs(outcome.result, fabric)])
+    why = "; ".join(parts[:1] + [f"{kind} (above)" for kind in parts[1:]])
     print(f"xmlfix: check: {'failed' if problems else 'ok'}: {why}", file=sys.stderr)
     return EXIT_CHECK_FAILED if problems else EXIT_OK
 

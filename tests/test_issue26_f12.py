@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import shlex
 
+import pytest
+
 from pcitopo.sidecar.cli import xmlfix_main
 from testkit import REPO as ROOT
 
@@ -81,3 +83,51 @@ def test_f12_explain_names_the_firmware_virt_launcher_ships(capsys):
     assert f"ovmf (edk2 {EDK2_VERSION}, {FIRMWARE_OF}): rule: " in text
     assert f"seabios (SeaBIOS {SEABIOS_VERSION}, {FIRMWARE_OF}): rule: " in text
     assert "OVMF 2025.02, as" not in text
+
+
+def _h100_domain(tmp_path, cells: str) -> str:
+    """GPU0, NIC0, GPU4 and NIC6 of hgx-h100 (NUMA nodes 0 and 1) as virt-launcher writes them:
+    ``cells`` "none" (no guest NUMA), "one" (a cell for node 0 only) or "both"."""
+    from lxml import etree
+
+    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.topology.model.tree import Bdf
+    from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
+
+    host = open_host(ROOT / "fixtures" / "hgx-h100")
+    devs = tuple(Bdf.parse(b) for b in ("0000:18:00.0", "0000:19:00.0", "0000:9a:00.0", "0000:9b:00.0"))
+    root = etree.fromstring(kubevirt_domain(host, DomainSpec("vm", devs, guest_numa=cells != "none")))
+    if cells == "one":
+        for el in root.findall("cpu/numa/cell")[1:] + root.findall("numatune/memnode")[1:]:
+            el.getparent().remove(el)
+    out = tmp_path / f"domain-{cells}.xml"
+    out.write_bytes(etree.tostring(root))
+    return str(out)
+
+
+def _dot_title(dot: str) -> list[str]:
+    """The picture's title, one line a list item (DOT's ``\\n`` line breaks)."""
+    label = re.search(r'^  label="(.*?)"; labelloc=t', dot, re.M).group(1)
+    return label.split("\\n")
+
+
+@pytest.mark.parametrize("cells", ["none", "one", "both"])
+def test_f12_dot_title_is_the_check_verdict(tmp_path, capsys, cells):
+    """The --dot title counted ``fidelity_lost`` ("NCCL 3/6 ... 4 pair(s) lost" against --check's
+    3 differences without guest cells) and ignored cells (6/6 with one cell, while --check exits
+    1 on NUMA). It now says what --check decides and its verdict, from the one function."""
+    dom = _h100_domain(tmp_path, cells)
+    sysfs = str(ROOT / "fixtures" / "hgx-h100")
+    rc = xmlfix_main(["--check", "--sysfs", sysfs, dom])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    state, verdict = re.match(r"xmlfix: check: (ok|failed): (.*)", last).groups()
+    assert (rc == 1) == (state == "failed")
+    assert xmlfix_main(["--dot", "--sysfs", sysfs, dom]) == 0
+    title = _dot_title(capsys.readouterr().out)
+    assert title[1] == f"check: {state}"
+    assert title[2:-1] == [p.replace(" (above)", " (xmlfix --check says why)") for p in verdict.split("; ")]
+    assert not any("lost" in line for line in title)
+    if cells != "both":
+        assert state == "failed" and any(line.startswith("NUMA: ") for line in title)
+    if cells == "none":
+        assert "NCCL: 3/6 pairs as on the host, 3 SYS→PHB (no guest NUMA cells)" in title

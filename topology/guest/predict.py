@@ -218,6 +218,14 @@ def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[s
     return out + beyond_pairs(result, fabric)
 
 
+def check_verdict(result: RewriteResult, host: Topology, fabric=None) -> tuple[list[str], list[str]]:
+    """What ``xmlfix --check`` decides and says, for each door that shows it (``--check``, the
+    ``--dot`` title): its problems (none: the check passes), and the verdict's parts: the
+    pairs-and-cells line (:func:`verdict`), then each other problem's kind (firmware, NVLink)."""
+    problems = check_problems(result, host, fabric)
+    return problems, [verdict(result, host, fabric)] + [line.split(":", 1)[0] for line in beyond_pairs(result, fabric)]
+
+
 def firmware_warnings(result: RewriteResult) -> list[str]:
     """The rewrite's typed warnings (``topology.guest.mmio.FirmwareWarning``: BARs the guest firmware
     will leave unassigned whatever the domain sets), one ``kind: reason`` line each."""
