@@ -122,7 +122,7 @@ def xmlfix(argv: Sequence[str]) -> int:
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
                 from pcitopo.topology.checks.fleet import doctor_text
 
-                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + wrap_text(doctor_text(outcome.doctor)))
+                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + wrap_text(doctor_text(outcome.doctor, beside_vm_labels=True)))
     if args.diff:  # only what changed in meaning (both sides serialised alike)
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:

@@ -131,3 +131,27 @@ def test_f12_dot_title_is_the_check_verdict(tmp_path, capsys, cells):
         assert state == "failed" and any(line.startswith("NUMA: ") for line in title)
     if cells == "none":
         assert "NCCL: 3/6 pairs as on the host, 3 SYS→PHB (no guest NUMA cells)" in title
+
+
+def test_f12_explain_never_gives_two_devices_one_label(tmp_path, capsys):
+    """One --explain named 0000:27:00.0 NIC0 in its legend and NIC2 in its pairing note, where
+    "the host's NIC0" was 0000:1b:00.0. The legend and matrices number the VM's own devices (as
+    the guest's nvidia-smi does); host-numbered labels are written ``host NIC0`` everywhere
+    (model/labels.py ``host_label``). Here: hgx-b300's GPU0 with NIC1, its best being NIC0."""
+    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.topology.model.tree import Bdf
+    from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
+
+    src = ROOT / "fixtures" / "hgx-b300"
+    dom = tmp_path / "d.xml"
+    dom.write_bytes(kubevirt_domain(open_host(src), DomainSpec("pairs", (Bdf.parse("0000:1a:00.0"), Bdf.parse("0000:39:00.0")))))
+    assert xmlfix_main(["--explain", "--sysfs", str(src), str(dom)]) == 0
+    cap = capsys.readouterr()
+    text = re.sub(r"\n {4,}", " ", cap.out + cap.err)
+    names: dict[str, set[str]] = {}  # every "LABEL (BDF)" and "LABEL: BDF" the output pairs up
+    for label, bdf in re.findall(r"((?:host )?(?:GPU|NIC)\d+)(?: \(|: )([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.\d)", text):
+        names.setdefault(label, set()).add(bdf)
+    assert all(len(bdfs) == 1 for bdfs in names.values()), names
+    assert names["NIC0"] == {"0000:39:00.0"} and names["host NIC1"] == {"0000:39:00.0"}
+    assert names["host NIC0"] == {"0000:17:00.0"}
+    assert "(host GPU0)" in text  # the verdict's pairing part

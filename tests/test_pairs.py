@@ -174,8 +174,8 @@ def test_a_gpu_given_a_nic_from_another_switch_is_named_with_the_better_nic():
     host = _host("hgx-b300")
     v = check_vm_pairs(host, [Bdf.parse("1a:00.0"), Bdf.parse("39:00.0")])
     assert v.status == "worse" and len(v.findings) == 1
-    assert v.lines == ["GPU0 (0000:1a:00.0) got NIC1 (0000:39:00.0) at PHB (nvidia-smi NODE); "
-                       "the host's NIC0 (0000:17:00.0) would be PXB"]
+    assert v.lines == ["host GPU0 (0000:1a:00.0) got host NIC1 (0000:39:00.0) at PHB (nvidia-smi NODE); "
+                       "host NIC0 (0000:17:00.0) would be PXB"]
 
 
 @pytest.mark.parametrize("name", ["hgx-b300", "hgx-h100", "dgx-h100", "hgx-b200"])
@@ -210,7 +210,7 @@ def test_the_broadcom_neighbour_nic_is_not_worse_in_nccl_view():
 def test_the_amd_host_warns_the_other_switch_nic(tmp_path):
     host = host_from_topo(AMD.read_text())
     v = check_vm_pairs(host, [Bdf.parse("03:00.0"), Bdf.parse("08:00.0")])
-    assert v.lines == ["GPU0 (0000:03:00.0) got NIC1 (0000:08:00.0) at PHB; the host's NIC0 (0000:04:00.0) would be PIX"]
+    assert v.lines == ["host GPU0 (0000:03:00.0) got host NIC1 (0000:08:00.0) at PHB; host NIC0 (0000:04:00.0) would be PIX"]
 
 
 # -- the hook and xmlfix ----------------------------------------------------------------------------
@@ -229,8 +229,8 @@ def test_the_hook_warns_by_default_and_boots():
     out = handle_define_domain(_domain(host, "1a:00.0", "39:00.0"), _vmi(None), host)
     assert out.outcome == "rewritten"
     assert out.summary["pairing"] == "worse"
-    assert out.summary["pairing_findings"][0].startswith("GPU0 (0000:1a:00.0) got NIC1 (0000:39:00.0)")
-    assert any(n.startswith("pairing: GPU0 (0000:1a:00.0) got NIC1") for n in out.result.report.notes)
+    assert out.summary["pairing_findings"][0].startswith("host GPU0 (0000:1a:00.0) got host NIC1 (0000:39:00.0)")
+    assert any(n.startswith("pairing: host GPU0 (0000:1a:00.0) got host NIC1") for n in out.result.report.notes)
 
 
 def test_the_hook_refuses_under_require_whatever_on_error_says():
@@ -240,7 +240,7 @@ def test_the_hook_refuses_under_require_whatever_on_error_says():
                                                        "pcitopo.kubevirt.io/on-error": on_error}}}).encode()
         with pytest.raises(PairingError) as e:
             handle_define_domain(_domain(host, "1a:00.0", "39:00.0"), vmi, host)
-        assert "the host's NIC0 (0000:17:00.0) would be PXB" in e.value.reason
+        assert "host NIC0 (0000:17:00.0) would be PXB" in e.value.reason
         assert "pcitopo.kubevirt.io/pairing is require" in e.value.reason
 
 
@@ -269,8 +269,8 @@ def _xmlfix(tmp_path: Path, capsys, policy: str | None, *args: str) -> tuple[int
 def test_xmlfix_check_passes_under_warn_with_the_line(tmp_path, capsys):
     rc, _, err = _xmlfix(tmp_path, capsys, None, "--check")
     assert rc == 0
-    assert ("xmlfix: warning: pairing: GPU0 (0000:1a:00.0) got NIC1 (0000:39:00.0) at PHB (nvidia-smi NODE); "
-            "the host's NIC0 (0000:17:00.0) would be PXB") in err.splitlines()
+    assert ("xmlfix: warning: pairing: host GPU0 (0000:1a:00.0) got host NIC1 (0000:39:00.0) at PHB (nvidia-smi NODE); "
+            "host NIC0 (0000:17:00.0) would be PXB") in err.splitlines()
     assert "xmlfix: check: ok: " in err and "pairing: 1 GPU(s) given a worse NIC than the host offers" in err
 
 
@@ -278,7 +278,7 @@ def test_xmlfix_fails_under_require(tmp_path, capsys):
     rc, out, err = _xmlfix(tmp_path, capsys, "require", "--check")
     assert rc == 2 and out == ""
     (line,) = err.splitlines()
-    assert "GPU0 (0000:1a:00.0) got NIC1" in line and "would be PXB" in line
+    assert "host GPU0 (0000:1a:00.0) got host NIC1" in line and "would be PXB" in line
 
 
 def test_xmlfix_explain_and_json_carry_the_verdict(tmp_path, capsys):
@@ -286,12 +286,12 @@ def test_xmlfix_explain_and_json_carry_the_verdict(tmp_path, capsys):
     assert rc == 0
     out = out.replace("\n    ", " ")  # --explain folds its lines at 100 columns (issue 22)
     first = out.splitlines()[0]
-    assert first.startswith("Verdict: ") and first.endswith("; pairing: 1 GPU(s) given a worse NIC than the host offers (GPU0)")
-    assert "note: pairing: GPU0 (0000:1a:00.0) got NIC1" in out
+    assert first.startswith("Verdict: ") and first.endswith("; pairing: 1 GPU(s) given a worse NIC than the host offers (host GPU0)")
+    assert "note: pairing: host GPU0 (0000:1a:00.0) got host NIC1" in out
     rc, out, _ = _xmlfix(tmp_path, capsys, None, "--json")
     doc = json.loads(out)
     assert doc["pairing"]["status"] == "worse" and doc["pairing"]["policy"] == "warn"
-    assert doc["pairing"]["findings"][0].startswith("GPU0 (0000:1a:00.0) got NIC1")
+    assert doc["pairing"]["findings"][0].startswith("host GPU0 (0000:1a:00.0) got host NIC1")
 
 
 # -- the doctor's count per node ----------------------------------------------------------------------

@@ -188,7 +188,7 @@ def pairing_summary(result: RewriteResult) -> str | None:
     findings = getattr(found[1], "findings", ()) if found else ()
     if not findings:
         return None
-    who = ", ".join(f.labels.get(f.got.gpu.bdf, str(f.got.gpu.bdf)) for f in findings)
+    who = ", ".join(f.gpu_name for f in findings)
     return f"pairing: {len(findings)} GPU(s) given a worse NIC than the host offers ({who})"
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..model.labels import default_devices, host_labels
+from ..model.labels import default_devices, host_label, host_labels
 from ..model.tree import Bdf, PciFunction, Role, Topology
 from .classify import Nccl, PairClass, classify, closeness
 
@@ -141,8 +141,15 @@ class PairingFinding:
     labels: dict[Bdf, str]
 
     def _name(self, f: PciFunction) -> str:
-        """``GPU0 (0000:1a:00.0)`` as the host numbers it; a VF or other unnumbered function by BDF."""
-        return f"{self.labels[f.bdf]} ({f.bdf})" if f.bdf in self.labels else str(f.bdf)
+        """``host GPU0 (0000:1a:00.0)``, as the host numbers it (:func:`host_label`: never to be
+        read as the VM's own GPU0); a VF or other unnumbered function by BDF."""
+        return f"{host_label(self.labels[f.bdf])} ({f.bdf})" if f.bdf in self.labels else str(f.bdf)
+
+    @property
+    def gpu_name(self) -> str:
+        """The GPU alone: ``host GPU0``, or its BDF."""
+        g = self.got.gpu.bdf
+        return host_label(self.labels[g]) if g in self.labels else str(g)
 
     @property
     def line(self) -> str:
@@ -150,7 +157,7 @@ class PairingFinding:
         # so both pairs have a NIC and a class.
         got, best = self.got, self.host
         return (f"{self._name(got.gpu)} got {self._name(got.nic)} at {class_text(got.cls)}; "  # type: ignore[arg-type]
-                f"the host's {self._name(best.nic)} would be {class_text(best.cls)}")  # type: ignore[arg-type]
+                f"{self._name(best.nic)} would be {class_text(best.cls)}")  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
