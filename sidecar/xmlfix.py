@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
     p.add_argument("--nccl-topo", action="store_true", help="NCCL's topology file for the predicted guest (what the hook passes "
                    "through fw_cfg under nccl-topo: fwcfg), for the guest's /var/run/nvidia-topologyd/virtualTopology.xml")
+    p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
+                   "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
     return p
 
@@ -123,11 +125,15 @@ def xmlfix(argv: Sequence[str]) -> int:
                 from pcitopo.topology.checks.fleet import doctor_text
 
                 sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + wrap_text(doctor_text(outcome.doctor, beside_vm_labels=True)))
+    if args.summary and result is not None:
+        from pcitopo.topology.views.explain import summary_lines
+
+        sys.stdout.write("\n".join(summary_lines(result, host, fabric, outcome.doctor)) + "\n")
     if args.diff:  # only what changed in meaning (both sides serialised alike)
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:
         _write_atomic(args.output, out)
-    elif not (args.explain or args.dot or args.diff or args.check or args.json or args.nccl_topo):
+    elif not (args.explain or args.dot or args.diff or args.check or args.json or args.nccl_topo or args.summary):
         sys.stdout.buffer.write(out)
         sys.stdout.flush()
 
@@ -193,12 +199,12 @@ def _one_document(args: argparse.Namespace) -> None:
     """What goes to stdout must read as one document: --json and --dot
     each print one, so neither mixes with another kind (--explain text, --diff, each other).
     --dot is --explain drawn, so the two together are just the picture."""
-    if args.json and (args.explain or args.diff or args.dot):
-        raise ConfigError("--json prints one JSON document: use it without --explain, --dot and --diff")
-    if args.nccl_topo and (args.json or args.explain or args.diff or args.dot):
-        raise ConfigError("--nccl-topo prints NCCL's topology file: use it without --json, --explain, --dot and --diff")
-    if args.dot and args.diff:
-        raise ConfigError("--dot prints one Graphviz document: use it without --diff")
+    if args.json and (args.explain or args.diff or args.dot or args.summary):
+        raise ConfigError("--json prints one JSON document: use it without --explain, --dot, --diff and --summary")
+    if args.nccl_topo and (args.json or args.explain or args.diff or args.dot or args.summary):
+        raise ConfigError("--nccl-topo prints NCCL's topology file: use it without --json, --explain, --dot, --diff and --summary")
+    if args.dot and (args.diff or args.summary):
+        raise ConfigError("--dot prints one Graphviz document: use it without --diff and --summary")
 
 
 def _check(outcome, host, fabric=None) -> int:
