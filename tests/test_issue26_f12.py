@@ -219,3 +219,17 @@ def test_f12_make_demo_ends_with_the_story_in_five_lines():
     seabios = [ln for ln in text.splitlines() if "seabios" in ln.lower()]
     assert seabios and all("BARs placed" not in ln for ln in seabios), seabios
     assert "not this domain's firmware (it boots OVMF)" in " ".join(seabios)
+
+
+def test_f12_readme_lists_every_pcitopo_command(capsys):
+    """The README's command list missed `pairs` and `guest`. It names every subcommand the CLI's
+    argparse parser has (bare `pcitopo` prints them), and only those."""
+    from pcitopo.sidecar.cli import pcitopo_main
+
+    assert pcitopo_main([]) == 2
+    usage = capsys.readouterr().err
+    commands = set(re.search(r"\{([a-z,-]+)\}", usage).group(1).split(","))
+    assert {"pairs", "guest", "topo", "serve"} <= commands
+    readme = (ROOT / "README.md").read_text()
+    listed = re.search(r"^pcitopo +# the commands: (.+)$", readme, re.M).group(1)
+    assert set(listed.split(", ")) == commands, listed
