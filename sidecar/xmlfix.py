@@ -106,7 +106,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     fabric = _loaded(fabric_file)
     result = outcome.result
     out = outcome.xml
-    _print_warnings(outcome, fabric, args.check)
+    _print_warnings(outcome, fabric, args.check, domain)
 
     if args.json:
         _print_prediction(outcome, host, fabric)
@@ -158,16 +158,21 @@ def _loaded(fabric_file):
         return None
 
 
-def _warnings(outcome) -> list[str]:
+def _warnings(outcome, domain: bytes = b"") -> list[str]:
     """One line per thing the hook would boot the VM with and only log: the rewrite's firmware
     warnings, the NVLink verdict under ``nvlink: warn``, GPUs given a worse NIC than the host has
     under ``pairing: warn``, failed host-readiness checks under ``doctor: warn`` (or a doctor
-    that could not run)."""
+    that could not run), and a VMI whose name is not the domain's (``VmiFacts.domain_mismatch``)."""
     from pcitopo.topology.guest.predict import firmware_warnings
 
     from .core import nvlink_note
 
+    from pcitopo.topology.libvirt.domain import readable_domain_name
+
     out = firmware_warnings(outcome.result) if outcome.result is not None else []
+    mismatch = outcome.vmi.domain_mismatch(readable_domain_name(domain)) if outcome.vmi.name else None
+    if mismatch:
+        out.append(f"vmi: {mismatch}")
     if outcome.summary.get("nvlink_reason"):
         out.append(nvlink_note(outcome.summary))
     out += [f"pairing: {line}" for line in outcome.summary.get("pairing_findings", ())]
@@ -184,13 +189,13 @@ def _warnings(outcome) -> list[str]:
     return out
 
 
-def _print_warnings(outcome, fabric, check: bool) -> None:
+def _print_warnings(outcome, fabric, check: bool, domain: bytes = b"") -> None:
     """What the hook logs and boots anyway: never silent here. Under --check a line the check
     prints as a reason (NVLink, firmware) is said there, once."""
     from pcitopo.topology.guest.predict import beyond_pairs
 
     said_by_check = beyond_pairs(outcome.result, fabric) if check and outcome.result is not None else []
-    for line in _warnings(outcome):
+    for line in _warnings(outcome, domain):
         if line not in said_by_check:
             print(f"xmlfix: warning: {line}", file=sys.stderr)
 

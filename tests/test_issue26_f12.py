@@ -3,6 +3,7 @@ pcieRoot rule is in test_pairs.py). Each test is named ``test_f12_<what>``."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -233,3 +234,28 @@ def test_f12_readme_lists_every_pcitopo_command(capsys):
     readme = (ROOT / "README.md").read_text()
     listed = re.search(r"^pcitopo +# the commands: (.+)$", readme, re.M).group(1)
     assert set(listed.split(", ")) == commands, listed
+
+
+def test_f12_xmlfix_warns_when_the_vmi_is_not_the_domains(tmp_path, capsys):
+    """xmlfix said nothing when the VMI's name differed from the domain's <name>: KubeVirt names
+    a domain <namespace>_<name> (kubevirt/kubevirt pkg/virt-launcher/virtwrap/api/schema.go
+    VMINamespaceKeyFunc), so another name means another VM's dumpxml beside this VMI."""
+    src = ROOT / "fixtures" / "hgx-h100"
+    dom = src / "cases" / "one-pair" / "domain.xml"
+    name = re.search(rb"<name>([^<]+)</name>", dom.read_bytes()).group(1).decode()
+    ns, vm = name.split("_", 1)
+
+    def warnings(meta: dict) -> list[str]:
+        vmi = tmp_path / "vmi.json"
+        vmi.write_text(json.dumps({"metadata": meta}))
+        assert xmlfix_main(["--check", "--vmi", str(vmi), "--sysfs", str(src), str(dom)]) == 0
+        return [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("xmlfix: warning: vmi: ")]
+
+    assert warnings({"namespace": ns, "name": vm}) == []
+    assert warnings({"name": vm}) == []  # no namespace given: only the name is compared
+    (line,) = warnings({"namespace": ns, "name": "other-vm"})
+    assert (f"the VMI is {ns}/other-vm, whose domain KubeVirt names {ns}_other-vm, but the domain's <name> is "
+            f"{name}") in line
+    (line,) = warnings({"namespace": "prod", "name": vm})
+    assert f"KubeVirt names prod_{vm}" in line
+    assert warnings({}) == []  # a VMI without a name: nothing to compare

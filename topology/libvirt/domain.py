@@ -333,6 +333,14 @@ def readable_hostdev_sources(data: bytes) -> list[Bdf]:
     return out
 
 
+def readable_domain_name(data: bytes) -> str | None:
+    """The domain's ``<name>``, or None when the domain cannot be read or has none."""
+    try:
+        return (parse_domain(data).getroot().findtext("name") or "").strip() or None
+    except DomainError:
+        return None
+
+
 # Linux's largest NR_CPUS; no cpu or node list can name more.
 MAX_CPUSET_MEMBERS = 8192
 
