@@ -82,8 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def xmlfix(argv: Sequence[str]) -> int:
     from .core import handle_define_domain
-    from pcitopo.topology.views.explain import diff_text, explain_text
-    from pcitopo.topology.views.report import wrap_text
+    from pcitopo.topology.views.explain import diff_text
     from pcitopo.topology.host.sysfs import open_host
 
     args = build_parser().parse_args(list(argv))
@@ -112,19 +111,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         _print_prediction(outcome, host, fabric)
     if args.nccl_topo:
         _print_nccl_topo(outcome)
-    if args.dot:  # the explanation as a picture
-        from pcitopo.topology.views.dot import explain_dot
-
-        sys.stdout.write(explain_dot(result, host, outcome.reason, fabric=fabric))
-    elif args.explain:
-        if result is None:
-            sys.stdout.write(wrap_text(f"domain left unchanged ({outcome.outcome}): {outcome.reason}") + "\n")
-        else:
-            sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
-            if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
-                from pcitopo.topology.checks.fleet import doctor_text
-
-                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + wrap_text(doctor_text(outcome.doctor, beside_vm_labels=True)))
+    _print_explanation(args, outcome, host, fabric)
     if args.summary and result is not None:
         from pcitopo.topology.views.explain import summary_lines
 
@@ -143,6 +130,28 @@ def xmlfix(argv: Sequence[str]) -> int:
     if args.check:
         return _check(outcome, host, fabric)
     return EXIT_OK
+
+
+def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
+    """--dot (the explanation as a picture), or --explain, with the placed devices' readiness."""
+    from pcitopo.topology.views.explain import explain_text
+    from pcitopo.topology.views.report import wrap_text
+
+    result = outcome.result
+    if args.dot:
+        from pcitopo.topology.views.dot import explain_dot
+
+        sys.stdout.write(explain_dot(result, host, outcome.reason, fabric=fabric))
+    elif args.explain:
+        if result is None:
+            sys.stdout.write(wrap_text(f"domain left unchanged ({outcome.outcome}): {outcome.reason}") + "\n")
+        else:
+            sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
+            if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
+                from pcitopo.topology.checks.fleet import doctor_text
+
+                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n"
+                                 + wrap_text(doctor_text(outcome.doctor, beside_vm_labels=True)))
 
 
 def _loaded(fabric_file):
