@@ -56,9 +56,11 @@ demo: setup-cli
 	    || echo "demo: could not install graphviz (needs root or sudo); the picture is skipped"
 	$(BIN)/pcitopo topo --sysfs fixtures/hgx-b200
 	$(BIN)/xmlfix --explain --sysfs fixtures/hgx-b200 fixtures/hgx-b200/domain.xml
+	@echo; echo "In short:"
+	@$(BIN)/xmlfix --summary --sysfs fixtures/hgx-b200 fixtures/hgx-b200/domain.xml
 	@if command -v dot >/dev/null; then \
-	    mkdir -p build && $(BIN)/pcitopo topo --dot --sysfs fixtures/hgx-b200 | dot -Tsvg -o build/hgx-b200.svg \
-	    && echo "picture: build/hgx-b200.svg (host and predicted guest side by side)"; \
+	    mkdir -p build && $(BIN)/xmlfix --dot --sysfs fixtures/hgx-b200 fixtures/hgx-b200/domain.xml | dot -Tsvg -o build/hgx-b200.svg \
+	    && echo "picture: build/hgx-b200.svg (this host and the predicted guest of this domain, side by side)"; \
 	else echo "picture: install graphviz for build/hgx-b200.svg"; fi
 
 # The guest tool: one file, standard library only, Python >= 3.8 (docs/GUEST.md).

@@ -266,8 +266,9 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     pr = sub.add_parser(
         "pairs", help="each GPU's best NIC and whether DRA's pcieRoot alignment alone gets it on this host",
         description="For each GPU: its best NIC on the host with the pair's NCCL and nvidia-smi class (NCCL's decides, "
-        "as it decides GPUDirect RDMA), its pcieRoot (resource.kubernetes.io/pcieRoot), and whether every NIC on that "
-        "root is of the best class, i.e. whether a DRA claim matching on pcieRoot is enough on this host.",
+        "as it decides GPUDirect RDMA), its pcieRoot (resource.kubernetes.io/pcieRoot), and whether some NIC shares that "
+        "root and every one that does is of the best class, i.e. whether a DRA claim matching on pcieRoot can be "
+        "satisfied and is enough on this host.",
     )
     pr.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     pr.add_argument("--json", action="store_true", help='{"gpus": [{"gpu", "pcie_root", "nic", "nccl", "nvml", "gdr", '

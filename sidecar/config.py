@@ -181,6 +181,19 @@ class VmiFacts:
         """``namespace/name`` for log lines (``-`` where unknown)."""
         return f"{self.namespace or '-'}/{self.name or '-'}"
 
+    def domain_mismatch(self, domain_name: str | None) -> str | None:
+        """Why a domain does not look like this VMI's, or None: virt-launcher names the domain
+        ``<namespace>_<name>`` (kubevirt/kubevirt ``api.VMINamespaceKeyFunc``, set by the
+        converter's metadata configurator), so another ``<name>`` is most likely another VM's
+        ``virsh dumpxml`` beside this VMI's annotations. Nothing to compare without a VMI name."""
+        if not self.name:
+            return None
+        want = f"{self.namespace}_{self.name}" if self.namespace else f"<namespace>_{self.name}"
+        if domain_name is not None and (domain_name == want or (not self.namespace and domain_name.endswith(f"_{self.name}"))):
+            return None
+        return (f"the VMI is {self.ref}, whose domain KubeVirt names {want}, but the domain's <name> is "
+                f"{domain_name or '(none)'}: are the VMI and the domain the same VM's?")
+
 
 def parse_vmi(vmi_json: bytes | str | None) -> VmiFacts:
     """Parse the VMI JSON KubeVirt sends with every call.

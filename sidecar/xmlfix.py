@@ -79,17 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the KubeVirt door the VM comes through (default {DEFAULT_DOOR}): plugin, the pcitopo Plugin (KubeVirt v1.9+); "
                    "hook, the hook sidecar (v1.6-v1.8); --explain says what reaches libvirt through it, --check --vmi that "
                    "the VMI asks for it")
+    p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
+                   "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
     return p
 
 
 def xmlfix(argv: Sequence[str]) -> int:
     from .core import handle_define_domain
-    from pcitopo.topology.views.explain import diff_text, explain_text
-    from pcitopo.topology.views.report import wrap_text
+    from pcitopo.topology.views.explain import diff_text
     from pcitopo.topology.host.sysfs import open_host
-
-    from .plugin.door import DOOR_NOTES
 
     args = build_parser().parse_args(list(argv))
     _one_document(args)
@@ -111,13 +110,42 @@ def xmlfix(argv: Sequence[str]) -> int:
     fabric = _loaded(fabric_file)
     result = outcome.result
     out = outcome.xml
-    _print_warnings(outcome, fabric, args.check)
+    _print_warnings(outcome, fabric, args.check, domain)
 
     if args.json:
         _print_prediction(outcome, host, fabric)
     if args.nccl_topo:
         _print_nccl_topo(outcome)
-    if args.dot:  # the explanation as a picture
+    _print_explanation(args, outcome, host, fabric)
+    if args.summary and result is not None:
+        from pcitopo.topology.views.explain import summary_lines
+
+        sys.stdout.write("\n".join(summary_lines(result, host, fabric, outcome.doctor)) + "\n")
+    if args.diff:  # only what changed in meaning (both sides serialised alike)
+        sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
+    if args.output:
+        _write_atomic(args.output, out)
+    elif not (args.explain or args.dot or args.diff or args.check or args.json or args.nccl_topo or args.summary):
+        sys.stdout.buffer.write(out)
+        sys.stdout.flush()
+
+    # A passthrough or off outcome is never silent, whatever was asked for.
+    if result is None:
+        print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
+    if args.check:
+        return _check(outcome, host, fabric)
+    return EXIT_OK
+
+
+def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
+    """--dot (the explanation as a picture), or --explain, with the placed devices' readiness."""
+    from pcitopo.topology.views.explain import explain_text
+    from pcitopo.topology.views.report import wrap_text
+
+    from .plugin.door import DOOR_NOTES
+
+    result = outcome.result
+    if args.dot:
         from pcitopo.topology.views.dot import explain_dot
 
         sys.stdout.write(explain_dot(result, host, outcome.reason, fabric=fabric))
@@ -130,21 +158,8 @@ def xmlfix(argv: Sequence[str]) -> int:
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
                 from pcitopo.topology.checks.fleet import doctor_text
 
-                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n" + wrap_text(doctor_text(outcome.doctor)))
-    if args.diff:  # only what changed in meaning (both sides serialised alike)
-        sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
-    if args.output:
-        _write_atomic(args.output, out)
-    elif not (args.explain or args.dot or args.diff or args.check or args.json or args.nccl_topo):
-        sys.stdout.buffer.write(out)
-        sys.stdout.flush()
-
-    # A passthrough or off outcome is never silent, whatever was asked for.
-    if result is None:
-        print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
-    if args.check:
-        return _check(outcome, host, fabric)
-    return EXIT_OK
+                sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n"
+                                 + wrap_text(doctor_text(outcome.doctor, beside_vm_labels=True)))
 
 
 def _loaded(fabric_file):
@@ -160,16 +175,21 @@ def _loaded(fabric_file):
         return None
 
 
-def _warnings(outcome) -> list[str]:
+def _warnings(outcome, domain: bytes = b"") -> list[str]:
     """One line per thing the hook would boot the VM with and only log: the rewrite's firmware
     warnings, the NVLink verdict under ``nvlink: warn``, GPUs given a worse NIC than the host has
     under ``pairing: warn``, failed host-readiness checks under ``doctor: warn`` (or a doctor
-    that could not run)."""
+    that could not run), and a VMI whose name is not the domain's (``VmiFacts.domain_mismatch``)."""
     from pcitopo.topology.guest.predict import firmware_warnings
 
     from .core import nvlink_note
 
+    from pcitopo.topology.libvirt.domain import readable_domain_name
+
     out = firmware_warnings(outcome.result) if outcome.result is not None else []
+    mismatch = outcome.vmi.domain_mismatch(readable_domain_name(domain)) if outcome.vmi.name else None
+    if mismatch:
+        out.append(f"vmi: {mismatch}")
     if outcome.summary.get("nvlink_reason"):
         out.append(nvlink_note(outcome.summary))
     out += [f"pairing: {line}" for line in outcome.summary.get("pairing_findings", ())]
@@ -186,13 +206,13 @@ def _warnings(outcome) -> list[str]:
     return out
 
 
-def _print_warnings(outcome, fabric, check: bool) -> None:
+def _print_warnings(outcome, fabric, check: bool, domain: bytes = b"") -> None:
     """What the hook logs and boots anyway: never silent here. Under --check a line the check
     prints as a reason (NVLink, firmware) is said there, once."""
     from pcitopo.topology.guest.predict import beyond_pairs
 
     said_by_check = beyond_pairs(outcome.result, fabric) if check and outcome.result is not None else []
-    for line in _warnings(outcome):
+    for line in _warnings(outcome, domain):
         if line not in said_by_check:
             print(f"xmlfix: warning: {line}", file=sys.stderr)
 
@@ -201,28 +221,27 @@ def _one_document(args: argparse.Namespace) -> None:
     """What goes to stdout must read as one document: --json and --dot
     each print one, so neither mixes with another kind (--explain text, --diff, each other).
     --dot is --explain drawn, so the two together are just the picture."""
-    if args.json and (args.explain or args.diff or args.dot):
-        raise ConfigError("--json prints one JSON document: use it without --explain, --dot and --diff")
-    if args.nccl_topo and (args.json or args.explain or args.diff or args.dot):
-        raise ConfigError("--nccl-topo prints NCCL's topology file: use it without --json, --explain, --dot and --diff")
-    if args.dot and args.diff:
-        raise ConfigError("--dot prints one Graphviz document: use it without --diff")
+    if args.json and (args.explain or args.diff or args.dot or args.summary):
+        raise ConfigError("--json prints one JSON document: use it without --explain, --dot, --diff and --summary")
+    if args.nccl_topo and (args.json or args.explain or args.diff or args.dot or args.summary):
+        raise ConfigError("--nccl-topo prints NCCL's topology file: use it without --json, --explain, --dot, --diff and --summary")
+    if args.dot and (args.diff or args.summary):
+        raise ConfigError("--dot prints one Graphviz document: use it without --diff and --summary")
 
 
 def _check(outcome, host, fabric=None) -> int:
     """--check: exit 0 only if the guest will see what the host has."""
-    from pcitopo.topology.guest.predict import beyond_pairs, check_problems, verdict
+    from pcitopo.topology.guest.predict import check_verdict
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    problems = check_problems(outcome.result, host, fabric)
+    problems, parts = check_verdict(outcome.result, host, fabric)
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
     # the verdict counts pairs and cells; what else fails the check (NVLink, firmware) joins it
     # by name, its sentence being one of the lines just printed
-    why = "; ".join([verdict(outcome.result, host, fabric)]
-                    + [f"{line.split(':', 1)[0]} (above)" for line in beyond_pairs(outcome.result, fabric)])
+    why = "; ".join(parts[:1] + [f"{kind} (above)" for kind in parts[1:]])
     print(f"xmlfix: check: {'failed' if problems else 'ok'}: {why}", file=sys.stderr)
     return EXIT_CHECK_FAILED if problems else EXIT_OK
 

@@ -43,4 +43,5 @@ def domain_with_modules(board: str, modules: set[int], nics: bool = True) -> byt
 
 def vmi_with(nvlink: str | None) -> bytes:
     ann = {} if nvlink is None else {"pcitopo.kubevirt.io/nvlink": nvlink}
-    return json.dumps({"metadata": {"name": "vm", "namespace": "ml", "annotations": ann}}).encode()
+    # the golden domains' VMI (their <name> is default_gpu-all: xmlfix warns on another VMI)
+    return json.dumps({"metadata": {"name": "gpu-all", "namespace": "default", "annotations": ann}}).encode()

@@ -1,8 +1,8 @@
 """The virtualisation stacks the tests run: Debian 13's (what KubeVirt's users boot on) and the
 machine's own Debian 12.
 
-KubeVirt 1.8-1.9's virt-launcher ships QEMU 10.1, libvirt 11.9-11.10, SeaBIOS 1.16.3 and a 2025
-edk2. Debian 13 ("trixie") carries the nearest set (QEMU 10.0, libvirt 11.3, SeaBIOS 1.16.3, OVMF
+KubeVirt 1.8-1.9's virt-launcher ships QEMU 10.1, libvirt 11.9-11.10, SeaBIOS 1.16.3 and edk2
+20241117. Debian 13 ("trixie") carries the nearest set (QEMU 10.0, libvirt 11.3, SeaBIOS 1.16.3, OVMF
 2025.02); it cannot be installed on Debian 12, so ``scripts/setup-trixie.sh`` (``make setup``)
 builds a trixie root with mmdebstrap under ``.cache/trixie/root`` and the guest-boot tier runs
 its libvirtd and QEMU from there (tests/e2e/README.md). Debian 12's stack (QEMU 7.2, libvirt 9.0,

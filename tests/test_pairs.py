@@ -109,14 +109,14 @@ def test_pairs_agrees_with_topo_on_every_fixture_and_test_host(tmp_path, capsys)
             assert g["gdr"] == gdr
             same = [n for n in nics if root[n] == root[gpu]]
             assert [s["nic"] for s in g["same_pcie_root_nics"]] == same
-            enough = not gdr or (bool(same) and all(cls[gpu, n][0] == cls[gpu, best][0] for n in same))
+            enough = bool(same) and all(cls[gpu, n][0] == cls[gpu, best][0] for n in same)
             assert g["pcie_root_enough"] == enough, (name, gpu)
             checked += 1
         assert pairs["pcie_root_enough"] == all(g["pcie_root_enough"] for g in pairs["gpus"])
     assert checked > 60
 
 
-@pytest.mark.parametrize("name", ["hgx-h100", "hgx-h200-snc2", "hgx-b200", "hgx-b300", "dgx-h100", "pcie-2socket"])
+@pytest.mark.parametrize("name", ["hgx-h100", "hgx-h200-snc2", "hgx-b200", "hgx-b300", "dgx-h100"])
 def test_pcie_root_is_enough_on_hosts_with_a_root_complex_per_switch(name, capsys):
     doc = _json(capsys, ["pairs", "--json", "--sysfs", str(FIXTURES / name)])
     assert doc["pcie_root_enough"] is True and doc["pcie_root_not_enough_for"] == []
@@ -126,14 +126,34 @@ def test_pcie_root_is_not_enough_where_a_root_complex_carries_two_switches(tmp_p
     src = str(_amd_dir(tmp_path))
     doc = _json(capsys, ["pairs", "--json", "--sysfs", src])
     assert doc["pcie_root_enough"] is False
-    assert doc["pcie_root_not_enough_for"] == ["GPU0", "GPU1"]
+    assert doc["pcie_root_not_enough_for"] == ["GPU0", "GPU1", "GPU3"]
     by_label = {g["label"]: g for g in doc["gpus"]}
     assert by_label["GPU2"]["pcie_root_enough"] and by_label["GPU2"]["nccl"] == "PIX"
-    assert by_label["GPU3"]["gdr"] is False and by_label["GPU3"]["pcie_root_enough"]  # nothing to pair
+    # nothing to pair, and alone on its root complex: a pcieRoot claim never allocates it a NIC
+    assert by_label["GPU3"]["gdr"] is False and not by_label["GPU3"]["pcie_root_enough"]
     assert pcitopo_main(["pairs", "--sysfs", src]) == 0
     text = capsys.readouterr().out
     assert "not enough on this host for 2 GPU(s): GPU0, GPU1" in text
+    assert "can never be satisfied for 1 GPU(s): GPU3" in text
     assert "no: also NIC1 PHB" in text
+
+
+
+def test_f12_pcie_root_enough_only_where_a_claim_can_be_satisfied(capsys):
+    """Issue 26 finding 12: on pcie-2socket no GPU shares a pcieRoot with a NIC, so a claim
+    matching GPU and NIC on pcieRoot never allocates there: not "enough", for either GPU."""
+    src = str(FIXTURES / "pcie-2socket")
+    doc = _json(capsys, ["pairs", "--json", "--sysfs", src])
+    assert all(g["same_pcie_root_nics"] == [] for g in doc["gpus"]) and len(doc["gpus"]) == 2
+    assert doc["pcie_root_enough"] is False
+    assert doc["pcie_root_not_enough_for"] == ["GPU0", "GPU1"]
+    assert [g["pcie_root_enough"] for g in doc["gpus"]] == [False, False]
+    assert pcitopo_main(["pairs", "--sysfs", src]) == 0
+    text = capsys.readouterr().out
+    assert "is enough" not in text
+    assert "can never be satisfied for 2 GPU(s): GPU0, GPU1" in text
+    assert text.count("no: no NIC on its pcieRoot") == 2
+    assert "none at PXB or closer" in text  # and they lose nothing by it: no NIC is at PXB or closer
 
 
 def test_b300_pairs_are_pxb_and_named(capsys):
@@ -154,8 +174,8 @@ def test_a_gpu_given_a_nic_from_another_switch_is_named_with_the_better_nic():
     host = _host("hgx-b300")
     v = check_vm_pairs(host, [Bdf.parse("1a:00.0"), Bdf.parse("39:00.0")])
     assert v.status == "worse" and len(v.findings) == 1
-    assert v.lines == ["GPU0 (0000:1a:00.0) got NIC1 (0000:39:00.0) at PHB (nvidia-smi NODE); "
-                       "the host's NIC0 (0000:17:00.0) would be PXB"]
+    assert v.lines == ["host GPU0 (0000:1a:00.0) got host NIC1 (0000:39:00.0) at PHB (nvidia-smi NODE); "
+                       "host NIC0 (0000:17:00.0) would be PXB"]
 
 
 @pytest.mark.parametrize("name", ["hgx-b300", "hgx-h100", "dgx-h100", "hgx-b200"])
@@ -190,7 +210,7 @@ def test_the_broadcom_neighbour_nic_is_not_worse_in_nccl_view():
 def test_the_amd_host_warns_the_other_switch_nic(tmp_path):
     host = host_from_topo(AMD.read_text())
     v = check_vm_pairs(host, [Bdf.parse("03:00.0"), Bdf.parse("08:00.0")])
-    assert v.lines == ["GPU0 (0000:03:00.0) got NIC1 (0000:08:00.0) at PHB; the host's NIC0 (0000:04:00.0) would be PIX"]
+    assert v.lines == ["host GPU0 (0000:03:00.0) got host NIC1 (0000:08:00.0) at PHB; host NIC0 (0000:04:00.0) would be PIX"]
 
 
 # -- the hook and xmlfix ----------------------------------------------------------------------------
@@ -209,8 +229,8 @@ def test_the_hook_warns_by_default_and_boots():
     out = handle_define_domain(_domain(host, "1a:00.0", "39:00.0"), _vmi(None), host)
     assert out.outcome == "rewritten"
     assert out.summary["pairing"] == "worse"
-    assert out.summary["pairing_findings"][0].startswith("GPU0 (0000:1a:00.0) got NIC1 (0000:39:00.0)")
-    assert any(n.startswith("pairing: GPU0 (0000:1a:00.0) got NIC1") for n in out.result.report.notes)
+    assert out.summary["pairing_findings"][0].startswith("host GPU0 (0000:1a:00.0) got host NIC1 (0000:39:00.0)")
+    assert any(n.startswith("pairing: host GPU0 (0000:1a:00.0) got host NIC1") for n in out.result.report.notes)
 
 
 def test_the_hook_refuses_under_require_whatever_on_error_says():
@@ -220,7 +240,7 @@ def test_the_hook_refuses_under_require_whatever_on_error_says():
                                                        "pcitopo.kubevirt.io/on-error": on_error}}}).encode()
         with pytest.raises(PairingError) as e:
             handle_define_domain(_domain(host, "1a:00.0", "39:00.0"), vmi, host)
-        assert "the host's NIC0 (0000:17:00.0) would be PXB" in e.value.reason
+        assert "host NIC0 (0000:17:00.0) would be PXB" in e.value.reason
         assert "pcitopo.kubevirt.io/pairing is require" in e.value.reason
 
 
@@ -249,8 +269,8 @@ def _xmlfix(tmp_path: Path, capsys, policy: str | None, *args: str) -> tuple[int
 def test_xmlfix_check_passes_under_warn_with_the_line(tmp_path, capsys):
     rc, _, err = _xmlfix(tmp_path, capsys, None, "--check")
     assert rc == 0
-    assert ("xmlfix: warning: pairing: GPU0 (0000:1a:00.0) got NIC1 (0000:39:00.0) at PHB (nvidia-smi NODE); "
-            "the host's NIC0 (0000:17:00.0) would be PXB") in err.splitlines()
+    assert ("xmlfix: warning: pairing: host GPU0 (0000:1a:00.0) got host NIC1 (0000:39:00.0) at PHB (nvidia-smi NODE); "
+            "host NIC0 (0000:17:00.0) would be PXB") in err.splitlines()
     assert "xmlfix: check: ok: " in err and "pairing: 1 GPU(s) given a worse NIC than the host offers" in err
 
 
@@ -258,7 +278,7 @@ def test_xmlfix_fails_under_require(tmp_path, capsys):
     rc, out, err = _xmlfix(tmp_path, capsys, "require", "--check")
     assert rc == 2 and out == ""
     (line,) = err.splitlines()
-    assert "GPU0 (0000:1a:00.0) got NIC1" in line and "would be PXB" in line
+    assert "host GPU0 (0000:1a:00.0) got host NIC1" in line and "would be PXB" in line
 
 
 def test_xmlfix_explain_and_json_carry_the_verdict(tmp_path, capsys):
@@ -266,12 +286,12 @@ def test_xmlfix_explain_and_json_carry_the_verdict(tmp_path, capsys):
     assert rc == 0
     out = out.replace("\n    ", " ")  # --explain folds its lines at 100 columns (issue 22)
     first = out.splitlines()[0]
-    assert first.startswith("Verdict: ") and first.endswith("; pairing: 1 GPU(s) given a worse NIC than the host offers (GPU0)")
-    assert "note: pairing: GPU0 (0000:1a:00.0) got NIC1" in out
+    assert first.startswith("Verdict: ") and first.endswith("; pairing: 1 GPU(s) given a worse NIC than the host offers (host GPU0)")
+    assert "note: pairing: host GPU0 (0000:1a:00.0) got host NIC1" in out
     rc, out, _ = _xmlfix(tmp_path, capsys, None, "--json")
     doc = json.loads(out)
     assert doc["pairing"]["status"] == "worse" and doc["pairing"]["policy"] == "warn"
-    assert doc["pairing"]["findings"][0].startswith("GPU0 (0000:1a:00.0) got NIC1")
+    assert doc["pairing"]["findings"][0].startswith("host GPU0 (0000:1a:00.0) got host NIC1")
 
 
 # -- the doctor's count per node ----------------------------------------------------------------------
@@ -279,7 +299,8 @@ def test_xmlfix_explain_and_json_carry_the_verdict(tmp_path, capsys):
 def test_the_doctor_exports_the_gpus_pcie_root_does_not_serve(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
-    for src, want in ((str(FIXTURES / "hgx-b300"), 0), (str(_amd_dir(tmp_path)), 2)):
+    # pcie-2socket: no GPU has a NIC at PXB or closer, so pcieRoot alignment loses none of them one
+    for src, want in ((str(FIXTURES / "hgx-b300"), 0), (str(_amd_dir(tmp_path)), 2), (str(FIXTURES / "pcie-2socket"), 0)):
         prom = tmp_path / "p.prom"
         assert pcitopo_main(["doctor", "--sysfs", src, "--prometheus-out", str(prom)]) in (0, 1)
         fam = {f.name: f for f in text_string_to_metric_families(prom.read_text())}

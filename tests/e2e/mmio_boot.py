@@ -70,9 +70,11 @@ def large_bar_standins(domain_xml: bytes, bar_sizes: dict[str, tuple[int, ...]])
         removed.add(alias)
     # libvirt would put devices without an address on the ports the hostdevs left empty (it
     # does not see the stand-ins): drop them, the guest needs none of them.
+    # (After KubeVirt's define cycle, libvirt's read-back gave them addresses: the balloon goes
+    # anyway, since the guest gets the one below.)
     for el in list(devices):
-        if el.find("address") is None and (
-            el.tag in ("interface", "channel", "rng", "memballoon")
+        if el.tag == "memballoon" or el.find("address") is None and (
+            el.tag in ("interface", "channel", "rng")
             or (el.tag == "controller" and el.get("type") in ("scsi", "virtio-serial"))
         ):
             devices.remove(el)

@@ -130,7 +130,7 @@ def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
     assert xmlfix_main(["--explain", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0
     out = capsys.readouterr().out
     section = out[out.index("Host readiness of the placed devices (pcitopo doctor):"):]
-    assert "FAIL    acs         downstream-port above NIC0 0000:17:01.0" in section
+    assert "FAIL    acs         downstream-port above host NIC0 0000:17:01.0" in section  # the host's NIC0
     assert section.rstrip().endswith("(1 fail, 0 warn, 0 unknown, 19 ok)")
 
 

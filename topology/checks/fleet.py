@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import OutputError
+from ..model.labels import mark_host_labels
 from ..model.tree import Role, Topology
 from ..paths.classify import Nccl, Nvml, classify
 from ..paths.pairing import host_pair
@@ -50,21 +51,24 @@ def pix_facts(topo: Topology, targets: Sequence[Target]) -> PixFacts:
         nvml += sum(c.nvml == Nvml.PIX for c in classes)
         with_pix += any(c.nccl == Nccl.PIX for c in classes)
         with_gdr += any(c.nccl in (Nccl.PIX, Nccl.PXB) for c in classes)
-    not_enough = sum(not host_pair(topo, g).pcie_root_enough for g in gpus)
+    not_enough = sum(host_pair(topo, g).pcie_root_loses_gdr for g in gpus)
     return PixFacts(len(gpus), len(nics), nccl, nvml, with_pix, with_gdr, not_enough)
 
 
 # -- people -------------------------------------------------------------------------------------
 
-def doctor_text(report: DoctorReport, verbose: bool = False) -> str:
-    """One line per finding that is not ok (every finding with ``verbose``), then the verdict."""
+def doctor_text(report: DoctorReport, verbose: bool = False, beside_vm_labels: bool = False) -> str:
+    """One line per finding that is not ok (every finding with ``verbose``), then the verdict.
+    ``beside_vm_labels`` (``xmlfix --explain``, whose legend numbers the VM's own devices): each
+    label marked as the host's (``host NIC3``, ``downstream-port above host NIC0``)."""
     lines = []
     for f in report.findings:
         if f.status == "ok" and not verbose:
             continue
         who = " ".join(x for x in (f.label, f.bdf) if x) or "host"
         fix = f"  fix: {f.fix}" if f.fix and f.status != "ok" else ""
-        lines.append(f"{f.status.upper():<7} {f.check:<11} {who}: {f.message}{fix}")
+        line = f"{who}: {f.message}{fix}"
+        lines.append(f"{f.status.upper():<7} {f.check:<11} {mark_host_labels(line) if beside_vm_labels else line}")
     if report.kubelet is not None:
         lines += report.kubelet.lines()
     lines.append(verdict(report))

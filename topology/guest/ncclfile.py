@@ -33,7 +33,9 @@ class NcclFile:
     """The file's bytes (empty when there was no GPU or NIC to describe) and what was left out."""
 
     data: bytes = b""
-    devices: int = 0
+    devices: int = 0  # PCI devices in the file (a multi-function NIC is one, by its function 0)
+    gpus: int = 0  # the placed GPU and NIC functions the file describes, as the legend counts them
+    nics: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -46,9 +48,12 @@ def write_nccl_file(host: Topology, guest: Topology, host_to_guest: dict[Bdf, Bd
     system = etree.Element("system", version=ncclxml.TOPO_XML_VERSION)
     nodes: dict[str, etree._Element] = {}
     out = NcclFile()
-    devices = sorted({Bdf.parse(nccl_busid(host, host.function(b))) for b in placed
-                      if host.role(host.function(b)) in (Role.GPU, Role.NIC)})
-    for hb in devices:
+    functions: dict[Bdf, list[Role]] = {}
+    for b in placed:
+        role = host.role(host.function(b))
+        if role in (Role.GPU, Role.NIC):
+            functions.setdefault(Bdf.parse(nccl_busid(host, host.function(b))), []).append(role)
+    for hb in sorted(functions):
         gb = host_to_guest.get(hb)
         if gb is None:
             continue
@@ -65,6 +70,8 @@ def write_nccl_file(host: Topology, guest: Topology, host_to_guest: dict[Bdf, Bd
         for depth in range(len(gchain) - 1, -1, -1):
             parent = _node(nodes, parent, gchain[depth], hchain[depth], depth == 0, out.notes)
         out.devices += 1
+        out.gpus += functions[hb].count(Role.GPU)
+        out.nics += functions[hb].count(Role.NIC)
     if not out.devices:
         return out
     for el in [system, *system.iter("cpu", "pci")]:  # NCCL keeps PCI children ordered by address

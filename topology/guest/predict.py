@@ -175,7 +175,7 @@ def pairing_summary(result: RewriteResult) -> str | None:
     findings = getattr(found[1], "findings", ()) if found else ()
     if not findings:
         return None
-    who = ", ".join(f.labels.get(f.got.gpu.bdf, str(f.got.gpu.bdf)) for f in findings)
+    who = ", ".join(f.gpu_name for f in findings)
     return f"pairing: {len(findings)} GPU(s) given a worse NIC than the host offers ({who})"
 
 
@@ -200,6 +200,14 @@ def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[s
     if not result.report.numa_map and len({d.host_node for d in result.report.placed if d.host_node >= 0}) > 1:
         out.append(KUBEVIRT_NUMA_ADVICE)
     return out + beyond_pairs(result, fabric)
+
+
+def check_verdict(result: RewriteResult, host: Topology, fabric=None) -> tuple[list[str], list[str]]:
+    """What ``xmlfix --check`` decides and says, for each door that shows it (``--check``, the
+    ``--dot`` title): its problems (none: the check passes), and the verdict's parts: the
+    pairs-and-cells line (:func:`verdict`), then each other problem's kind (firmware, NVLink)."""
+    problems = check_problems(result, host, fabric)
+    return problems, [verdict(result, host, fabric)] + [line.split(":", 1)[0] for line in beyond_pairs(result, fabric)]
 
 
 def firmware_warnings(result: RewriteResult) -> list[str]:

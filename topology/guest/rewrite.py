@@ -339,7 +339,7 @@ def link_notes(link_ports: int, controllers: list[GuestController], nccl: NcclFi
         out.append(f"{link_ports} root port(s) report the host's link speed and width (x-speed/x-width)"
                    + (f"; {need[0]} GT/s needs QEMU {need[1]} or later" if need else ""))
     if nccl is not None and nccl.data:
-        out.append(f"NCCL's topology file for this guest ({nccl.devices} GPUs and NICs, the host's link speeds) is "
+        out.append(f"NCCL's topology file for this guest ({nccl.gpus} GPU(s) and {nccl.nics} NIC(s), the host's link speeds) is "
                    f"passed through fw_cfg as {FWCFG_NAME}: install it in the guest on every boot (docs/GUEST.md)")
         out += nccl.notes
     elif switches:

@@ -364,6 +364,14 @@ def with_hostdev_modes(data: bytes) -> tuple[bytes, int]:
     return (serialize(tree, data), given) if given else (data, 0)
 
 
+def readable_domain_name(data: bytes) -> str | None:
+    """The domain's ``<name>``, or None when the domain cannot be read or has none."""
+    try:
+        return (parse_domain(data).getroot().findtext("name") or "").strip() or None
+    except DomainError:
+        return None
+
+
 # Linux's largest NR_CPUS; no cpu or node list can name more.
 MAX_CPUSET_MEMBERS = 8192
 

@@ -4,6 +4,7 @@ and the doctor."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Mapping
@@ -56,6 +57,22 @@ def host_labels(topo: Topology) -> Mapping[Bdf, str]:
     host model (the hook's pairing check asks on every call)."""
     return topo.memo(("host_labels",), lambda: MappingProxyType(
         {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}))
+
+
+def host_label(label: str) -> str:
+    """A host-numbered label (:func:`host_labels`) where VM-numbered ones may be shown too
+    (``xmlfix``, the hook: the matrices and the legend number the VM's own devices, as the
+    guest's nvidia-smi does): ``host NIC0``, so one name never means two devices."""
+    return f"host {label}"
+
+
+_LABEL = re.compile(r"\b((?:GPU|NIC|NVME|NVSW|DEV)\d+)\b")
+
+
+def mark_host_labels(text: str) -> str:
+    """Every numbered label in ``text`` (host-numbered: the doctor's findings) as
+    :func:`host_label` writes it: ``downstream-port above host NIC0``."""
+    return _LABEL.sub(lambda m: host_label(m.group(1)), text)
 
 
 def rdma_name(topo: Topology, f: PciFunction) -> str | None:

@@ -11,9 +11,10 @@ nothing to pair: no allocation gives it GPUDirect RDMA, so it is never named.
 (k8s.io/dynamic-resource-allocation, package ``deviceattribute``): the first component of the
 device's realpath below ``/sys/devices``, ``pci<domain>:<bus>`` of its root bus. A claim with
 ``matchAttribute: resource.kubernetes.io/pcieRoot`` gives a GPU *some* NIC of its root complex,
-which is enough only when every NIC there is of the GPU's best class: decided per host (on
-Intel HGX boards each switch has a root complex of its own; on AMD boards one root complex
-carries several root ports and their switches).
+which is enough only when some NIC is there and every one is of the GPU's best class: decided
+per host (on Intel HGX boards each switch has a root complex of its own; on AMD boards one root
+complex carries several root ports and their switches; on a PCIe server with the NIC on another
+root complex than every GPU, such a claim never allocates).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..model.labels import default_devices, host_labels
+from ..model.labels import default_devices, host_label, host_labels
 from ..model.tree import Bdf, PciFunction, Role, Topology
 from .classify import Nccl, PairClass, classify, closeness
 
@@ -79,13 +80,18 @@ class HostPair:
 
     @property
     def pcie_root_enough(self) -> bool:
-        """Aligning by pcieRoot alone gives this GPU a NIC of its best class (NCCL): some NIC
-        shares its root and every one that does is of that class. True for a GPU with nothing
-        to pair (best PHB or worse)."""
-        if not self.best.gdr:
-            return True
-        want = self.best.cls.nccl  # type: ignore[union-attr]  # gdr implies a class
+        """A claim matching this GPU and a NIC on pcieRoot can be satisfied (some NIC shares its
+        root) and gets it a NIC of its best class (NCCL): every NIC on its root is of that class.
+        False for a GPU no NIC shares a root with, whatever its best class: such a claim never
+        allocates."""
+        want = self.best.cls.nccl if self.best.cls else None
         return bool(self.same_root) and all(c.nccl == want for _, c in self.same_root)
+
+    @property
+    def pcie_root_loses_gdr(self) -> bool:
+        """This GPU has a NIC at PXB or closer on the host, but pcieRoot alignment alone may give
+        it none or a worse one (what the fleet counts: a GPU with nothing to pair loses nothing)."""
+        return self.best.gdr and not self.pcie_root_enough
 
 
 def host_nics(topo: Topology) -> list[PciFunction]:
@@ -135,8 +141,15 @@ class PairingFinding:
     labels: dict[Bdf, str]
 
     def _name(self, f: PciFunction) -> str:
-        """``GPU0 (0000:1a:00.0)`` as the host numbers it; a VF or other unnumbered function by BDF."""
-        return f"{self.labels[f.bdf]} ({f.bdf})" if f.bdf in self.labels else str(f.bdf)
+        """``host GPU0 (0000:1a:00.0)``, as the host numbers it (:func:`host_label`: never to be
+        read as the VM's own GPU0); a VF or other unnumbered function by BDF."""
+        return f"{host_label(self.labels[f.bdf])} ({f.bdf})" if f.bdf in self.labels else str(f.bdf)
+
+    @property
+    def gpu_name(self) -> str:
+        """The GPU alone: ``host GPU0``, or its BDF."""
+        g = self.got.gpu.bdf
+        return host_label(self.labels[g]) if g in self.labels else str(g)
 
     @property
     def line(self) -> str:
@@ -144,7 +157,7 @@ class PairingFinding:
         # so both pairs have a NIC and a class.
         got, best = self.got, self.host
         return (f"{self._name(got.gpu)} got {self._name(got.nic)} at {class_text(got.cls)}; "  # type: ignore[arg-type]
-                f"the host's {self._name(best.nic)} would be {class_text(best.cls)}")  # type: ignore[arg-type]
+                f"{self._name(best.nic)} would be {class_text(best.cls)}")  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -170,19 +170,13 @@ def _rc_numa(topo: Topology, rc: str) -> str:
 
 
 def _verdict(result, host: Topology, fabric=None) -> str:
-    """One line: how many pairs keep their class in NCCL's and in nvidia-smi's view (the one
-    count, topology/guest/predict.py ``pair_counts``)."""
-    from ..guest.predict import pair_counts
+    """What ``xmlfix --check`` decides and says (topology/guest/predict.py ``check_verdict``,
+    whose first part is ``--explain``'s verdict), one part a line."""
+    from ..guest.predict import check_verdict
 
-    counts = pair_counts(result, host, fabric)
-    n, nccl, nvml = counts["pairs"], counts["pairs_nccl_equal"], counts["pairs_nvml_equal"]
-    lost = len(result.report.fidelity_lost)
-    out = f"NCCL {nccl}/{n} pairs as on the host, nvidia-smi {nvml}/{n}"
-    if lost:
-        return out + f", {lost} pair(s) lost (xmlfix --explain says why)"
-    if nvml < n:
-        out += " (the rest: Broadcom two-level switch drawn as one, PXB→PIX, as NCCL sees it)"
-    return out
+    problems, parts = check_verdict(result, host, fabric)
+    lines = parts[0].split("; ") + [f"{kind} (xmlfix --check says why)" for kind in parts[1:]]
+    return "\n".join([f"check: {'failed' if problems else 'ok'}", *lines])
 
 
 def explain_dot(result, host: Topology, reason: str | None = None, live_root: str | None = None,

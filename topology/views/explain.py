@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ..guest.mmio import (
+    EDK2_VERSION,
     FIRMWARE_OF,
     OVMF_DEFAULT_APERTURE,
-    OVMF_VERSION,
     QEMU_DEFAULT_BITS,
     SEABIOS_MIN_BITS,
     SEABIOS_VERSION,
@@ -249,6 +249,8 @@ def _seabios_lines(b: MmioBudget) -> list[str]:
     plan = b.seabios
     if plan is None:
         return [f"{head} no 64-bit BARs{_mark(b, 'seabios')}"]
+    if b.firmware != "seabios":  # its model's count would read as this domain's failure
+        return [f"{head} not this domain's firmware (it boots {b.firmware.upper()}): nothing planned or written for it"]
     rule = ("rule: with RAM above 4 GiB it aligns each root/downstream port to 2^bits/2048 and packs the windows "
             "from the top of 2^bits, so each root port holding a larger BAR reserves a power-of-two window and the "
             f"width is the narrowest from {SEABIOS_MIN_BITS} bits at which every BAR lands on a multiple of its size")
@@ -267,6 +269,29 @@ def _seabios_lines(b: MmioBudget) -> list[str]:
 def _ovmf_lines(b: MmioBudget) -> list[str]:
     bits = b.ovmf_bits
     need = f"{bits} bits" if bits else f"QEMU's default ({QEMU_DEFAULT_BITS} bits) is enough"
-    return [f"  ovmf (OVMF {OVMF_VERSION}, {FIRMWARE_OF}): rule: the 64-bit window is the top eighth of 2^bits "
+    return [f"  ovmf (edk2 {EDK2_VERSION}, {FIRMWARE_OF}): rule: the 64-bit window is the top eighth of 2^bits "
             f"when the CPU has 1 GiB pages (pdpe1gb), else {fmt_size(OVMF_DEFAULT_APERTURE)}",
             f"  ovmf: total {fmt_size(b.total)}, needs {need}, window {fmt_size(b.ovmf_window(bits))}{_mark(b, 'ovmf')}"]
+
+
+def summary_lines(result, host: Topology, fabric=None, doctor=None) -> list[str]:
+    """``xmlfix --summary``: the story in four lines (``make demo`` ends with them and its
+    picture): the host, the guest, what ``--check`` decides and says (``check_verdict``), and the
+    placed devices' readiness (``pcitopo doctor``'s verdict, when the doctor ran)."""
+    from collections import Counter
+
+    from ..checks.fleet import verdict as doctor_verdict
+    from ..guest.predict import check_verdict
+    from ..model.labels import default_devices
+
+    kinds = Counter(host.role(host.function(b)).value for b in default_devices(host))
+    out = [f"host:    {host.name}: {kinds['gpu']} GPUs, {kinds['nic']} NICs, {len(host.numa_nodes())} NUMA node(s)"]
+    r = result.report
+    placed = Counter(d.role for d in r.placed)
+    fw = f", firmware {r.mmio.firmware}" if r.mmio is not None else ""
+    out.append(f"guest:   {placed['gpu']} GPUs and {placed['nic']} NICs on {r.created['pcie-root-port']} root port(s) "
+               f"of {r.created['pcie-expander-bus']} expander bus(es), {len(set(r.numa_map.values()))} guest NUMA cell(s){fw}")
+    problems, parts = check_verdict(result, host, fabric)
+    out.append(f"verdict: check {'failed' if problems else 'ok'}: {'; '.join(parts)}")
+    out.append("doctor:  " + (doctor_verdict(doctor).removeprefix("verdict: ") if doctor is not None else "not run"))
+    return out

@@ -37,25 +37,45 @@ def pairs_text(hp: HostPairs) -> str:
         b = p.best
         nic = (hp.labels.get(b.nic.bdf, "?"), str(b.nic.bdf)) if b.nic else ("-", "-")
         cls = (b.cls.nccl.value, b.cls.nvml.value) if b.cls else ("-", "-")
-        if not b.gdr:
-            by_root = "n/a (no NIC at PXB or closer)"
-        elif p.pcie_root_enough:
-            by_root = "yes"
-        else:
-            others = ", ".join(f"{hp.labels.get(n.bdf, n.bdf)} {c.nccl.value}" for n, c in p.same_root if c.nccl != b.cls.nccl)
-            by_root = f"no: also {others}" if p.same_root else "no: no NIC on its pcieRoot"
         lines.append(f"{hp.labels.get(b.gpu.bdf, '?'):<6}{str(b.gpu.bdf):<14}{pcie_root(b.gpu):<12}{nic[0]:<10}{nic[1]:<14}"
-                     f"{cls[0]:<6}{cls[1]:<12}{by_root}")
-    missed = hp.not_served_by_pcie_root
+                     f"{cls[0]:<6}{cls[1]:<12}{_by_root(hp, p)}")
     lines.append("")
-    if not hp.pairs:
-        lines.append("no GPUs on this host")
-    elif not missed:
-        lines.append(f"pcieRoot alignment gives every GPU a NIC of its best class on this host "
-                     "(a DRA claim with matchAttribute: resource.kubernetes.io/pcieRoot is enough)")
-    else:
-        names = ", ".join(hp.labels.get(p.best.gpu.bdf) or str(p.best.gpu.bdf) for p in missed)
-        lines.append(f"pcieRoot alignment is not enough on this host for {len(missed)} GPU(s): {names} "
-                     "(their root complex also carries NICs of a worse class: pick NICs by PCI address, "
-                     "or check every allocation with pcitopo.kubevirt.io/pairing)")
+    lines.extend(_verdict(hp))
     return "\n".join(lines) + "\n"
+
+
+def _by_root(hp: HostPairs, p: HostPair) -> str:
+    """The last column: whether a claim matching on pcieRoot gets this GPU a NIC of its best class."""
+    b = p.best
+    if not p.same_root:
+        return "no: no NIC on its pcieRoot" + ("" if b.gdr else " (none at PXB or closer either)")
+    if p.pcie_root_enough:
+        return "yes" if b.gdr else "yes (no NIC at PXB or closer)"
+    others = ", ".join(f"{hp.labels.get(n.bdf, n.bdf)} {c.nccl.value}" for n, c in p.same_root if c.nccl != b.cls.nccl)  # type: ignore[union-attr]
+    return f"no: also {others}"
+
+
+def _verdict(hp: HostPairs) -> list[str]:
+    def names(ps: list[HostPair]) -> str:
+        return ", ".join(hp.labels.get(p.best.gpu.bdf) or str(p.best.gpu.bdf) for p in ps)
+
+    if not hp.pairs:
+        return ["no GPUs on this host"]
+    missed = hp.not_served_by_pcie_root
+    if not missed:
+        return ["pcieRoot alignment gives every GPU a NIC of its best class on this host "
+                "(a DRA claim with matchAttribute: resource.kubernetes.io/pcieRoot is enough)"]
+    lonely = [p for p in missed if not p.same_root]
+    worse = [p for p in missed if p.same_root]
+    out = []
+    if worse:
+        out.append(f"pcieRoot alignment is not enough on this host for {len(worse)} GPU(s): {names(worse)} "
+                   "(their root complex also carries NICs of a worse class: pick NICs by PCI address, "
+                   "or check every allocation with pcitopo.kubevirt.io/pairing)")
+    if lonely:
+        gdr = any(p.best.gdr for p in lonely)
+        why = ("pick NICs by PCI address" if gdr else
+               "none has a NIC at PXB or closer, so no pairing gives it GPUDirect RDMA")
+        out.append(f"a claim matching GPU and NIC on resource.kubernetes.io/pcieRoot can never be satisfied "
+                   f"for {len(lonely)} GPU(s): {names(lonely)} (no NIC shares their root complex: {why})")
+    return out
