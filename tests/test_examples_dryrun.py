@@ -73,3 +73,157 @@ def test_f1_make_demo_succeeds_under_a_39_bit_cpuinfo(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "host CPU has 39" not in r.stdout + r.stderr and "Error" not in r.stderr
     assert "host width 52 bits, recorded in" in " ".join(r.stdout.split())
+
+
+# -- finding 2: a VirtualMachine's template is read as the VMI it starts --------------------------
+
+B200 = FIXTURES / "hgx-b200"
+SIDECAR_LINE = """hooks.kubevirt.io/hookSidecars: '[{"image": "registry.example.com/pcitopo:0.1.0", "imagePullPolicy": "IfNotPresent"}]'"""
+
+
+def vm_with(tmp_path: Path, *annotations: str, source: str = "deploy/vm-gpu.yaml") -> Path:
+    """A copy of a shipped example with more annotations on the VMI's (for a VM: the template's)
+    metadata, right after the hookSidecars line."""
+    text = (ROOT / source).read_text()
+    line = next(x for x in text.splitlines() if x.strip().startswith("hooks.kubevirt.io/hookSidecars:"))
+    indent = line[: len(line) - len(line.lstrip())]
+    for a in annotations:  # an annotation the example sets already is replaced
+        key = a.split(":", 1)[0]
+        text = "".join(x for x in text.splitlines(keepends=True) if not x.strip().startswith(key + ":"))
+    out = tmp_path / Path(source).name
+    out.write_text(text.replace(line + "\n", line + "\n" + "".join(f"{indent}{a}\n" for a in annotations)))
+    return out
+
+
+def xmlfix_check(vmi: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run("xmlfix", "--check", "--sysfs", str(B200), "--vmi", str(vmi), *extra, str(B200 / "domain.xml"))
+
+
+@pytest.mark.parametrize("source", ["deploy/vm-gpu.yaml", "deploy/vmi-gpu.yaml"])
+def test_f2_a_vm_template_sets_the_options_as_a_vmi_does(tmp_path, source):
+    """Finding 2: `pcitopo.kubevirt.io/mode: "off"` on spec.template.metadata.annotations of a
+    copy of deploy/vm-gpu.yaml gave `check: ok`, exit 0; on a VMI it gives unchanged-off, exit 1.
+    A VM is now read as the VMI virt-controller starts from it, so both say the same."""
+    r = xmlfix_check(vm_with(tmp_path, 'pcitopo.kubevirt.io/mode: "off"', source=source))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines() == [
+        "xmlfix: domain left unchanged (unchanged-off): annotation pcitopo.kubevirt.io/mode is off",
+        "xmlfix: check: failed: the hook would not rewrite this domain (unchanged-off)"]
+
+
+def test_f2_a_vm_as_json_and_its_vmi_are_one_input(tmp_path):
+    """`kubectl get vm -o json` is read as the VMI too: its name and namespace are the VM's, its
+    annotations, labels and spec the template's (KubeVirt's setupVMIFromVM)."""
+    import json
+
+    import yaml
+
+    from pcitopo.sidecar.vmiyaml import vmi_as_json
+
+    vm = yaml.safe_load((ROOT / "deploy" / "vm-gpu.yaml").read_text())
+    vm["spec"]["template"]["metadata"]["labels"] = {"team": "ml"}
+    vmi = json.loads(vmi_as_json(json.dumps(vm).encode(), "vm.json"))
+    assert vmi["kind"] == "VirtualMachineInstance"
+    assert vmi["metadata"] == {**vm["spec"]["template"]["metadata"], "name": "train", "namespace": "ml"}
+    assert vmi["spec"] == vm["spec"]["template"]["spec"]
+    (tmp_path / "vm.json").write_text(json.dumps(vm))
+    vm["spec"]["template"]["metadata"]["annotations"]["pcitopo.kubevirt.io/mode"] = "off"
+    (tmp_path / "off.json").write_text(json.dumps(vm))
+    assert xmlfix_check(tmp_path / "vm.json").returncode == 0
+    off = xmlfix_check(tmp_path / "off.json")
+    assert off.returncode == 1 and "unchanged-off" in off.stderr
+
+
+@pytest.mark.parametrize("doc,said", [
+    ("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", "is a Pod: --vmi takes a VirtualMachineInstance or a VirtualMachine"),
+    ("apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceReplicaSet\nspec: {template: {}}\n",
+     "is a VirtualMachineInstanceReplicaSet: --vmi takes"),
+    ("apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: v}\nspec: {runStrategy: Always}\n",
+     "is a VirtualMachine without spec.template"),
+])
+def test_f2_other_kinds_are_refused_in_one_line(tmp_path, doc, said):
+    f = tmp_path / "thing.yaml"
+    f.write_text(doc)
+    r = xmlfix_check(f)
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1
+    assert said in r.stderr and str(f) in r.stderr
+
+
+# -- finding 3: the dry run checks that pcitopo is attached ---------------------------------------
+
+NOT_ATTACHED = "; the VM would boot with KubeVirt's own flat placement"
+MISSPELT = {
+    "no-s": (SIDECAR_LINE.replace("hookSidecars", "hookSidecar"),
+             "xmlfix: check: sidecar: not attached: no hooks.kubevirt.io/hookSidecars annotation: "
+             "hooks.kubevirt.io/hookSidecar is not an annotation KubeVirt reads (did you mean hooks.kubevirt.io/hookSidecars?)"
+             + NOT_ATTACHED),
+    "imag": (SIDECAR_LINE.replace('"image"', '"imag"'),
+             "xmlfix: check: sidecar: not attached: hooks.kubevirt.io/hookSidecars runs no pcitopo image: entry 0 has no "
+             'image (KubeVirt ignores the unknown key "imag": did you mean "image"?), so KubeVirt runs its sidecar-shim there'
+             + NOT_ATTACHED),
+    "invalid-json": (SIDECAR_LINE.replace("}]'", "}'"),
+                     "xmlfix: check: sidecar: not attached: KubeVirt cannot parse hooks.kubevirt.io/hookSidecars: not valid "
+                     "JSON (Expecting ',' delimiter at line 1 column 84); virt-controller cannot render the launcher pod "
+                     "(its json.Unmarshal fails), so the VM would not start"),
+    "other-image": (SIDECAR_LINE.replace("pcitopo:0.1.0", "busybox:1.36"),
+                    "xmlfix: check: sidecar: not attached: hooks.kubevirt.io/hookSidecars runs no pcitopo image: entry 0 "
+                    "runs registry.example.com/busybox:1.36, not a pcitopo image" + NOT_ATTACHED),
+    "wrong-type": (SIDECAR_LINE.replace('"IfNotPresent"', "5"),
+                   "xmlfix: check: sidecar: not attached: KubeVirt cannot parse hooks.kubevirt.io/hookSidecars: entry 0 "
+                   "imagePullPolicy is a number, KubeVirt wants a string; virt-controller cannot render the launcher pod "
+                   "(its json.Unmarshal fails), so the VM would not start"),
+}
+
+
+def with_sidecar_line(tmp_path: Path, line: str, source: str = "deploy/vmi-gpu.yaml") -> Path:
+    out = tmp_path / Path(source).name
+    text = (ROOT / source).read_text()
+    assert SIDECAR_LINE in text
+    out.write_text(text.replace(SIDECAR_LINE, line))
+    return out
+
+
+@pytest.mark.parametrize("case", list(MISSPELT))
+@pytest.mark.parametrize("source", ["deploy/vmi-gpu.yaml", "deploy/vm-gpu.yaml"])
+def test_f3_a_sidecar_kubevirt_would_not_run_fails_the_dry_run(tmp_path, case, source):
+    """Finding 3: `hookSidecar` (no "s"), `"imag":`, invalid JSON each passed `xmlfix --check
+    --vmi` with `check: ok`, and the VM then boots flat and slow with no error. The annotation
+    is now read as KubeVirt reads it (its HookSidecar fields, Go's json.Unmarshal) and what is
+    wrong is one line; the check fails (exit 1) and names it in its verdict."""
+    line, said = MISSPELT[case]
+    r = xmlfix_check(with_sidecar_line(tmp_path, line, source))
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == said and len(lines) == 2
+    assert lines[1].startswith("xmlfix: check: failed: NCCL: 190/190") and lines[1].endswith("; sidecar (above)")
+
+
+def test_f3_what_kubevirt_accepts_passes():
+    """Go's decoder matches keys case-insensitively and ignores unknown ones; an image pinned
+    by digest, or pcitopo among other sidecars, is attached."""
+    from pcitopo.sidecar.vmiyaml import HOOK_SIDECARS, attachment
+
+    def verdict(value):
+        return attachment({"metadata": {"annotations": {HOOK_SIDECARS: value}}})
+
+    for value in ('[{"Image": "r.example/pcitopo:1"}]', '[{"image": "r.example/x/pcitopo@sha256:00", "extra": 1}]',
+                  '[{"image": "busybox"}, {"image": "pcitopo"}]', '[{"image": "r.example:5000/pcitopo"}]'):
+        assert verdict(value).attached and verdict(value).door == HOOK_SIDECARS, value
+    for value in ("null", "[]", '[{"image": "r.example/pcitopo-not/x:1"}]', '[{"image": "r.example:5000/busybox"}]',
+                  '{"image": "pcitopo"}', '[{"image": "pcitopo", "args": [1]}]', '["pcitopo"]', "[NaN]"):
+        v = verdict(value)
+        assert not v.attached and v.line.startswith("sidecar: not attached: ") and "\n" not in v.line, value
+    assert not attachment({}).attached and attachment({}).why == f"no {HOOK_SIDECARS} annotation"
+
+
+def test_f3_every_shipped_example_is_attached():
+    from pcitopo.sidecar.vmiyaml import attachment, vmi_as_json
+    import json
+
+    import yaml
+
+    vms = [(p, d) for p in sorted((ROOT / "deploy").rglob("*.yaml")) for d in yaml.safe_load_all(p.read_text())
+           if isinstance(d, dict) and d.get("kind") in ("VirtualMachine", "VirtualMachineInstance")]
+    assert len(vms) >= 4
+    for path, doc in vms:
+        assert attachment(json.loads(vmi_as_json(json.dumps(doc).encode(), path.name))).attached, path
