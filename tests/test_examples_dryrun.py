@@ -227,3 +227,105 @@ def test_f3_every_shipped_example_is_attached():
     assert len(vms) >= 4
     for path, doc in vms:
         assert attachment(json.loads(vmi_as_json(json.dumps(doc).encode(), path.name))).attached, path
+
+
+# -- findings 5 and 6: every GPU example is complete: NCCL's topology file, EFI --------------------
+
+def gpu_examples() -> list[tuple[Path, dict]]:
+    """Every VM and VMI in deploy/ that is given GPUs, as the VMI it starts."""
+    import yaml
+
+    from pcitopo.sidecar.vmiyaml import as_vmi
+
+    out = []
+    for path in sorted((ROOT / "deploy").rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") in ("VirtualMachine", "VirtualMachineInstance"):
+                vmi = as_vmi(doc, path.name)
+                if vmi["spec"]["domain"].get("devices", {}).get("gpus"):
+                    out.append((path, vmi))
+    return out
+
+
+GPU_EXAMPLES = gpu_examples()
+GPU_IDS = [p.relative_to(ROOT / "deploy").as_posix() for p, _ in GPU_EXAMPLES]
+
+
+def guest_md_section_4() -> str:
+    text = (ROOT / "docs" / "GUEST.md").read_text()
+    return text.split("\n## 4. ", 1)[1].split("\n## 5. ", 1)[0]
+
+
+def guest_md_install_line() -> str:
+    """GUEST.md §4's one line (its ```sh block): the one source of the text the examples carry."""
+    block = guest_md_section_4().split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [x for x in block.splitlines() if x.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_f5_guest_md_line_is_what_the_hook_offers_and_ncclreads():
+    """The line reads the fw_cfg entry the hook fills and writes where NCCL looks by default;
+    GUEST.md's cloud-init block runs exactly that line."""
+    import yaml
+
+    from pcitopo.topology.paths.ncclxml import DEFAULT_TOPO_FILE, fwcfg_raw_path
+
+    line = guest_md_install_line()
+    assert f"base64 -d {fwcfg_raw_path()} > {DEFAULT_TOPO_FILE}" in line and line.startswith("modprobe qemu_fw_cfg;")
+    cloud = yaml.safe_load(guest_md_section_4().split("```yaml\n", 1)[1].split("```", 1)[0])
+    assert cloud["bootcmd"] == [["sh", "-c", line]]
+
+
+def test_f5_every_gpu_example_is_found():
+    assert set(GPU_IDS) >= {"vmi-gpu.yaml", "vm-gpu.yaml", "dra/vm-pairs.yaml", "nvlink-fabric.yaml"}
+
+
+@pytest.mark.parametrize("path,vmi", GPU_EXAMPLES, ids=GPU_IDS)
+def test_f5_every_gpu_example_installs_nccls_topology_file(path, vmi):
+    """Finding 5: deploy/vmi-gpu.yaml had only `ssh_authorized_keys: []` in its cloud-init and
+    deploy/vm-gpu.yaml none: a copied VM had half the feature (NCCL prices switch uplinks at
+    0.19 GB/s). Each GPU example's cloud-init now runs GUEST.md's line from bootcmd, on every
+    boot, from a volume attached as a disk."""
+    import yaml
+
+    spec = vmi["spec"]
+    clouds = [v for v in spec.get("volumes") or [] if "cloudInitNoCloud" in v or "cloudInitConfigDrive" in v]
+    assert len(clouds) == 1, path
+    disks = {d["name"] for d in spec["domain"]["devices"].get("disks") or []}
+    assert clouds[0]["name"] in disks, f"{path}: the cloud-init volume is not attached as a disk"
+    source = clouds[0].get("cloudInitNoCloud") or clouds[0]["cloudInitConfigDrive"]
+    assert source["userData"].startswith("#cloud-config\n")
+    assert ["sh", "-c", guest_md_install_line()] in yaml.safe_load(source["userData"])["bootcmd"]
+
+
+@pytest.mark.parametrize("path,vmi", GPU_EXAMPLES, ids=GPU_IDS)
+def test_f6_every_gpu_example_boots_efi(path, vmi):
+    """Finding 6: deploy/dra/vm-pairs.yaml and deploy/nvlink-fabric.yaml used SeaBIOS, which
+    cannot place two large BARs below one switch (8×B200): a B200 user copying the DRA recipe
+    got a refused VM. Every GPU example now boots EFI (secure boot off: no SMM needed)."""
+    firmware = vmi["spec"]["domain"].get("firmware") or {}
+    assert (firmware.get("bootloader") or {}).get("efi") == {"secureBoot": False}, path
+    assert "SeaBIOS here" not in path.read_text()
+
+
+def test_f6_the_dra_recipe_on_a_b200_boots(tmp_path):
+    """The DRA recipe, run on the B200 stand-in (two 256 GiB BARs below one switch per pair):
+    with EFI the check passes; the same VM under SeaBIOS is the refused VM the finding saw."""
+    import json
+
+    from testkit.kubevirt_vmi import domain_for_vmi
+
+    vmi = dict(GPU_EXAMPLES[GPU_IDS.index("dra/vm-pairs.yaml")][1])
+    host = open_host(B200)
+    gpus = [f.bdf for f in host.functions() if f.vendor == 0x10DE and f.class_code >> 8 == 0x0302][:2]
+    for name, efi in (("efi", True), ("seabios", False)):
+        doc = json.loads(json.dumps(vmi))
+        if not efi:
+            del doc["spec"]["domain"]["firmware"]
+        (tmp_path / f"{name}.xml").write_bytes(domain_for_vmi(host, doc, gpus))
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    ok = run("xmlfix", "--check", "--sysfs", str(B200), "--vmi", str(tmp_path / "efi.json"), str(tmp_path / "efi.xml"))
+    assert ok.returncode == 0, ok.stderr
+    refused = run("xmlfix", "--check", "--sysfs", str(B200), "--vmi", str(tmp_path / "seabios.json"), str(tmp_path / "seabios.xml"))
+    assert refused.returncode == 2 and "SeaBIOS" in refused.stderr, refused.stderr
