@@ -23,6 +23,7 @@ from pcitopo.topology.errors import ConfigError
 
 VMI_KIND = "VirtualMachineInstance"
 VM_KIND = "VirtualMachine"
+OUR_PREFIXES = ("pcitopo.kubevirt.io/", "hooks.kubevirt.io/")  # annotations that matter on the VMI only
 
 
 def vmi_as_json(data: bytes, name: str) -> bytes:
@@ -77,10 +78,22 @@ def as_vmi(doc: dict, name: str) -> dict:
     vm_meta = doc.get("metadata") or {}
     if not isinstance(meta, dict) or not isinstance(vm_meta, dict):
         raise ConfigError(f"{name}: the {VM_KIND}'s metadata or spec.template.metadata is not an object")
+    _ignored_on_the_vm(vm_meta, meta, name)
     meta = {**meta, "name": vm_meta.get("name"), "namespace": vm_meta.get("namespace")}
     meta.pop("generateName", None)
     return {"apiVersion": doc.get("apiVersion"), "kind": VMI_KIND,
             "metadata": {k: v for k, v in meta.items() if v is not None}, "spec": template.get("spec") or {}}
+
+
+def _ignored_on_the_vm(vm_meta: dict, template_meta: dict, name: str) -> None:
+    """pcitopo's and the sidecar's annotations on the VM's own metadata do nothing (KubeVirt
+    copies only the template's): one line rather than a check of a VM without them."""
+    own = vm_meta.get("annotations") if isinstance(vm_meta.get("annotations"), dict) else {}
+    kept = template_meta.get("annotations") if isinstance(template_meta.get("annotations"), dict) else {}
+    for key in own:
+        if isinstance(key, str) and key.startswith(OUR_PREFIXES) and key not in kept:
+            raise ConfigError(f"{name}: annotation {key} is on the {VM_KIND}'s own metadata, where KubeVirt ignores it: "
+                              "move it to spec.template.metadata.annotations")
 
 
 def _json_or_none(data: bytes) -> Any:
@@ -216,8 +229,13 @@ def hook_sidecar_attachment(annotations: Mapping[str, Any]) -> Attachment:
 
 
 def _near(key: str, wanted: str) -> bool:
-    """A key that looks meant as ``wanted``: another case, a letter missing or added, a typo."""
-    return key != wanted and difflib.SequenceMatcher(None, key.lower(), wanted.lower()).ratio() >= 0.9
+    """A key that looks meant as ``wanted``: another case, a letter missing or added, a typo, the
+    prefix wrong or missing (``kubevirt.io/hookSidecars``)."""
+    if key == wanted:
+        return False
+    name = wanted.rsplit("/", 1)[-1].lower().rstrip("s")
+    return (key.lower().rstrip("s").endswith(name)
+            or difflib.SequenceMatcher(None, key.lower(), wanted.lower()).ratio() >= 0.9)
 
 
 def _unknown_hint(unknown: list[str]) -> str:

@@ -149,6 +149,18 @@ def test_f2_other_kinds_are_refused_in_one_line(tmp_path, doc, said):
     assert said in r.stderr and str(f) in r.stderr
 
 
+def test_f2_options_on_the_vms_own_metadata_are_one_line(tmp_path):
+    """KubeVirt copies only the template's annotations: pcitopo's on the VM's own metadata would
+    be silently ignored in the cluster, so the dry run says where they belong."""
+    text = (ROOT / "deploy" / "vm-gpu.yaml").read_text()
+    f = tmp_path / "vm.yaml"
+    f.write_text(text.replace("  namespace: ml\nspec:\n", '  namespace: ml\n  annotations:\n    pcitopo.kubevirt.io/mode: "off"\nspec:\n', 1))
+    r = xmlfix_check(f)
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        f"xmlfix: {f}: annotation pcitopo.kubevirt.io/mode is on the VirtualMachine's own metadata, where KubeVirt "
+        "ignores it: move it to spec.template.metadata.annotations"]
+
+
 # -- finding 3: the dry run checks that pcitopo is attached ---------------------------------------
 
 NOT_ATTACHED = "; the VM would boot with KubeVirt's own flat placement"
@@ -214,6 +226,11 @@ def test_f3_what_kubevirt_accepts_passes():
         v = verdict(value)
         assert not v.attached and v.line.startswith("sidecar: not attached: ") and "\n" not in v.line, value
     assert not attachment({}).attached and attachment({}).why == f"no {HOOK_SIDECARS} annotation"
+    for near in ("kubevirt.io/hookSidecars", "hooks.kubevirt.io/HookSidecars", "hooks.kubevirt.io/hooksidecar",
+                 "hook.kubevirt.io/hookSidecars"):
+        v = attachment({"metadata": {"annotations": {near: '[{"image": "pcitopo"}]'}}})
+        assert not v.attached and f"{near} is not an annotation KubeVirt reads (did you mean {HOOK_SIDECARS}?)" in v.why
+    assert "did you mean" not in attachment({"metadata": {"annotations": {"hooks.kubevirt.io/other": "x"}}}).why
 
 
 def test_f3_every_shipped_example_is_attached():
