@@ -281,7 +281,7 @@ def guest_md_install_line() -> str:
     return lines[0]
 
 
-def test_f5_guest_md_line_is_what_the_hook_offers_and_ncclreads():
+def test_f5_guest_md_line_is_what_the_hook_offers_and_nccl_reads():
     """The line reads the fw_cfg entry the hook fills and writes where NCCL looks by default;
     GUEST.md's cloud-init block runs exactly that line."""
     import yaml
