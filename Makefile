@@ -91,9 +91,11 @@ ARCH ?=
 image: .cache/.debian
 	bash scripts/image.sh $(if $(ARCH),--arch $(ARCH)) $(if $(filter all,$(ARCH)),--manifest)
 
-# Regenerate golden domains (inputs and expected outputs) and topo.json; review the diff.
+# Regenerate golden domains (inputs and expected outputs) and topo.json, and the domains the
+# deploy/ examples' "Checked against" commands name (fixtures/examples.py); review the diff.
 golden: setup-base
 	$(RUN) fixtures/golden.py
+	$(RUN) fixtures/examples.py
 
 # At least 10,000 generated examples through every property (prints the count; CI runs fewer).
 # The 6,000-example rewrite property alone outlasts pytest's 600 s per-test cap on a busy 2-core machine.

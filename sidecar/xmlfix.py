@@ -2,7 +2,8 @@
 
     xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
 
-Exit 0 on success; 1 when --check finds that the guest will not see what the host has; 2 with
+Exit 0 on success; 1 when --check finds that the guest will not see what the host has, or (with
+--vmi) that no door attaches pcitopo to the VMI (sidecar/vmiyaml.py); 2 with
 one line on stderr for bad input. A passthrough or off outcome is always named on stderr, and so
 is everything the hook would only log and boot anyway (``xmlfix: warning: ...``: a firmware
 warning, the NVLink verdict under ``nvlink: warn``, the pairing findings under ``pairing:
@@ -133,7 +134,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     if result is None:
         print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
     if args.check:
-        return _check(outcome, host, fabric)
+        return _check(outcome, host, fabric, vmi, args.door)
     return EXIT_OK
 
 
@@ -229,19 +230,26 @@ def _one_document(args: argparse.Namespace) -> None:
         raise ConfigError("--dot prints one Graphviz document: use it without --diff and --summary")
 
 
-def _check(outcome, host, fabric=None) -> int:
-    """--check: exit 0 only if the guest will see what the host has."""
+def _check(outcome, host, fabric=None, vmi: bytes | None = None, door: str = DEFAULT_DOOR) -> int:
+    """--check: exit 0 only if the guest will see what the host has, and, given the VMI's JSON,
+    a door attaches pcitopo to it (sidecar/vmiyaml.py, :func:`attachment`)."""
     from pcitopo.topology.guest.predict import check_verdict
+
+    from .vmiyaml import attachment_of_json
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
         return EXIT_CHECK_FAILED
+    attached = attachment_of_json(vmi, door) if vmi is not None else None
+    detached = [attached.line] if attached is not None and not attached.attached else []
     problems, parts = check_verdict(outcome.result, host, fabric)
+    problems = detached + problems
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
-    # the verdict counts pairs and cells; what else fails the check (NVLink, firmware) joins it
-    # by name, its sentence being one of the lines just printed
-    why = "; ".join(parts[:1] + [f"{kind} (above)" for kind in parts[1:]])
+    # the verdict counts pairs and cells; what else fails the check (NVLink, firmware, the
+    # door) joins it by name, its sentence being one of the lines just printed
+    why = "; ".join(parts[:1] + [f"{kind} (above)" for kind in parts[1:]]
+                    + [f"{line.split(':', 1)[0]} (above)" for line in detached])
     print(f"xmlfix: check: {'failed' if problems else 'ok'}: {why}", file=sys.stderr)
     return EXIT_CHECK_FAILED if problems else EXIT_OK
 

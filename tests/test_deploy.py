@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from testkit import REPO as ROOT
+from testkit import fixture_script
 from testkit.kubevirt_vmi import VM_KINDS, as_vmi, domain_for_vmi
 from testkit.server_proc import BIN
-from pcitopo.topology.model.tree import Bdf
 from pcitopo.topology.host.sysfs import open_host
 
 DEPLOY = ROOT / "deploy"
@@ -44,14 +44,9 @@ def check_args(path: Path) -> dict[str, str]:
     return {words[i]: words[i + 1] for i in range(0, len(words) - 1) if words[i].startswith("--")}
 
 
-def active_partition(fabric: Path, size: int) -> list[Bdf]:
-    """The GPUs of the fabric's active partition of ``size`` GPUs: the pool the device plugin
-    hands this VM (docs/DEPLOY.md, NVLink step 3)."""
-    data = json.loads(fabric.read_text())
-    for p in data["partitionInfo"]:
-        if p["isActive"] and p["numGpus"] == size:
-            return [Bdf.parse(g["pciBusId"][4:]) for g in p["gpuInfo"]]
-    raise AssertionError(f"{fabric} has no active partition of {size} GPUs")
+# The GPUs of the fabric's active partition of a VMI's GPU count (fixtures/examples.py, which
+# writes the domains the examples' commands name, picks them the same way).
+active_partition = fixture_script("examples").active_partition
 
 
 def test_every_vm_example_is_found():

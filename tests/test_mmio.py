@@ -414,6 +414,19 @@ def _cpuinfo(tmp_path, bits: int):
     return str(p)
 
 
+def _live_node(tmp_path, name: str = "hgx-h100"):
+    """A sysfs tree that records no width, as a live /sys does (the committed fixtures record
+    their node's, issue 26 finding 1): it stands for the machine reading it."""
+    from testkit.synth import load_topo_file
+
+    node = tmp_path / f"live-{name}"
+    if node.is_dir():
+        return node
+    node.mkdir()
+    load_topo_file(ROOT / "fixtures" / name / "host.topo").write_tarball(node / "sysfs.tar.gz")
+    return node
+
+
 def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatch):
     """An operator's dry run: `pcitopo capture` on the node (46 bits), `xmlfix --sysfs node.tar.gz`
     on a laptop whose CPU has 39 bits: the node's MMIO is judged with the node's width."""
@@ -423,7 +436,7 @@ def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatc
 
     node = tmp_path / "node.tar.gz"
     monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 46))  # the node's /proc/cpuinfo
-    assert capture(ROOT / "fixtures" / "hgx-h100", node).host_bits == 46
+    assert capture(_live_node(tmp_path), node).host_bits == 46
     recorded = MemoryTree.from_tarball(node).read(ADDRESS_SIZES_MEMBER)
     assert recorded == b"address sizes\t: 46 bits physical, 57 bits virtual\n"
     monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 39))  # the laptop
@@ -433,8 +446,8 @@ def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatc
     assert host.host_width() is width  # read once per host
     out = handle_define_domain(_domain(host, _gpus(host)), None, host)  # the door's one call
     assert out.outcome == "rewritten" and out.result.report.mmio.host_bits == 46
-    # the same fixture read as a directory stands for this machine (today's behaviour for fixtures)
-    fixture = open_host(ROOT / "fixtures" / "hgx-h100")
+    # a tree that records no width (a live /sys) stands for this machine
+    fixture = open_host(_live_node(tmp_path))
     assert fixture.host_width().bits == 39
     with pytest.raises(MmioError, match="host CPU has 39"):
         handle_define_domain(_domain(fixture, _gpus(fixture)), None, fixture)
@@ -445,7 +458,7 @@ def test_capture_without_the_record_is_unknown_not_this_machine(tmp_path, monkey
 
     old = tmp_path / "old.tar.gz"
     monkeypatch.setenv("PCITOPO_CPUINFO", str(tmp_path / "absent"))
-    summary = capture(ROOT / "fixtures" / "hgx-h100", old)
+    summary = capture(_live_node(tmp_path), old)
     assert summary.host_bits is None and any("address width unknown" in s for s in summary.skipped)
     monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 39))
     host = open_host(old)
@@ -460,13 +473,13 @@ def test_explain_says_where_the_width_came_from(tmp_path, monkeypatch, capsys):
 
     node = tmp_path / "node.tar.gz"
     monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 46))
-    capture(ROOT / "fixtures" / "hgx-h100", node)
+    capture(_live_node(tmp_path), node)
     monkeypatch.setenv("PCITOPO_CPUINFO", _cpuinfo(tmp_path, 39))
     dom = tmp_path / "domain.xml"
     dom.write_bytes(_domain(h100_host := open_host(node), _gpus(h100_host)))
     assert xmlfix(["--sysfs", str(node), "--explain", str(dom)]) == 0
     text = capsys.readouterr().out
     assert f"host width 46 bits, recorded in {node}" in " ".join(text.split())  # folded at 100 columns
-    # a fixture directory stands for this machine; the error says so
+    # a tree that records no width (a live /sys) stands for this machine; the error says so
     with pytest.raises(MmioError, match=r"host CPU has 39 \(\$PCITOPO_CPUINFO=.*cpuinfo-39 on this machine\)"):
-        xmlfix(["--sysfs", str(ROOT / "fixtures" / "hgx-h100"), "--explain", str(dom)])
+        xmlfix(["--sysfs", str(_live_node(tmp_path)), "--explain", str(dom)])
