@@ -30,15 +30,17 @@ def test_the_socket_path_and_entrypoint_in_the_docs_are_the_real_ones():
     assert "`pcitopo serve`" in DEPLOY_MD
 
 
-def annotations_in(text: str) -> dict[str, str]:
-    return {m.group(1): m.group(2) for m in re.finditer(r"^\s+([\w./-]+/[\w.-]+):\s+'?\"?(.*?)\"?'?\s*(?:#.*)?$", text, re.M)
-            if "/" in m.group(1) and "." in m.group(1).split("/")[0]}
-
-
 @pytest.mark.parametrize("path", [p for p in MANIFESTS if p.name.startswith(("vm", "vmi"))], ids=lambda p: p.name)
 def test_example_vms_attach_the_sidecar_with_valid_options(path):
+    import yaml
+
+    from pcitopo.sidecar.plugin.door import plugin_selects
+
     text = path.read_text()
-    ann = annotations_in(text)
+    doc = next(d for d in yaml.safe_load_all(text) if d and d.get("kind") in ("VirtualMachine", "VirtualMachineInstance"))
+    meta = doc["spec"]["template"]["metadata"] if doc["kind"] == "VirtualMachine" else doc["metadata"]
+    ann = meta["annotations"]
+    assert plugin_selects(meta.get("labels")), "both doors: the Plugin's label beside the hook's annotation"
     sidecars = json.loads(ann["hooks.kubevirt.io/hookSidecars"])
     assert len(sidecars) == 1 and set(sidecars[0]) <= {"image", "imagePullPolicy"}, "no command/args: the entrypoint serves"
     ours = {k: v for k, v in ann.items() if k.startswith(PREFIX)}
