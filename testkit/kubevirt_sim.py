@@ -89,8 +89,31 @@ def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
     _sub(disk, "target", bus="virtio", dev="vda")
     _sub(disk, "driver", cache="none", error_policy="stop", io="native", name="qemu", type="raw", discard="unmap")
     _sub(disk, "alias", name="ua-rootdisk")
+    _hostdevs(devices, host, spec.devices)
+    _sub(root, "clock", offset="utc")
+    res = _sub(root, "resource")
+    _sub(res, "partition", "/machine")
+    feats = _sub(root, "features")
+    if spec.acpi:
+        _sub(feats, "acpi")
+    _cpu_and_numa(root, host, spec, nodes, cells, mem_per_cell)
+    mb = _sub(root, "memoryBacking")
+    hp = _sub(mb, "hugepages")
+    _sub(hp, "page", size="1048576", unit="KiB")
+    _sub(root, "vcpu", str(vcpus), placement="static")
+    _sub(root, "iothreads", "1")
+    meta = _sub(root, "metadata")
+    kv = etree.SubElement(meta, f"{{{KUBEVIRT_NS}}}kubevirt", nsmap={None: KUBEVIRT_NS})
+    etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}uid").text = "0b9f0d4e-6f39-4d0b-9c5e-2f1b9a0d7c11"
+    gp = etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}graceperiod")
+    etree.SubElement(gp, f"{{{KUBEVIRT_NS}}}deletionGracePeriodSeconds").text = "30"
+    return to_kubevirt_bytes(root)
+
+
+def _hostdevs(devices: etree._Element, host: Topology, bdfs: tuple[Bdf, ...]) -> None:
+    """One managed='no' PCI hostdev per device, aliased by role."""
     counters: dict[str, int] = {}
-    for bdf in spec.devices:
+    for bdf in bdfs:
         role = host.role(host.function(bdf))
         key = role.value
         n = counters.get(key, 0)
@@ -100,12 +123,12 @@ def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
         _sub(src, "address", type="pci", domain=f"0x{bdf.domain:04x}", bus=f"0x{bdf.bus:02x}",
              slot=f"0x{bdf.slot:02x}", function=f"0x{bdf.function:x}")
         _sub(hd, "alias", name=alias_for_hostdev(host, bdf, n))
-    _sub(root, "clock", offset="utc")
-    res = _sub(root, "resource")
-    _sub(res, "partition", "/machine")
-    feats = _sub(root, "features")
-    if spec.acpi:
-        _sub(feats, "acpi")
+
+
+def _cpu_and_numa(root: etree._Element, host: Topology, spec: DomainSpec, nodes: list[int], cells: int,
+                  mem_per_cell: int) -> None:
+    """``<cpu>`` with topology and cells, ``<numatune>`` and ``<cputune>`` as
+    ``guestMappingPassthrough`` writes them."""
     cpu = _sub(root, "cpu", mode="host-passthrough")
     _sub(cpu, "topology", sockets=str(cells), cores=str(spec.vcpus_per_cell), threads="1")
     if spec.guest_numa:
@@ -124,17 +147,6 @@ def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
             for k in range(spec.vcpus_per_cell):
                 pin = cpus[k + 2] if len(cpus) > k + 2 else k
                 _sub(cputune, "vcpupin", vcpu=str(i * spec.vcpus_per_cell + k), cpuset=str(pin))
-    mb = _sub(root, "memoryBacking")
-    hp = _sub(mb, "hugepages")
-    _sub(hp, "page", size="1048576", unit="KiB")
-    _sub(root, "vcpu", str(vcpus), placement="static")
-    _sub(root, "iothreads", "1")
-    meta = _sub(root, "metadata")
-    kv = etree.SubElement(meta, f"{{{KUBEVIRT_NS}}}kubevirt", nsmap={None: KUBEVIRT_NS})
-    etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}uid").text = "0b9f0d4e-6f39-4d0b-9c5e-2f1b9a0d7c11"
-    gp = etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}graceperiod")
-    etree.SubElement(gp, f"{{{KUBEVIRT_NS}}}deletionGracePeriodSeconds").text = "30"
-    return to_kubevirt_bytes(root)
 
 
 # KubeVirt's OVMF (spec.domain.firmware.bootloader.efi, secure boot off), as virt-launcher writes it:
