@@ -48,14 +48,17 @@ PORTS_LARGE, MIN_FREE_LARGE, PORTS_SMALL, MIN_FREE_SMALL = 16, 6, 8, 3
 V1_SLOTS = 4  # calculateHotplugPortCountV1
 
 
-def _pci_address_count(root: etree._Element) -> int:
+def pci_address_count(xml: bytes | etree._Element) -> int:
     """converter/pci-placement.go CountPCIDevices: every device iteratePCIAddresses visits
-    (interfaces, virtio disks, hostdevs, controllers of types scsi/virtio-serial, inputs on
-    virtio, watchdogs, rng, memballoon; the video is not among them)."""
+    (interfaces, virtio disks, PCI hostdevs, every controller but pci-root, pcie-root and
+    pcie-expander-bus (the usb one of model none too), inputs on virtio, watchdogs, rng,
+    memballoon; the video is not among them), each without an address or with a PCI one."""
+    root = etree.fromstring(xml) if isinstance(xml, bytes) else xml
     devices = root.find("devices")
-    n = len(devices.findall("interface")) + len(devices.findall("hostdev"))
+    n = len(devices.findall("interface")) + len(devices.findall("hostdev[@type='pci']"))
     n += sum(1 for d in devices.findall("disk") if d.find("target") is not None and d.find("target").get("bus") == "virtio")
-    n += sum(1 for c in devices.findall("controller") if c.get("type") in ("scsi", "virtio-serial"))
+    n += sum(1 for c in devices.findall("controller") if c.get("model") not in ("pci-root", "pcie-root", "pcie-expander-bus")
+             and (c.find("address") is None or c.find("address").get("type") in (None, "", "pci")))
     n += sum(1 for i in devices.findall("input") if i.get("bus") == "virtio")
     n += len(devices.findall("watchdog")) + len(devices.findall("rng")) + len(devices.findall("memballoon"))
     return n
@@ -71,7 +74,7 @@ def port_count_v2(xml: bytes) -> int:
     """manager.go calculateHotplugPortCountV2 (v1.6–v1.7's calculateHotplugPortCount)."""
     root = etree.fromstring(xml)
     total, least = (PORTS_LARGE, MIN_FREE_LARGE) if _memory_bytes(root) > LARGE_MEMORY else (PORTS_SMALL, MIN_FREE_SMALL)
-    return max(total - _pci_address_count(root), least)
+    return max(total - pci_address_count(root), least)
 
 
 def port_count_v1(interfaces: int) -> int:
