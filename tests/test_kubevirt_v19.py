@@ -9,7 +9,10 @@ import os
 import pytest
 from lxml import etree
 
+from pcitopo.sidecar.core import handle_define_domain
 from pcitopo.topology.guest.rewrite import rewrite_domain
+from pcitopo.topology.libvirt.domain import DomainView
+from pcitopo.topology.model.tree import Role
 from pcitopo.topology.views.explain import explain_text
 from testkit import REPO
 from testkit.hookkit import placement
@@ -19,11 +22,15 @@ from testkit.kubevirt_define import (
     append_root_ports,
     boot_defines,
     free_hotplug_ports,
+    port_count_v2,
     real_libvirt_available,
     vmi_interfaces,
 )
+from testkit.kubevirt_define import pci_address_count as port_count_v2_devices
 from testkit.kubevirt_releases import Release
+from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
+from testkit.synth import host_from_topo
 
 EXAMPLES = {name: (host, vmi, gpus) for name, host, vmi, gpus in deploy_examples(REPO)}
 NAMES = sorted(EXAMPLES)
@@ -141,9 +148,84 @@ def real_define():
         yield RealLibvirt(daemon)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27 item 2 open: main leaves GPU VMs no hotplug port (bench/hotplug.py)")
 def test_i27_hotplug_no_example_ends_with_fewer_free_ports_than_without_pcitopo(real_define):
     from bench.hotplug import measure
 
     lost = [(name, r.value, plain - hooked) for name, r, hooked, plain in measure(real_define) if hooked < plain]
     assert lost == []
+
+
+# -- item 2: the hotplug ports pcitopo leaves -------------------------------------------------------
+
+def _hotplug(xml: bytes, host):
+    return rewrite_domain(xml, host).report.hotplug
+
+
+@pytest.mark.parametrize("release", [Release.V1_9, Release.MAIN], ids=lambda r: r.value)
+@pytest.mark.parametrize("name", NAMES)
+def test_i27_hotplug_wanted_is_kubevirts_count_plus_libvirts_spare_on_every_call(name, release):
+    """The planner's reading of KubeVirt's calculateHotplugPortCountV2 agrees with the
+    simulation's (written separately, from the Go source) on every call of a boot: placeholders,
+    the ports and the SATA controller libvirt adds are not KubeVirt's devices."""
+    host, vmi, gpus = EXAMPLES[name]
+    first = domain_for_vmi(host, vmi, gpus, release=release)
+    boot = boot_defines(first, lambda x: rewrite_domain(x, host).xml, release, interfaces=vmi_interfaces(vmi))
+    want = port_count_v2(first) + 1
+    assert [_hotplug(x, host).wanted for x in boot.hook_inputs] == [want] * len(boot.hook_inputs)
+    assert [_hotplug(x, host).kept for x in boot.hook_inputs] == [want] * len(boot.hook_inputs)
+
+
+def test_i27_hotplug_placeholders_sata_and_pci_controllers_are_not_counted():
+    root = _first("vm-pairs.yaml")
+    base = DomainView(etree.ElementTree(root)).kubevirt_pci_devices()
+    devices = root.find("devices")
+    etree.SubElement(devices, "controller", type="sata", index="0")
+    etree.SubElement(devices, "controller", type="pci", index="1", model="pcie-root-port")
+    ph = etree.SubElement(devices, "interface", type="ethernet")
+    etree.SubElement(ph, "alias", name="placeholder-0")
+    assert DomainView(etree.ElementTree(root)).kubevirt_pci_devices() == base
+    # the usb controller of model none is one of KubeVirt's (iteratePCIAddresses visits every controller)
+    assert base == port_count_v2_devices(etree.tostring(_first("vm-pairs.yaml")))
+
+
+def test_i27_hotplug_every_address_names_a_controller_through_real_defines(real_define):
+    """Devices libvirt put in pcitopo's bare root ports keep them on later calls (their index
+    stays), on v1.9 and main, with and without placeholders; every call leaves the same count."""
+    for name in NAMES:
+        host, vmi, gpus = EXAMPLES[name]
+        for release in (Release.V1_9, Release.MAIN):
+            first = domain_for_vmi(host, vmi, gpus, release=release)
+            boot = boot_defines(first, lambda x: rewrite_domain(x, host).xml, release, real_define, vmi_interfaces(vmi))
+            for out in boot.hook_outputs:
+                root = etree.fromstring(out)
+                indexes = {int(c.get("index")) for c in root.iter("controller") if c.get("type") == "pci"}
+                buses = {int(a.get("bus"), 0) for a in root.iter("address")
+                         if a.get("type") == "pci" and a.getparent().tag != "source"}
+                assert buses <= indexes, (name, release.value, sorted(buses - indexes))
+            assert len({(h.wanted, h.kept) for h in (_hotplug(x, host) for x in boot.hook_inputs)}) == 1
+            assert free_hotplug_ports(boot.last) >= _hotplug(boot.hook_inputs[0], host).wanted, (name, release.value)
+
+
+def _tight_host():
+    """22 root complexes of one switch with 8 NICs each: 242 of the 256 buses for the tree."""
+    lines = ["numa 0 cpus=0-3"]
+    for i in range(22):
+        dom, b = divmod(i, 18)
+        b = 0x10 + b * 12
+        lines += [f"rc {dom:04x}:{b:02x} numa=0", f"  rp {b:02x}:01.0 preset=intel-rp", f"    us {b+1:02x}:00.0 preset=pex-gen5-oem"]
+        lines += [x for s in range(8) for x in (f"      ds {b+2:02x}:{s:02x}.0", f"        ep {b+3+s:02x}:00.0 preset=cx7-eth")]
+    return host_from_topo("\n".join(lines))
+
+
+def test_i27_hotplug_ports_lost_are_in_the_log_line_and_explain():
+    """When the mirrored tree leaves too few bus numbers, the hook's log fields and --explain
+    say how many hotplug ports the VM lost."""
+    host = _tight_host()
+    nics = tuple(f.bdf for f in host.functions() if host.role(f) == Role.NIC)
+    xml = kubevirt_domain(host, DomainSpec("big", nics))
+    outcome = handle_define_domain(xml, None, host)
+    assert (outcome.summary["hotplug_ports"], outcome.summary["hotplug_ports_lost"]) == (3, 4)
+    text = explain_text(outcome.result, host)
+    assert "Hotplug: 3 free root port(s)" in text and "the VM lost 4" in " ".join(text.split())
+    ok = handle_define_domain(etree.tostring(_first("vm-gpu.yaml")), None, EXAMPLES["vm-gpu.yaml"][0])
+    assert (ok.summary["hotplug_ports"], ok.summary["hotplug_ports_lost"]) == (7, 0)
