@@ -42,6 +42,8 @@ from lxml import etree
 from pcitopo.topology.libvirt.domain import parse_int
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+# Where virt-launcher's image keeps OVMF (pkg/virt-config/virt-config.go DefaultARCHOVMFPath).
+OVMF_DIR = "/usr/share/edk2/ovmf"
 
 
 class Release(Enum):
@@ -75,6 +77,23 @@ class Release(Enum):
     @property
     def os_firmware(self) -> bool:
         return self is not Release.V1_7
+
+    @property
+    def ovmf_code(self) -> str:
+        """The EFI loader with secure boot off: v1.9.0's ``efi/efi.go`` DetectEFIEnvironment
+        prefers ``OVMF_CODE.secboot.fd`` (with the plain vars) over ``OVMF_CODE.fd``; v1.6 to
+        v1.8 take ``OVMF_CODE.fd``."""
+        name = "OVMF_CODE.fd" if self is Release.V1_7 else "OVMF_CODE.secboot.fd"
+        return f"{OVMF_DIR}/{name}"
+
+    @property
+    def hotplug_ports(self) -> str:
+        """How ``allocateHotplugPorts`` (``virtwrap/manager.go``) makes hotplug room:
+        ``"placeholders"`` (v1.6, v1.7: max(16 − PCI devices, 6) placeholder interfaces, defined
+        once and read back), ``"append"`` (v1.8, v1.9: max(0, 4 − interfaces) placeholders, read
+        back only when there are any, then root ports appended up to index 31), ``"readback"``
+        (main: always read back, append, ``hotplug='off'`` on occupied root ports)."""
+        return {Release.V1_7: "placeholders", Release.V1_9: "append", Release.MAIN: "readback"}[self]
 
 
 RELEASES = tuple(Release)

@@ -26,35 +26,10 @@ from pcitopo.topology.libvirt.domain import ROOT_PORT, parse_cpuset, parse_int
 from pcitopo.topology.model.tree import Bdf, Role, Topology
 
 from .kubevirt_releases import Release, reparse
+from .libvirt_sim import PORT_MODEL_NAMES, _sub, libvirt_define, to_kubevirt_bytes  # noqa: F401  (re-exported)
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 KUBEVIRT_NS = "http://kubevirt.io"
-
-
-def to_kubevirt_bytes(root: etree._Element) -> bytes:
-    """KubeVirt's serialisation style: tab indents, explicit end tags, no declaration."""
-    for el in root.iter():
-        if isinstance(el.tag, str) and len(el) == 0 and el.text is None:
-            el.text = ""
-    for el in root.iter():
-        if isinstance(el.tag, str) and len(el):
-            el.text = None
-            for c in el:
-                c.tail = None
-    etree.indent(root, space="\t")
-    for el in root.iter():
-        if isinstance(el.tag, str) and len(el) == 0 and el.text is None:
-            el.text = ""
-    return etree.tostring(root, encoding="utf-8") + b"\n"
-
-
-def _sub(parent: etree._Element, tag: str, text: str | None = None, **attrs: str) -> etree._Element:
-    el = etree.SubElement(parent, tag)
-    for k, v in attrs.items():
-        el.set(k.rstrip("_").replace("__", ":"), v)
-    if text is not None:
-        el.text = text
-    return el
 
 
 @dataclass(frozen=True)
@@ -114,8 +89,31 @@ def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
     _sub(disk, "target", bus="virtio", dev="vda")
     _sub(disk, "driver", cache="none", error_policy="stop", io="native", name="qemu", type="raw", discard="unmap")
     _sub(disk, "alias", name="ua-rootdisk")
+    _hostdevs(devices, host, spec.devices)
+    _sub(root, "clock", offset="utc")
+    res = _sub(root, "resource")
+    _sub(res, "partition", "/machine")
+    feats = _sub(root, "features")
+    if spec.acpi:
+        _sub(feats, "acpi")
+    _cpu_and_numa(root, host, spec, nodes, cells, mem_per_cell)
+    mb = _sub(root, "memoryBacking")
+    hp = _sub(mb, "hugepages")
+    _sub(hp, "page", size="1048576", unit="KiB")
+    _sub(root, "vcpu", str(vcpus), placement="static")
+    _sub(root, "iothreads", "1")
+    meta = _sub(root, "metadata")
+    kv = etree.SubElement(meta, f"{{{KUBEVIRT_NS}}}kubevirt", nsmap={None: KUBEVIRT_NS})
+    etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}uid").text = "0b9f0d4e-6f39-4d0b-9c5e-2f1b9a0d7c11"
+    gp = etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}graceperiod")
+    etree.SubElement(gp, f"{{{KUBEVIRT_NS}}}deletionGracePeriodSeconds").text = "30"
+    return to_kubevirt_bytes(root)
+
+
+def _hostdevs(devices: etree._Element, host: Topology, bdfs: tuple[Bdf, ...]) -> None:
+    """One managed='no' PCI hostdev per device, aliased by role."""
     counters: dict[str, int] = {}
-    for bdf in spec.devices:
+    for bdf in bdfs:
         role = host.role(host.function(bdf))
         key = role.value
         n = counters.get(key, 0)
@@ -125,12 +123,12 @@ def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
         _sub(src, "address", type="pci", domain=f"0x{bdf.domain:04x}", bus=f"0x{bdf.bus:02x}",
              slot=f"0x{bdf.slot:02x}", function=f"0x{bdf.function:x}")
         _sub(hd, "alias", name=alias_for_hostdev(host, bdf, n))
-    _sub(root, "clock", offset="utc")
-    res = _sub(root, "resource")
-    _sub(res, "partition", "/machine")
-    feats = _sub(root, "features")
-    if spec.acpi:
-        _sub(feats, "acpi")
+
+
+def _cpu_and_numa(root: etree._Element, host: Topology, spec: DomainSpec, nodes: list[int], cells: int,
+                  mem_per_cell: int) -> None:
+    """``<cpu>`` with topology and cells, ``<numatune>`` and ``<cputune>`` as
+    ``guestMappingPassthrough`` writes them."""
     cpu = _sub(root, "cpu", mode="host-passthrough")
     _sub(cpu, "topology", sockets=str(cells), cores=str(spec.vcpus_per_cell), threads="1")
     if spec.guest_numa:
@@ -149,32 +147,22 @@ def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
             for k in range(spec.vcpus_per_cell):
                 pin = cpus[k + 2] if len(cpus) > k + 2 else k
                 _sub(cputune, "vcpupin", vcpu=str(i * spec.vcpus_per_cell + k), cpuset=str(pin))
-    mb = _sub(root, "memoryBacking")
-    hp = _sub(mb, "hugepages")
-    _sub(hp, "page", size="1048576", unit="KiB")
-    _sub(root, "vcpu", str(vcpus), placement="static")
-    _sub(root, "iothreads", "1")
-    meta = _sub(root, "metadata")
-    kv = etree.SubElement(meta, f"{{{KUBEVIRT_NS}}}kubevirt", nsmap={None: KUBEVIRT_NS})
-    etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}uid").text = "0b9f0d4e-6f39-4d0b-9c5e-2f1b9a0d7c11"
-    gp = etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}graceperiod")
-    etree.SubElement(gp, f"{{{KUBEVIRT_NS}}}deletionGracePeriodSeconds").text = "30"
-    return to_kubevirt_bytes(root)
 
 
-# KubeVirt's OVMF (spec.domain.firmware.bootloader.efi, secure boot off), as virt-launcher writes it.
-KUBEVIRT_OVMF_CODE = "/usr/share/edk2/ovmf/OVMF_CODE.fd"
+# KubeVirt's OVMF (spec.domain.firmware.bootloader.efi, secure boot off), as virt-launcher writes it:
+# the code as v1.6-v1.8 pick it (v1.9 prefers OVMF_CODE.secboot.fd: Release.ovmf_code).
+KUBEVIRT_OVMF_CODE = Release.V1_7.ovmf_code
 KUBEVIRT_OVMF_VARS = "/usr/share/edk2/ovmf/OVMF_VARS.fd"
 
 
-def with_efi(xml: bytes) -> bytes:
+def with_efi(xml: bytes, code: str = KUBEVIRT_OVMF_CODE) -> bytes:
     """The same domain booting UEFI, as KubeVirt writes ``<os>`` for an EFI bootloader (issue 11:
     the firmware decides the MMIO settings)."""
     root = etree.fromstring(xml)
     os_el = root.find("os")
     if os_el.find("loader") is None:
         loader = etree.Element("loader", readonly="yes", secure="no", type="pflash")
-        loader.text = KUBEVIRT_OVMF_CODE
+        loader.text = code
         nvram = etree.Element("nvram", template=KUBEVIRT_OVMF_VARS)
         nvram.text = "/var/run/kubevirt-private/libvirt/qemu/nvram/default_VARS.fd"
         os_el.find("type").addnext(loader)
@@ -217,133 +205,6 @@ def kubevirt_numa_preplace(xml: bytes, host: Topology) -> bytes:
                 hd.remove(old)
             _sub(hd, "address", type="pci", domain="0x0000", bus=f"0x{index:02x}", slot="0x00", function="0x0")
             index += 1
-    return to_kubevirt_bytes(root)
-
-
-# Unaddressed devices libvirt gives a root port of their own on pcie-root.
-_PCIE_TAGS = ("interface", "memballoon", "rng", "vsock")
-PORT_MODEL_NAMES = {"pcie-root-port": "pcie-root-port", "pcie-switch-downstream-port": "xio3130-downstream",
-                    "pcie-switch-upstream-port": "x3130-upstream", "pcie-expander-bus": "pxb-pcie",
-                    "pcie-to-pci-bridge": "pcie-pci-bridge"}
-
-
-def _needs_root_port(el: etree._Element) -> bool:
-    if el.tag in _PCIE_TAGS:
-        return el.get("model") != "none" and (el.find("model") is None or el.find("model").get("type") != "none")
-    if el.tag == "hostdev":
-        return el.get("type") == "mdev"
-    if el.tag == "disk":
-        t = el.find("target")
-        return t is not None and t.get("bus") == "virtio"
-    if el.tag == "controller":
-        return el.get("type") in ("scsi", "virtio-serial")
-    if el.tag == "input":
-        return el.get("bus") == "virtio"
-    return False
-
-
-def libvirt_define(xml: bytes) -> bytes:
-    """libvirt's additions at define (checked against libvirt 9.0's define and dumpxml):
-    pcie-root; the primary video at 00:01.0; one pcie-root-port on pcie-root per unaddressed
-    PCIe device, at the lowest free index (root ports packed as functions of one slot from slot
-    2); a pcie-to-pci-bridge in a root port of its own for a conventional PCI watchdog; root
-    ports in every index gap below the highest; model names, chassis/port and ``pci.N`` aliases
-    on controllers that lack them; hostdevs with ``mode``, ``<driver name='vfio'>`` and source
-    addresses without ``type``."""
-    root = etree.fromstring(xml, etree.XMLParser(resolve_entities=False))
-    devices = root.find("devices")
-    pci = [c for c in devices.findall("controller") if c.get("type") == "pci"]
-    if not any(c.get("model") == "pcie-root" for c in pci):
-        el = etree.Element("controller", type="pci", index="0", model="pcie-root")
-        devices.insert(0, el)
-        pci.insert(0, el)
-    used_indexes = {parse_int(c.get("index"), "index") for c in pci}
-    taken_slots = {0, 0x1F}
-    for a in devices.iter("address"):
-        if a.get("type") == "pci" and a.getparent().tag != "source" and parse_int(a.get("bus", "0"), "bus") == 0:
-            taken_slots.add(parse_int(a.get("slot", "0"), "slot"))
-    video = devices.find("video")
-    if video is not None and video.find("address") is None and 1 not in taken_slots:
-        _sub(video, "address", type="pci", domain="0x0000", bus="0x00", slot="0x01", function="0x0")
-    taken_slots.add(1)
-    open_slot: list[int] = []  # [slot, next function] of the slot being filled
-
-    def free_root_fn() -> tuple[int, int]:
-        if not open_slot or open_slot[1] == 8:
-            s = next(s for s in range(2, 0x1F) if s not in taken_slots)
-            taken_slots.add(s)
-            open_slot[:] = [s, 0]
-        s, f = open_slot
-        open_slot[1] += 1
-        return s, f
-
-    def add_port(index: int) -> etree._Element:
-        s, f = free_root_fn()
-        rp = etree.Element("controller", type="pci", index=str(index), model=ROOT_PORT)
-        _sub(rp, "target", chassis=str(index), port=f"0x{(s << 3) | f:x}")
-        _sub(rp, "address", type="pci", domain="0x0000", bus="0x00", slot=f"0x{s:02x}", function=f"0x{f:x}",
-             **({"multifunction": "on"} if f == 0 else {}))
-        pci[-1].addnext(rp)
-        pci.append(rp)
-        used_indexes.add(index)
-        return rp
-
-    def lowest_free() -> int:
-        i = 1
-        while i in used_indexes:
-            i += 1
-        return i
-
-    bridge: list[int] = []  # the pcie-to-pci-bridge for conventional PCI devices, once made
-    for el in list(devices):
-        if not isinstance(el.tag, str) or el.find("address") is not None:
-            continue
-        if _needs_root_port(el):
-            index = lowest_free()
-            add_port(index)
-            _sub(el, "address", type="pci", domain="0x0000", bus=f"0x{index:02x}", slot="0x00", function="0x0")
-        elif el.tag == "watchdog" and el.get("model") == "i6300esb":
-            if not bridge:
-                port = lowest_free()
-                add_port(port)
-                index = lowest_free()
-                br = etree.Element("controller", type="pci", index=str(index), model="pcie-to-pci-bridge")
-                _sub(br, "address", type="pci", domain="0x0000", bus=f"0x{port:02x}", slot="0x00", function="0x0")
-                pci[-1].addnext(br)
-                pci.append(br)
-                used_indexes.add(index)
-                bridge.append(index)
-            _sub(el, "address", type="pci", domain="0x0000", bus=f"0x{bridge[0]:02x}", slot="0x01", function="0x0")
-    highest = max(used_indexes)
-    for i in range(1, highest):
-        if i not in used_indexes:
-            add_port(i)
-    for c in pci:
-        model = c.get("model")
-        if model in PORT_MODEL_NAMES and c.find("model") is None:
-            c.insert(0, etree.Element("model", name=PORT_MODEL_NAMES[model]))
-        if model in (ROOT_PORT, "pcie-switch-downstream-port"):
-            t = c.find("target")
-            if t is None:
-                t = etree.Element("target")
-                c.find("model").addnext(t)
-            if t.get("chassis") is None:
-                t.set("chassis", c.get("index"))
-            if t.get("port") is None:
-                t.set("port", "0x0")
-        if c.find("alias") is None:
-            al = etree.Element("alias", name="pcie.0" if model == "pcie-root" else f"pci.{c.get('index')}")
-            addr = c.find("address")
-            (addr.addprevious(al) if addr is not None else c.append(al))
-    for hd in devices.findall("hostdev"):
-        if hd.get("type") != "pci":
-            continue
-        hd.set("mode", "subsystem")
-        src = hd.find("source/address")
-        if src is not None:
-            src.attrib.pop("type", None)
-        if hd.find("driver") is None:
-            hd.insert(0, etree.Element("driver", name="vfio"))
     return to_kubevirt_bytes(root)
 
 

@@ -17,11 +17,16 @@ What is taken from the manifest, as KubeVirt's converter uses it
   unless ``secureBoot: false``), anything else SeaBIOS, KubeVirt's default.
 
 A ``VirtualMachine`` becomes the VMI virt-controller creates from it: the template's metadata
-(annotations) and spec.
+(annotations) and spec. What v1.9.0's converter adds to that (aliases from the manifest's names,
+DRA addresses from KEP-5304 metadata, the cloud-init disk, vCPU hotplug, the emulator pin,
+hugepages per cell, the EFI loader, the machine type) is :mod:`testkit.kubevirt_converter`'s;
+the defines around the hook calls are :mod:`testkit.kubevirt_define`'s.
 """
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any, Sequence
 
 from lxml import etree
@@ -29,6 +34,8 @@ from lxml import etree
 from pcitopo.topology.paths.classify import classify
 from pcitopo.topology.model.tree import Bdf, Role, Topology
 
+from . import kubevirt_converter as conv
+from .kubevirt_releases import Release
 from .kubevirt_sim import DomainSpec, kubevirt_domain, to_kubevirt_bytes, with_efi
 
 VM_KINDS = ("VirtualMachine", "VirtualMachineInstance")
@@ -79,27 +86,77 @@ def vmi_devices(host: Topology, vmi: dict[str, Any], gpus: Sequence[Bdf] | None 
     return tuple(chosen + picked)
 
 
-def domain_for_vmi(host: Topology, vmi: dict[str, Any], gpus: Sequence[Bdf] | None = None) -> bytes:
-    """KubeVirt's first ``OnDefineDomain`` input for ``vmi`` on ``host``."""
+def domain_for_vmi(host: Topology, vmi: dict[str, Any], gpus: Sequence[Bdf] | None = None,
+                   release: Release = Release.V1_9, machine: str = conv.UPSTREAM_MACHINE) -> bytes:
+    """KubeVirt's first ``OnDefineDomain`` input for ``vmi`` on ``host`` (before placeholders,
+    :func:`testkit.kubevirt_define.with_placeholders`), as ``release`` converts it."""
     domain = vmi["spec"]["domain"]
     cpu = domain.get("cpu") or {}
     devices = vmi_devices(host, vmi, gpus)
+    with tempfile.TemporaryDirectory() as tmp:  # kubelet's KEP-5304 files, read back as virt-launcher does
+        conv.write_dra_metadata(Path(tmp), vmi, devices)
+        sources = conv.dra_sources(Path(tmp), vmi)
+    devices = tuple(s if s is not None else d for s, d in zip(sources, devices))
     guest_numa = "guestMappingPassthrough" in (cpu.get("numa") or {})
     cells = (len({host.numa_of(host.function(b)) for b in devices} - {-1}) or 1) if guest_numa else 1
     vcpus = cpu.get("sockets", 1) * cpu.get("cores", 1) * cpu.get("threads", 1)
     spec = DomainSpec(vmi["metadata"]["name"], devices, guest_numa=guest_numa, vcpus_per_cell=max(1, vcpus // cells))
     root = etree.fromstring(kubevirt_domain(host, spec))
     root.find("cpu").set("mode", cpu.get("model", "host-model"))
-    guest = (domain.get("memory") or {}).get("guest")
-    if guest is not None:
-        total = quantity(guest)
+    root.find("os/type").set("machine", machine)
+    for hd, alias in zip(root.findall("devices/hostdev"), conv.hostdev_aliases(vmi)):
+        hd.find("alias").set("name", alias)
+    conv.extra_virtio_disks(root, vmi)
+    _topology_as_manifest(root, cpu)
+    memory = domain.get("memory") or {}
+    if memory.get("guest") is not None:
+        total = quantity(memory["guest"])
         root.find("memory").text = str(total)
         for cell in root.findall("cpu/numa/cell"):
             cell.set("memory", str(total // cells))
-    xml = to_kubevirt_bytes(root)
+    if (memory.get("hugepages") or {}).get("pageSize"):
+        conv.hugepages_per_cell(root, quantity(memory["hugepages"]["pageSize"]))
+    if cpu.get("isolateEmulatorThread") and root.find("cputune") is not None:
+        conv.emulator_pin(root)
+    conv.vcpu_hotplug(root, cpu)  # every release since v1.6 (defaults.go setupCPUHotplug, LiveUpdate default)
     efi = ((domain.get("firmware") or {}).get("bootloader") or {}).get("efi")
     if efi is None:
-        return xml
-    root = etree.fromstring(with_efi(xml))
+        return to_kubevirt_bytes(root)
+    root = etree.fromstring(with_efi(to_kubevirt_bytes(root), code=release.ovmf_code))
     root.find("os/loader").set("secure", "no" if efi.get("secureBoot") is False else "yes")
     return to_kubevirt_bytes(root)
+
+
+def _topology_as_manifest(root: etree._Element, cpu: dict[str, Any]) -> None:
+    """``<topology>`` with the manifest's sockets, cores and threads (vcpu.go GetCPUTopology)."""
+    if cpu:
+        root.find("cpu/topology").attrib.update({k: str(cpu.get(k, 1)) for k in ("sockets", "cores", "threads")})
+
+
+def deploy_examples(repo: Path) -> list[tuple[str, Topology, dict[str, Any], list[Bdf] | None]]:
+    """Every VM/VMI of deploy/ with the stand-in node its ``# xmlfix --check`` comment names and,
+    for a fabric example, the active partition's GPUs: (file name, host, VMI, GPUs or None)."""
+    import json
+    import re
+
+    import yaml
+
+    from pcitopo.topology.host.sysfs import open_host
+
+    out = []
+    for path in sorted((repo / "deploy").rglob("*.yaml")):
+        words = re.search(r"^#\s+xmlfix --check (.*?)\s*$", path.read_text(), re.M)
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not isinstance(doc, dict) or doc.get("kind") not in VM_KINDS or words is None:
+                continue
+            w = words[1].split()
+            args = {w[i]: w[i + 1] for i in range(len(w) - 1) if w[i].startswith("--")}
+            vmi = as_vmi(doc)
+            gpus = None
+            if "--fabric" in args:
+                size = len(vmi["spec"]["domain"]["devices"]["gpus"])
+                data = json.loads((repo / args["--fabric"]).read_text())
+                (part,) = [p for p in data["partitionInfo"] if p["isActive"] and p["numGpus"] == size]
+                gpus = [Bdf.parse(g["pciBusId"][4:]) for g in part["gpuInfo"]]
+            out.append((path.name, open_host(repo / args["--sysfs"]), vmi, gpus))
+    return out

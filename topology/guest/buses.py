@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence, TypeVar
 
 from ..errors import PlanError
-from ..model.address import BUS_COUNT, MAX_FUNCTIONS_PER_SLOT, MAX_SLOT, SLOTS_PER_BUS
+from ..model.address import BUS_COUNT, MAX_CONTROLLER_INDEX, MAX_FUNCTIONS_PER_SLOT, MAX_SLOT, SLOTS_PER_BUS
 
 T = TypeVar("T")
 
@@ -38,6 +38,14 @@ PCIE_ROOT_OWN_BUS = 1
 # After the hooks KubeVirt appends bare pcie-root-ports for hotplug while the highest PCI
 # controller index is below this (kubevirt/kubevirt#14754); each takes a bus below pcie-root.
 KUBEVIRT_HOTPLUG_INDEX_LIMIT = 32
+# How many free ports it wants (calculateHotplugPortCountV2): max(total - PCI devices, least),
+# with (total, least) = (16, 6) above 2 GiB of memory, else (8, 3).
+KUBEVIRT_LARGE_MEMORY = 2 * 1024**3
+KUBEVIRT_PORTS_LARGE, KUBEVIRT_LEAST_FREE_LARGE = 16, 6
+KUBEVIRT_PORTS_SMALL, KUBEVIRT_LEAST_FREE_SMALL = 8, 3
+# libvirt adds one spare root port of its own when the first define names no PCI controller
+# (libvirt's "PCI topology and hotplug"; measured, docs/SOURCES.md); pcitopo's domain names them.
+LIBVIRT_SPARE_PORTS = 1
 
 # -- chassis (QEMU pcie-root-port / xio3130-downstream 'chassis' property, 8 bits) ------------
 
@@ -92,10 +100,26 @@ def hotplug_reserve(highest_index: int) -> int:
     return max(0, KUBEVIRT_HOTPLUG_INDEX_LIMIT - 1 - highest_index)
 
 
-def root_ports_added(unplaced_pcie: int, unplaced_conventional: int, highest_index: int) -> int:
-    """Root ports that appear after our call: one per unplaced PCIe device, one per
-    pcie-to-pci-bridge libvirt adds for conventional ones, and KubeVirt's hotplug ports."""
-    return unplaced_pcie + -(-unplaced_conventional // PCI_BRIDGE_SLOTS) + hotplug_reserve(highest_index)
+def root_port_devices(unplaced_pcie: int, unplaced_conventional: int) -> int:
+    """Root ports on pcie-root that libvirt's own placements fill: one per unplaced PCIe
+    device, one per pcie-to-pci-bridge it adds for conventional ones."""
+    return unplaced_pcie + -(-unplaced_conventional // PCI_BRIDGE_SLOTS)
+
+
+def root_ports_added(unplaced_pcie: int, unplaced_conventional: int, highest_index: int, free_ports: int = 0) -> int:
+    """Root ports that appear after our call: those libvirt adds for its placements once the
+    ``free_ports`` empty ones are filled (libvirt fills empty root ports first), and KubeVirt's
+    hotplug ports."""
+    return max(0, root_port_devices(unplaced_pcie, unplaced_conventional) - free_ports) + hotplug_reserve(highest_index)
+
+
+def hotplug_wanted(pci_devices: int, memory: int) -> int:
+    """The free hotplug root ports a VM gets without pcitopo at most: KubeVirt's
+    ``calculateHotplugPortCountV2`` for ``pci_devices`` (its ``CountPCIDevices``) and ``memory``
+    bytes, plus libvirt's own spare."""
+    total, least = ((KUBEVIRT_PORTS_LARGE, KUBEVIRT_LEAST_FREE_LARGE) if memory > KUBEVIRT_LARGE_MEMORY
+                    else (KUBEVIRT_PORTS_SMALL, KUBEVIRT_LEAST_FREE_SMALL))
+    return max(total - pci_devices, least) + LIBVIRT_SPARE_PORTS
 
 
 def budget_buses(pxb_sizes: list[int], pcie_root_needed: int) -> list[int]:
@@ -120,23 +144,34 @@ class BusBudget:
     """Indexes and bus numbers for one plan."""
 
     indexes: tuple[int, ...]  # our controllers' indexes, handed out in emission order
-    spares: tuple[int, ...]  # index gaps below the highest index: spare root ports fill them
+    spares: tuple[int, ...]  # our bare root ports on pcie-root: held, index gaps, hotplug
     bus_nrs: tuple[int, ...]  # busNr per expander bus, in order
     pcie_root_buses: int  # buses kept free below the lowest busNr
+    free_ports: int = 0  # spares written empty (the held ones are not)
 
 
 def budget(pxb_sizes: list[int], kept_indexes: set[int], kept_bridges: int, unplaced_pcie: int,
-           unplaced_conventional: int) -> BusBudget:
-    """The whole bus budget: one index per bus we create; the gaps libvirt would otherwise fill
-    with root ports (we add those spares ourselves, counted); and below the lowest busNr, room for
-    pcie-root, the controllers kept on it, the spares, libvirt's placements and KubeVirt's
-    hotplug ports."""
-    indexes = allocate_indexes(kept_indexes | {0}, sum(pxb_sizes))
-    highest = max([0, *kept_indexes, *indexes])
-    spares = sorted(set(range(1, highest + 1)) - kept_indexes - set(indexes))
-    needed = (PCIE_ROOT_OWN_BUS + kept_bridges + len(spares)
-              + pcie_root_buses_for(unplaced_pcie, unplaced_conventional) + hotplug_reserve(highest))
-    return BusBudget(tuple(indexes), tuple(spares), tuple(budget_buses(pxb_sizes, needed)), needed)
+           unplaced_conventional: int, held: frozenset[int] = frozenset(), free_wanted: int = 0) -> BusBudget:
+    """The whole bus budget: one index per bus we create; bare root ports on pcie-root, ours:
+    the ``held`` ones (devices sit in them, so their indexes stay), the index gaps libvirt would
+    otherwise fill, and up to ``free_wanted`` empty ones in all, gaps first (fewer when the
+    buses or indexes run out); below the lowest busNr, room for pcie-root, the controllers kept
+    on it, our bare ports, libvirt's placements and KubeVirt's hotplug ports."""
+    taken = set(kept_indexes) | set(held) | {0}
+    indexes = allocate_indexes(taken, sum(pxb_sizes))
+    taken |= set(indexes)
+    gaps = len(set(range(1, max(taken) + 1)) - taken)
+    fixed = PCIE_ROOT_OWN_BUS + kept_bridges + len(held) + pcie_root_buses_for(unplaced_pcie, unplaced_conventional)
+    free = allocate_indexes(taken, max(gaps, free_wanted))
+
+    def needed() -> int:
+        return fixed + len(free) + hotplug_reserve(max([*taken, *free]))
+
+    while len(free) > gaps and (needed() > BUS_COUNT - sum(pxb_sizes) or free[-1] > MAX_CONTROLLER_INDEX):
+        free.pop()
+    need = needed()
+    return BusBudget(tuple(indexes), tuple(sorted(set(held) | set(free))), tuple(budget_buses(pxb_sizes, need)),
+                     need, len(free))
 
 
 def fill_slots(keys: Iterable[T], emit: Callable[[T, int], int], overflow: str) -> None:

@@ -53,6 +53,10 @@ class DomainFacts:
     memnodes: tuple[tuple[int, str], ...]
     vcpupins: tuple[tuple[int, str], ...]
     acpi: bool
+    # what KubeVirt's hotplug port count starts from: its CountPCIDevices of the domain before
+    # the hook calls (topology.libvirt.domain.DomainView.kubevirt_pci_devices), and <memory>
+    kubevirt_pci_devices: int = 0
+    memory: int = 0
 
 
 # -- layout out ---------------------------------------------------------------------------------
@@ -81,6 +85,22 @@ class Placement:
     multifunction: bool
 
 
+@dataclass(frozen=True)
+class HotplugPorts:
+    """The bare root ports on pcie-root the plan writes for hotplug (docs/ARCHITECTURE.md,
+    "Hotplug capacity"). ``wanted``: free ports the VM would have without pcitopo at most
+    (KubeVirt's count plus libvirt's spare); ``kept``: free ones it has once every device
+    without an address sits in one; ``lost`` = wanted - kept (out of buses or indexes)."""
+
+    wanted: int
+    kept: int
+    free: int  # bare root ports written empty (libvirt's placements go into them first)
+
+    @property
+    def lost(self) -> int:
+        return max(0, self.wanted - self.kept)
+
+
 @dataclass
 class Plan:
     controllers: list[GuestController]
@@ -90,3 +110,5 @@ class Plan:
     numa_source: str
     notes: list[str] = field(default_factory=list)
     added_pcie_root: bool = False
+    hotplug: HotplugPorts | None = None
+

@@ -8,7 +8,8 @@ The guest tree is the host tree restricted to the assigned devices:
   classifier uses) and a genuine nesting stays nested;
 - endpoints at slot 0 of their port; the functions under one host port share one guest slot.
 Every rule below lives once: alias naming (:func:`alias_for`), NUMA mapping (:func:`map_numa`),
-takeover (:func:`controllers_to_remove`); what it all costs in buses, slots, indexes and chassis
+takeover (:func:`controllers_to_remove`), the bare root ports on pcie-root left for hotplug
+(:func:`plan`, :func:`_root_ports_in_use`); what it all costs in buses, slots, indexes and chassis
 numbers lives in :mod:`topology.guest.buses`. :class:`_Emitter` writes the layout, its state explicit.
 """
 
@@ -34,7 +35,7 @@ from ..model.tree import Bdf, PciFunction, Role, Topology, root_complex_sort_key
 from ..paths.classify import nccl_switch_rep
 from ..paths.ncclprice import port_link
 from . import buses
-from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Placement, Plan
+from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, HotplugPorts, Placement, Plan
 
 
 # -- the mirror tree (host-side shapes, before indexes) -----------------------------------------
@@ -205,13 +206,21 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
     removed, kept = _kept_controllers(facts)
     # Order: root complexes by host order, ports by host BDF: the guest reads like the host.
     ordered_rcs = sorted(rcs.values(), key=lambda r: root_complex_sort_key(r.name))
+    held, occupied = _root_ports_in_use(facts, removed)
+    libvirt_ports = buses.root_port_devices(facts.unplaced_pcie, facts.unplaced_conventional)
+    wanted = buses.hotplug_wanted(facts.kubevirt_pci_devices, facts.memory)
     budget = buses.budget(
         [_pxb_buses(rc) for rc in ordered_rcs],
         kept_indexes={c.index for c in kept},
         kept_bridges=sum(1 for c in kept if c.model != PCIE_ROOT),
         unplaced_pcie=facts.unplaced_pcie,
         unplaced_conventional=facts.unplaced_conventional,
+        held=held,
+        # libvirt fills empty root ports before it adds any: one more per device it places,
+        # and per device on a root port not ours (none after a define: libvirt put it in ours)
+        free_wanted=wanted + len(occupied - held) + libvirt_ports,
     )
+    hotplug = HotplugPorts(wanted, max(0, min(wanted, budget.free_ports - libvirt_ports)), budget.free_ports)
     root_slots = buses.RootSlots(
         used={a.slot for a in facts.other_addresses if a.bus == 0}
         | {c.address.slot for c in kept if c.address is not None and c.address.bus == 0},
@@ -234,7 +243,19 @@ def plan(host: Topology, facts: DomainFacts) -> Plan:
         numa_source=numa_source,
         notes=notes,
         added_pcie_root=not any(c.model == PCIE_ROOT for c in kept),
+        hotplug=hotplug,
     )
+
+
+def _root_ports_in_use(facts: DomainFacts, removed: set[int]) -> tuple[frozenset[int], set[int]]:
+    """(our bare root ports on pcie-root that hold a device, every root port on pcie-root that
+    does): libvirt put the devices it placed there, so ours keep their index on every call."""
+    on_root = {c.index: c for c in facts.controllers
+               if c.model == ROOT_PORT and (c.address is None or c.address.bus == 0)}
+    buses_used = [a.bus for a in facts.other_addresses]
+    buses_used += [c.address.bus for c in facts.controllers if c.address is not None and c.index not in removed]
+    occupied = {b for b in buses_used if b in on_root}
+    return frozenset(i for i in occupied if on_root[i].ours), occupied
 
 
 def _assigned_devices(host: Topology, facts: DomainFacts) -> tuple[dict[Bdf, HostdevFact], list[PciFunction]]:
@@ -388,7 +409,8 @@ class _Emitter:
             )
 
     def emit_spares(self, spares: tuple[int, ...]) -> None:
-        """Spare root ports on pcie-root for index gaps (libvirt picks their slot)."""
+        """Our bare root ports on pcie-root: index gaps, hotplug capacity, and the ones libvirt
+        put devices in at an earlier define (libvirt picks their slot)."""
         for index in spares:
             self.controllers.append(GuestController(model=ROOT_PORT, index=index, alias=alias_for("spare", str(index)),
                                                     parent=0, slot=-1, chassis=self.chassis.take(index), port=0))

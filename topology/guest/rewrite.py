@@ -41,13 +41,14 @@ from ..libvirt.domain import (
 from ..libvirt.fwcfg import encode
 from ..libvirt.fwcfg import set_entries as set_fwcfg_entries
 from ..libvirt.links import apply_links, oldest_qemu
+from ..libvirt.machine import memory_bytes
 from ..model.cpuinfo import HostWidth
 from ..model.tree import Bdf, Topology
 from ..paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 from ..paths.ncclxml import FWCFG_NAME
 from .buses import root_ports_added
 from .cells import MissingCells, missing_cells
-from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, Plan
+from .facts import ControllerFact, DomainFacts, GuestController, HostdevFact, HotplugPorts, Plan
 from .plan import plan
 from .tree import GuestView, guest_view
 
@@ -131,6 +132,8 @@ class Report:
     nccl_topo_devices: int = 0
     # placed devices on host nodes without a guest cell, and the fix (topology.guest.cells)
     missing_cells: MissingCells | None = None
+    # the bare root ports left for hotplug (topology.guest.facts.HotplugPorts)
+    hotplug: HotplugPorts | None = None
 
     @property
     def fidelity_lost(self) -> list[PairReport]:
@@ -160,6 +163,8 @@ class Report:
             "link_ports": self.link_ports,
             "nccl_topo_devices": self.nccl_topo_devices,
             "numa_cells": self.missing_cells.line if self.missing_cells is not None else None,
+            "hotplug_ports": self.hotplug.kept if self.hotplug is not None else None,
+            "hotplug_ports_lost": self.hotplug.lost if self.hotplug is not None else 0,
         }
 
 
@@ -214,6 +219,8 @@ def domain_facts(view: DomainView) -> DomainFacts:
         memnodes=tuple(view.memnodes()),
         vcpupins=tuple(view.vcpupins()),
         acpi=view.has_acpi(),
+        kubevirt_pci_devices=view.kubevirt_pci_devices(),
+        memory=memory_bytes(view.root),
     )
 
 
@@ -289,7 +296,8 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
     controllers = view.pci_controllers()
     # what libvirt will still place is what it was before the plan (it moves only PCI controllers and hostdevs)
-    added = root_ports_added(facts.unplaced_pcie, facts.unplaced_conventional, max((c.index for c in controllers), default=0))
+    added = root_ports_added(facts.unplaced_pcie, facts.unplaced_conventional, max((c.index for c in controllers), default=0),
+                             p.hotplug.free if p.hotplug is not None else 0)
     budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), controllers, mmio=mmio,
                                           p2p_clique=p2p_clique, host_bits=host_phys_bits, added_ports=added)
     link_ports = apply_links(view.root, {c.alias: c.link for c in p.controllers if link and c.link is not None})
@@ -299,6 +307,7 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
         numa_map=dict(p.numa_map),
         numa_source=p.numa_source,
         notes=list(p.notes),
+        hotplug=p.hotplug,
     )
     # The MMIO budget replaces a <pcihole64> note: pcihole64 only sizes pcie.0's window
     report.mmio, report.cliques = budget, cliques

@@ -9,6 +9,7 @@ else; the document itself (hardened parse, serialisation, indentation) is
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -325,6 +326,21 @@ class DomainView:
                     pcie += 1
         return pcie, conventional
 
+    def kubevirt_pci_devices(self) -> int:
+        """What KubeVirt's ``CountPCIDevices`` counted on the domain before the hook calls
+        (``converter/pci-placement.go``, ``iteratePCIAddresses``: interfaces, PCI hostdevs,
+        controllers, virtio disks and inputs, watchdogs, rng, memballoon, each without an
+        address or with a PCI one), read from any call's input: its placeholder interfaces, the
+        PCI controllers libvirt, KubeVirt and pcitopo add, and the SATA controller libvirt adds
+        on q35 are not counted, so every call of one boot reads the same number."""
+        n = 0
+        for el in self.devices:
+            if not isinstance(el.tag, str) or not _kubevirt_counts(el):
+                continue
+            a = el.find("address")
+            n += a is None or a.get("type") in (None, "", "pci")
+        return n
+
     def vcpupins(self) -> list[tuple[int, str]]:
         out = []
         for p in self.root.findall("cputune/vcpupin"):
@@ -397,6 +413,27 @@ def _needs_pci_slot(el: etree._Element) -> bool:
     if el.tag == "input":
         return el.get("bus") == "virtio"
     return False
+
+
+# KubeVirt's hotplug placeholders (network/nichotplug.go newInterfacePlaceholder): alias and
+# target dev ``placeholder-N``; they exist only for the first define.
+_PLACEHOLDER = re.compile(r"placeholder-[0-9]+")
+
+
+def _kubevirt_counts(el: etree._Element) -> bool:
+    """Whether ``CountPCIDevices`` counts ``el`` (see :meth:`DomainView.kubevirt_pci_devices`)."""
+    tag = el.tag
+    if tag == "interface":
+        alias = el.find("alias")
+        return alias is None or not _PLACEHOLDER.fullmatch(alias.get("name") or "")
+    if tag == "hostdev":
+        return el.get("type") == "pci"
+    if tag == "controller":
+        return el.get("type") not in ("pci", "sata")
+    if tag in ("disk", "input"):
+        bus = el.find("target").get("bus") if tag == "disk" and el.find("target") is not None else el.get("bus")
+        return bus == "virtio"
+    return tag in ("watchdog", "rng", "memballoon")
 
 
 def _conventional_pci(el: etree._Element) -> bool:

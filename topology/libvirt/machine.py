@@ -52,16 +52,17 @@ def cpu_mode_of(root: etree._Element) -> str:
     return cpu.get("mode") or "custom"
 
 
+def memory_bytes(root: etree._Element, tag: str = "memory") -> int:
+    """``<memory>`` (or ``tag``) in bytes; 0 when absent."""
+    el = root.find(tag)
+    if el is None or not (el.text or "").strip():
+        return 0
+    return parse_int(el.text, f"<{tag}>") * MEMORY_UNITS.get((el.get("unit") or "KiB").lower(), _KiB)
+
+
 def guest_ram(root: etree._Element) -> int:
     """Guest RAM in bytes (``<maxMemory>`` if larger: hotplugged DIMMs sit above RAM too)."""
-    best = 0
-    for tag in ("memory", "maxMemory"):
-        el = root.find(tag)
-        if el is None or not (el.text or "").strip():
-            continue
-        unit = MEMORY_UNITS.get((el.get("unit") or "KiB").lower(), _KiB)
-        best = max(best, parse_int(el.text, f"<{tag}>") * unit)
-    return best
+    return max(memory_bytes(root, "memory"), memory_bytes(root, "maxMemory"))
 
 
 def ensure_cpu(root: etree._Element) -> etree._Element:

@@ -68,7 +68,7 @@ def explain_text(result, host: Topology, live_root: str | None = None, fabric=No
     ]
     out += explain_differences(result, host, fabric=fabric)
     out += _placement_notes(result, host, rows, nvlink_lines)
-    out += [""] + budget_lines(report.mmio, report.cliques)
+    out += [""] + budget_lines(report.mmio, report.cliques) + hotplug_lines(report.hotplug)
     out += ["", "Guest PCI tree (predicted, as lspci -tv would show it):", ""]
     out.append(_guest_tree(result.guest, rows, placed_by_host))
     return wrap_text("\n".join(out), WIDTH) + "\n"
@@ -238,6 +238,19 @@ def budget_lines(b: MmioBudget | None, cliques=None) -> list[str]:
         else:
             out.append("P2P cliques: none (no two PCIe GPUs below one host switch)")
     return out
+
+
+def hotplug_lines(h) -> list[str]:
+    """The bare root ports left for disk and NIC hotplug (topology.guest.facts.HotplugPorts),
+    and how many fewer than KubeVirt and libvirt give without pcitopo."""
+    if h is None:
+        return []
+    line = (f"Hotplug: {h.kept} free root port(s) on pcie-root for disk and NIC hotplug once libvirt has placed "
+            f"the devices without an address ({h.wanted} KubeVirt and libvirt give without pcitopo at most)")
+    if h.lost:
+        line += (f"; the VM lost {h.lost}: the mirrored tree leaves too few PCI bus numbers for the rest "
+                 "(docs/DEPLOY.md, \"Hotplug ports\")")
+    return [line]
 
 
 def _mark(b: MmioBudget, fw: str) -> str:
