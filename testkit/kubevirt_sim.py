@@ -39,6 +39,7 @@ class DomainSpec:
     guest_numa: bool = True  # guestMappingPassthrough: one cell per host node used
     vcpus_per_cell: int = 4
     acpi: bool = True
+    namespace: str = "default"  # KubeVirt names the domain <namespace>_<name> (api.VMINamespaceKeyFunc)
 
 
 def alias_for_hostdev(host: Topology, bdf: Bdf, n: int) -> str:
@@ -54,7 +55,7 @@ def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
     nsmap = {"qemu": QEMU_NS}
     root = etree.Element("domain", nsmap=nsmap)
     root.set("type", "kvm")
-    _sub(root, "name", f"default_{spec.name}")
+    _sub(root, "name", f"{spec.namespace}_{spec.name}")
     nodes = sorted({host.numa_of(host.function(b)) for b in spec.devices} - {-1}) or [0]
     cells = len(nodes) if spec.guest_numa else 1
     vcpus = spec.vcpus_per_cell * cells

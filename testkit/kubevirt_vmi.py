@@ -100,7 +100,8 @@ def domain_for_vmi(host: Topology, vmi: dict[str, Any], gpus: Sequence[Bdf] | No
     guest_numa = "guestMappingPassthrough" in (cpu.get("numa") or {})
     cells = (len({host.numa_of(host.function(b)) for b in devices} - {-1}) or 1) if guest_numa else 1
     vcpus = cpu.get("sockets", 1) * cpu.get("cores", 1) * cpu.get("threads", 1)
-    spec = DomainSpec(vmi["metadata"]["name"], devices, guest_numa=guest_numa, vcpus_per_cell=max(1, vcpus // cells))
+    spec = DomainSpec(vmi["metadata"]["name"], devices, guest_numa=guest_numa, vcpus_per_cell=max(1, vcpus // cells),
+                      namespace=vmi["metadata"].get("namespace") or "default")
     root = etree.fromstring(kubevirt_domain(host, spec))
     root.find("cpu").set("mode", cpu.get("model", "host-model"))
     root.find("os/type").set("machine", machine)
