@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
 from pcitopo.topology.checks.doctor import DoctorError, DoctorReport, run_checks
-from pcitopo.topology.libvirt.domain import readable_hostdev_sources, with_hostdev_modes
+from pcitopo.topology.libvirt.lenient import readable_hostdev_sources, with_hostdev_modes
 from pcitopo.topology.errors import DomainError, FabricError, InternalError, NvlinkError, PairingError, PcitopoError
 from pcitopo.topology.model.tree import Bdf, Topology
 from pcitopo.topology.guest.rewrite import RewriteResult, rewrite_domain

@@ -190,7 +190,7 @@ class Hooks:
         why = plugin_context_skip(domain_type, context)
         if why is None:
             return self._define(MUTATE_DOMAIN, fields, domain_xml, vmi_json)
-        from pcitopo.topology.libvirt.domain import with_hostdev_modes
+        from pcitopo.topology.libvirt.lenient import with_hostdev_modes
 
         out, moded = with_hostdev_modes(domain_xml)
         self.log(MUTATE_DOMAIN, level="warning" if context not in PLUGIN_CONTEXTS else "info", **fields,

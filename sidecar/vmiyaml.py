@@ -162,19 +162,26 @@ class Attachment:
                 else f"{self.kind}: not attached: {self.why}; {self.then}")
 
 
-def attachment(vmi: Mapping[str, Any], door: str = "hook") -> Attachment:
+def attachment(vmi: Mapping[str, Any], door: str | None = "hook") -> Attachment:
     """Whether ``door`` attaches pcitopo to ``vmi`` (a VMI object): ``hook``, the hook-sidecar
     annotation (:func:`hook_sidecar_attachment`); ``plugin``, the label the pcitopo Plugin's
-    conditions select (:func:`plugin_attachment`)."""
+    conditions select (:func:`plugin_attachment`); None, either of them (the hook's verdict
+    first), and when neither does, both reasons."""
     meta = vmi.get("metadata") if isinstance(vmi.get("metadata"), dict) else {}
-    if door == "plugin":
-        labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
-        return plugin_attachment(labels)
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    return hook_sidecar_attachment(annotations)
+    if door == "plugin":
+        return plugin_attachment(labels)
+    hook = hook_sidecar_attachment(annotations)
+    if door == "hook" or hook.attached:
+        return hook
+    plugin = plugin_attachment(labels)
+    if plugin.attached:
+        return plugin
+    return Attachment(None, f"{hook.why}; nor does the Plugin door: {plugin.why}", hook.then)
 
 
-def attachment_of_json(vmi_json: bytes, door: str = "hook") -> Attachment:
+def attachment_of_json(vmi_json: bytes, door: str | None = "hook") -> Attachment:
     """:func:`attachment` of a VMI's JSON (as :func:`vmi_as_json` returns it)."""
     doc = _json_or_none(vmi_json)
     return attachment(doc if isinstance(doc, dict) else {}, door)

@@ -76,10 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
     p.add_argument("--nccl-topo", action="store_true", help="NCCL's topology file for the predicted guest (what the hook passes "
                    "through fw_cfg under nccl-topo: fwcfg), for the guest's /var/run/nvidia-topologyd/virtualTopology.xml")
-    p.add_argument("--door", choices=DOORS, default=DEFAULT_DOOR,
-                   help=f"the KubeVirt door the VM comes through (default {DEFAULT_DOOR}): plugin, the pcitopo Plugin (KubeVirt v1.9+); "
-                   "hook, the hook sidecar (v1.6-v1.8); --explain says what reaches libvirt through it, --check --vmi that "
-                   "the VMI asks for it")
+    p.add_argument("--door", choices=DOORS, default=None,
+                   help=f"the KubeVirt door the VM comes through: plugin, the pcitopo Plugin (KubeVirt v1.9+); hook, the "
+                   f"hook sidecar (v1.6-v1.8). --explain says what reaches libvirt through it (default {DEFAULT_DOOR}); "
+                   "--check --vmi checks that the VMI asks for it (default: for either door)")
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
@@ -143,7 +143,7 @@ def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
     from pcitopo.topology.views.explain import explain_text
     from pcitopo.topology.views.report import wrap_text
 
-    from .plugin.door import DOOR_NOTES
+    from .plugin.door import door_text
 
     result = outcome.result
     if args.dot:
@@ -155,7 +155,7 @@ def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
             sys.stdout.write(wrap_text(f"domain left unchanged ({outcome.outcome}): {outcome.reason}") + "\n")
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
-            sys.stdout.write("\n" + wrap_text(DOOR_NOTES[args.door]) + "\n")
+            sys.stdout.write("\n" + door_text(args.door or DEFAULT_DOOR))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
                 from pcitopo.topology.checks.fleet import doctor_text
 
@@ -185,7 +185,7 @@ def _warnings(outcome, domain: bytes = b"") -> list[str]:
 
     from .core import nvlink_note
 
-    from pcitopo.topology.libvirt.domain import readable_domain_name
+    from pcitopo.topology.libvirt.lenient import readable_domain_name
 
     out = firmware_warnings(outcome.result) if outcome.result is not None else []
     mismatch = outcome.vmi.domain_mismatch(readable_domain_name(domain)) if outcome.vmi.name else None
@@ -230,7 +230,7 @@ def _one_document(args: argparse.Namespace) -> None:
         raise ConfigError("--dot prints one Graphviz document: use it without --diff and --summary")
 
 
-def _check(outcome, host, fabric=None, vmi: bytes | None = None, door: str = DEFAULT_DOOR) -> int:
+def _check(outcome, host, fabric=None, vmi: bytes | None = None, door: str | None = None) -> int:
     """--check: exit 0 only if the guest will see what the host has, and, given the VMI's JSON,
     a door attaches pcitopo to it (sidecar/vmiyaml.py, :func:`attachment`)."""
     from pcitopo.topology.guest.predict import check_verdict

@@ -44,4 +44,6 @@ def domain_with_modules(board: str, modules: set[int], nics: bool = True) -> byt
 def vmi_with(nvlink: str | None) -> bytes:
     ann = {} if nvlink is None else {"pcitopo.kubevirt.io/nvlink": nvlink}
     # the golden domains' VMI (their <name> is default_gpu-all: xmlfix warns on another VMI)
-    return json.dumps({"metadata": {"name": "gpu-all", "namespace": "default", "annotations": ann}}).encode()
+    # (and the label the pcitopo Plugin selects: a VMI no door attaches fails --check)
+    return json.dumps({"metadata": {"name": "gpu-all", "namespace": "default", "annotations": ann,
+                                    "labels": {"pcitopo.kubevirt.io/plugin": "true"}}}).encode()

@@ -284,7 +284,7 @@ def _strip_mmio_owned(root: etree._Element) -> None:
 def non_owned_elements(xml: bytes) -> list[bytes]:
     """Every top-level domain child and every device except PCI controllers and PCI hostdevs'
     addresses (and what the rewrite formats as libvirt does: a source address ``type``, an empty
-    ``<driver>``), canonicalised: what the rewrite promises not to touch."""
+    ``<driver>``, the default ``mode``), canonicalised: what the rewrite promises not to touch."""
     root = etree.fromstring(xml, etree.XMLParser(remove_blank_text=True))
     _strip_mmio_owned(root)
     out = []
@@ -302,6 +302,8 @@ def non_owned_elements(xml: bytes) -> list[bytes]:
             src = el.find("source/address")
             if src is not None:
                 src.attrib.pop("type", None)
+            if el.get("mode") == "subsystem":  # libvirt's default, written out (issue 25)
+                del el.attrib["mode"]
             for drv in el.findall("driver"):
                 if not drv.attrib and len(drv) == 0:
                     el.remove(drv)

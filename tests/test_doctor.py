@@ -18,7 +18,7 @@ from pcitopo.sidecar.cli import pcitopo_main
 from testkit import FIXTURES
 from testkit import REPO as ROOT
 from testkit.synth import build_tree, parse_topo
-from testkit.synth_doctor import build_config
+from testkit.synth.doctor import build_config
 from pcitopo.topology.model.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
 from pcitopo.topology.host.capture import capture
 from pcitopo.topology.host.configspace import (

@@ -356,7 +356,7 @@ def test_xmlfix_reads_a_bad_fabric_file_only_when_the_check_runs(tmp_path, capsy
     bad = tmp_path / "fabric.json"
     bad.write_text("not JSON")
     vmi = tmp_path / "vmi.json"
-    vmi.write_text(json.dumps({"metadata": {"annotations": annotations}}))
+    vmi.write_text(json.dumps({"metadata": {"labels": {"pcitopo.kubevirt.io/plugin": "true"}, "annotations": annotations}}))
     dom = tmp_path / "domain.xml"
     dom.write_bytes(domain_with_modules("hgx-h100", {1, 3}))
     assert xmlfix_main(["--sysfs", str(REPO / "fixtures/hgx-h100"), "--fabric", str(bad), "--vmi", str(vmi), str(dom)]) == 0

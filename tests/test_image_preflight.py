@@ -103,7 +103,8 @@ def test_f11_setup_debian_installs_what_a_foreign_arch_build_needs():
 DOCS = [ROOT / "README.md", ROOT / "fixtures" / "README.md", ROOT / "tests" / "e2e" / "README.md",
         *sorted((ROOT / "docs").glob("*.md"))]
 # a dotted module path that starts at a folder's name, not at the installed package
-BARE_MODULE = re.compile(r"(?<![\w./-])(?:topology|sidecar)\.[a-z_]+\w*(?:\.\w+)*")
+# (a KubeVirt Plugin's `sidecar.socketPath` is a field of its CR, not a module)
+BARE_MODULE = re.compile(r"(?<![\w./-])(?:topology|sidecar)\.(?!socketPath)[a-z_]+\w*(?:\.\w+)*")
 
 
 def test_f11_docs_name_modules_as_installed_and_say_one_top_level_package():

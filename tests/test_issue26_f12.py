@@ -247,7 +247,7 @@ def test_f12_xmlfix_warns_when_the_vmi_is_not_the_domains(tmp_path, capsys):
 
     def warnings(meta: dict) -> list[str]:
         vmi = tmp_path / "vmi.json"
-        vmi.write_text(json.dumps({"metadata": meta}))
+        vmi.write_text(json.dumps({"metadata": {"labels": {"pcitopo.kubevirt.io/plugin": "true"}, **meta}}))
         assert xmlfix_main(["--check", "--vmi", str(vmi), "--sysfs", str(src), str(dom)]) == 0
         return [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("xmlfix: warning: vmi: ")]
 

@@ -236,7 +236,9 @@ def test_virt_xml_validate_accepts_the_settings(h100, tmp_path):
 # -- SeaBIOS 1.16.3 and on-error ---------------------------------------------------------------
 
 def _vmi(**annotations) -> bytes:
-    return json.dumps({"metadata": {"annotations": {f"pcitopo.kubevirt.io/{k.replace('_', '-')}": v
+    """A VMI the pcitopo Plugin selects, with these hook options."""
+    return json.dumps({"metadata": {"labels": {"pcitopo.kubevirt.io/plugin": "true"},
+                                    "annotations": {f"pcitopo.kubevirt.io/{k.replace('_', '-')}": v
                                                     for k, v in annotations.items()}}}).encode()
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from lxml import etree
 
+from pcitopo.topology.libvirt.lenient import with_hostdev_modes
 from testkit import REPO as ROOT
 
 BIN = Path(sys.executable).parent
@@ -33,13 +34,15 @@ def edited(src: Path, dest: Path, edit) -> Path:
 def test_f1_diff_shows_only_meaningful_changes(tmp_path):
     """Finding 1: the diff of hgx-h100 was 605 changed lines, 154 of them removals that only
     re-serialised (``<x></x>`` → ``<x/>``). Now the only removals are the 20 hostdev source
-    addresses that lose ``type='pci'``, and the diff applied to the input gives the output."""
+    addresses that lose ``type='pci'`` and the 20 hostdevs that gain libvirt's default
+    ``mode='subsystem'`` (issue 25), and the diff applied to the input gives the output."""
     r = run("xmlfix", "--diff", "--sysfs", str(H100), str(H100 / "domain.xml"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.decode().splitlines()
     removed = [x for x in lines if x.startswith("-") and not x.startswith("---")]
-    assert len(removed) == 20, removed[:5]
-    assert all('<address type="pci" domain="0x0000"' in x for x in removed)
+    assert len(removed) == 40, removed[:5]
+    assert all('<address type="pci" domain="0x0000"' in x or x == '-\t\t<hostdev type="pci" managed="no">' for x in removed)
+    assert sum(x.startswith("+") and '<hostdev mode="subsystem" type="pci" managed="no">' in x for x in lines) == 20
     assert not any("></" in x for x in lines if x[:1] in "+-")
     # The diff is exact: applying it to the (re-serialised) input gives xmlfix's output.
     from pcitopo.topology.libvirt.document import parse_domain, serialize
@@ -110,7 +113,7 @@ def test_f2_passthrough_is_never_silent(tmp_path):
     d = edited(H100 / "domain.xml", tmp_path / "missing.xml", _missing_bdf)
     vmi = _passthrough_vmi(tmp_path)
     r = run("xmlfix", "--vmi", str(vmi), "--sysfs", str(H100), str(d))
-    assert r.returncode == 0 and r.stdout == d.read_bytes()
+    assert r.returncode == 0 and r.stdout == with_hostdev_modes(d.read_bytes())[0]  # as sent, but for the mode (issue 25)
     assert b"left unchanged (passthrough)" in r.stderr and b"0000:77:00.0" in r.stderr
     r = run("xmlfix", "--check", "--vmi", str(vmi), "--sysfs", str(H100), str(d))
     assert r.returncode == 1 and b"0000:77:00.0" in r.stderr and b"would not rewrite" in r.stderr
@@ -275,7 +278,7 @@ def test_f8_yaml_vmi_is_accepted(tmp_path):
     )
     r = run("xmlfix", "--vmi", str(vmi), "--sysfs", str(H100), str(H100 / "domain.xml"))
     assert r.returncode == 0, r.stderr
-    assert r.stdout == (H100 / "domain.xml").read_bytes() and b"unchanged-off" in r.stderr
+    assert r.stdout == with_hostdev_modes((H100 / "domain.xml").read_bytes())[0] and b"unchanged-off" in r.stderr
     vmi.write_text("metadata:\n  name: [unclosed\n")
     r = run("xmlfix", "--vmi", str(vmi), "--sysfs", str(H100), str(H100 / "domain.xml"))
     assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"neither JSON nor YAML at line" in r.stderr

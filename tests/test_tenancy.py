@@ -48,6 +48,7 @@ def attach() -> dict:
 def gpu_vmi(annotation: str | None = None) -> dict:
     doc = copy.deepcopy(kind(load(ROOT / "deploy" / "vmi-gpu.yaml"), "VirtualMachineInstance"))
     doc["metadata"]["annotations"].pop(HOOKS)
+    doc["metadata"].pop("labels", None)  # the example's own Plugin label: these VMIs come without one
     if annotation is not None:
         doc["metadata"]["annotations"][HOOKS] = annotation
     return doc

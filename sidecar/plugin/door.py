@@ -65,3 +65,11 @@ DOOR_NOTES = {
 def plugin_selects(labels: dict | None) -> bool:
     """Whether the shipped Plugin's conditions select a VMI with these labels."""
     return (labels or {}).get(PLUGIN_LABEL) == PLUGIN_LABEL_VALUE
+
+
+def door_text(door: str) -> str:
+    """``xmlfix --explain``'s door section: the door assumed, then which door each release needs."""
+    from pcitopo.topology.views.report import wrap_text
+
+    rows = [f"- {r.release}: {r.doors.replace('**', '')} (gates {r.gates}): {r.survives}" for r in RELEASES]
+    return wrap_text(DOOR_NOTES[door]) + "\n" + wrap_text("\n".join(["Which door, per KubeVirt release:", *rows])) + "\n"

@@ -26,7 +26,7 @@ def _align_up(x: int, a: int) -> int:
 
 
 def _unassigned_bar(dev: DeviceSpec) -> int | None:
-    """The BAR the ``bar-unassigned`` fault (testkit/synth_doctor.py) leaves unplaced: the
+    """The BAR the ``bar-unassigned`` fault (testkit/synth/doctor.py) leaves unplaced: the
     function's largest; None without the fault."""
     if "bar-unassigned" not in dev.look.faults or not dev.look.bars:
         return None  # (the parser refuses the fault on a function without BARs)

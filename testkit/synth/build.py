@@ -1,6 +1,6 @@
 """A parsed description → a tree laid out like ``/sys`` (:class:`MemoryTree`): exactly the files,
 links and formatting the kernel shows, only the attribute names :mod:`topology.host.sysfs`
-reads; the doctor's files come from :mod:`testkit.synth_doctor`."""
+reads; the doctor's files come from :mod:`testkit.synth.doctor`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pcitopo.topology.host.sysfs import (
 )
 from pcitopo.topology.model.tree import Bdf, Topology
 
-from .. import synth_doctor
+from . import doctor as synth_doctor
 from .bars import place_bars
 from .looks import Look
 from .parse import parse_topo

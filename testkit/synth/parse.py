@@ -12,7 +12,7 @@ from pcitopo.topology.errors import PcitopoError
 from pcitopo.topology.libvirt.domain import parse_cpuset
 from pcitopo.topology.model.tree import Bdf
 
-from .. import synth_doctor
+from . import doctor as synth_doctor
 from .looks import LINK_FILES, OMITTABLE, PRESETS, SPEEDS, WIDTHS, Look
 from .spec import BRIDGE_KINDS, KINDS, PARENTS, DeviceSpec, HostSpec, NumaSpec, RootSpec, TopoError
 
@@ -23,7 +23,7 @@ _IDS_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{4}})$")
 
 _DEVICE_KEYS = {"preset", "ids", "sub", "class", "numa", "speed", "width", "cur-speed", "cur-width",
                 "driver", "iommu", "omit",
-                "fault", "override", "iommu-type"}  # the last three: pcitopo doctor (synth_doctor.py)
+                "fault", "override", "iommu-type"}  # the last three: pcitopo doctor (synth/doctor.py)
 _EP_KEYS = _DEVICE_KEYS | {"functions", "vfs", "rdma"}
 _RDMA_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -257,7 +257,7 @@ class _Parser:
         return look
 
     def doctor_keys(self, kv: dict[str, str], look: Look) -> Look:
-        """pcitopo doctor (issue 13): fault=, override=, iommu-type= (see synth_doctor.py)."""
+        """pcitopo doctor (issue 13): fault=, override=, iommu-type= (see synth/doctor.py)."""
         if "fault" in kv:
             names = kv["fault"].split(",")
             problem = synth_doctor.check_faults(names)

@@ -12,7 +12,7 @@ from pcitopo.sidecar.core import InternalError, handle_define_domain
 from pcitopo.topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
 from pcitopo.topology.guest.rewrite import rewrite_domain
 from pcitopo.topology.host.sysfs import open_host
-from pcitopo.topology.libvirt.domain import with_hostdev_modes
+from pcitopo.topology.libvirt.lenient import with_hostdev_modes
 
 PASSTHROUGH = {f"{PREFIX}on-error": "passthrough"}
 

@@ -40,7 +40,7 @@ from pcitopo.sidecar.hookproto import (
 )
 from pcitopo.sidecar.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
 from pcitopo.sidecar.wire import MAX_MESSAGE_BYTES
-from pcitopo.topology.libvirt.domain import with_hostdev_modes
+from pcitopo.topology.libvirt.lenient import with_hostdev_modes
 
 ROOT = os.geteuid() == 0
 

@@ -11,7 +11,7 @@ import pytest
 
 from testkit.hookkit import BIN, REPO, fixture_domain, fixture_sysfs, vmi_json
 from pcitopo.sidecar.config import PREFIX
-from pcitopo.topology.libvirt.domain import with_hostdev_modes
+from pcitopo.topology.libvirt.lenient import with_hostdev_modes
 
 DOMAIN = fixture_domain("hgx-b200")
 EXPECTED = (REPO / "fixtures/hgx-b200/expected.xml").read_bytes()
