@@ -36,7 +36,9 @@ def plugin_path(host, domain: bytes, **kw) -> bytes:
     return b.defines[-1]
 
 
-@pytest.mark.parametrize("case", NCCL_CASES)
+# hgx-b200 in the regular tier; the two H100 boards (the same path, 2 more boots) in the slow one
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c == "hgx-b200" else (pytest.mark.e2e_slow,))
+                                  for c in NCCL_CASES])
 def test_i25_plugin_path_boots_with_the_legacy_paths_classes_and_nccl(case, libvirtd, tmp_path):
     host, res = golden(case)
     xml = plugin_path(host, (FIXTURES / case / "domain.xml").read_bytes())
