@@ -200,10 +200,14 @@ class Hooks:
             raise CallFailed("INVALID_ARGUMENT", "pcitopo: domain: the domain XML is empty")
         return out
 
-    def _define(self, event: str, door: dict[str, Any], domain_xml: bytes, vmi_json: bytes) -> bytes:
+    def _next_call(self) -> int:
+        """The call's number in this process, for the log (every door counts in one sequence)."""
         with self._lock:
             self._calls += 1
-            call = self._calls
+            return self._calls
+
+    def _define(self, event: str, door: dict[str, Any], domain_xml: bytes, vmi_json: bytes) -> bytes:
+        call = self._next_call()
         t0 = time.perf_counter()
         from . import core  # the first call imports it (see the module docstring)
 
@@ -237,9 +241,7 @@ class Hooks:
     def execute_node_hook(self, hook_point: str, vmi_json: bytes, node: str) -> None:
         """The Plugin's node hook (virt-handler, ``PreVMStart``): the doctor's checks for the
         VM's devices on this node (``sidecar.plugin.nodehook``); a refusal is a CallFailed."""
-        with self._lock:
-            self._calls += 1
-            call = self._calls
+        call = self._next_call()
         t0 = time.perf_counter()
         fields: dict[str, Any] = {"door": "node-hook", "hook_point": hook_point or None, "node": node or None, "call": call}
         if hook_point != PRE_VM_START:

@@ -151,8 +151,8 @@ def _methods(hooks: Hooks, version: str) -> dict[str, Callable[[bytes], bytes]]:
 # hook (in the VM's pod), the Plugin's node hook (on the node, for virt-handler).
 DOOR_SERVICES = {
     "hook": wire.SERVICES,
-    "plugin": {wire.DOMAIN_HOOK_SERVICE: wire.PLUGIN_SERVICES[wire.DOMAIN_HOOK_SERVICE]},
-    "node-hook": {wire.NODE_HOOK_SERVICE: wire.PLUGIN_SERVICES[wire.NODE_HOOK_SERVICE]},
+    "plugin": wire.DOMAIN_HOOK_SERVICES,
+    "node-hook": wire.NODE_HOOK_SERVICES,
 }
 
 

@@ -176,7 +176,9 @@ INFO_RESULT = encode_fields(
 PLUGIN_PACKAGE = "kubevirt.hooks.plugins.v1alpha1"
 DOMAIN_HOOK_SERVICE = f"{PLUGIN_PACKAGE}.DomainHookService"
 NODE_HOOK_SERVICE = f"{PLUGIN_PACKAGE}.NodeHookService"
-PLUGIN_SERVICES = {DOMAIN_HOOK_SERVICE: ("MutateDomain",), NODE_HOOK_SERVICE: ("ExecuteNodeHook",)}
+# Service -> its methods, one socket each: the domain hook (in the VM's pod), the node hook (virt-handler)
+DOMAIN_HOOK_SERVICES = {DOMAIN_HOOK_SERVICE: ("MutateDomain",)}
+NODE_HOOK_SERVICES = {NODE_HOOK_SERVICE: ("ExecuteNodeHook",)}
 # MutateDomainRequest{domain_type = 1; domain = 2; vmi = 3; sidecar_context = 4 {invocation_context = 1}}
 MUTATE_DOMAIN_TYPE, MUTATE_DOMAIN, MUTATE_VMI, MUTATE_SIDECAR_CONTEXT, INVOCATION_CONTEXT = 1, 2, 3, 4, 1
 MUTATE_RESULT_DOMAIN = 1  # MutateDomainResponse.domain

@@ -24,13 +24,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from pcitopo.topology.checks.doctor import DoctorReport
+from pcitopo.topology.checks.doctor import VFIO, DoctorReport
 from pcitopo.topology.errors import ConfigError, DoctorError, VmiError
 from pcitopo.topology.model.labels import default_devices
 from pcitopo.topology.model.tree import Bdf, Topology
 
-VFIO = "vfio-pci"
-PRE_VM_START = "PreVMStart"
 
 
 @dataclass(frozen=True)
@@ -98,8 +96,8 @@ def _dig(doc: Any, *keys: str) -> Any:
     return doc
 
 
-def requested_devices(vmi_json: bytes, topo: Topology, permitted: PermittedDevices | None) -> Request:
-    doc = _vmi_doc(vmi_json)
+def requested_devices(doc: dict, topo: Topology, permitted: PermittedDevices | None) -> Request:
+    """The devices the VMI ``doc`` (parsed JSON) asks for on ``topo``, most precise source first."""
     dra = []
     for kind in ("gpuStatuses", "hostDeviceStatuses"):
         for st in _dig(doc, "status", "deviceStatus", kind) or []:
@@ -169,11 +167,12 @@ def check_node(vmi_json: bytes, node: str, host: Any, permitted: PermittedDevice
     fields: dict[str, Any] = {"vmi": vmi.ref}
     if options.doctor == "off":
         return NodeVerdict("skipped", {**fields, "reason": f"annotation {annotation('doctor')} is off"})
+    doc = _vmi_doc(vmi_json)
     topo = host()
-    req = requested_devices(vmi_json, topo, permitted)
+    req = requested_devices(doc, topo, permitted)
     fresh = host.current(topo, [b for b in req.devices if topo.find(b) is not None])
     if fresh is not topo:  # a device was rebound since the model was read
-        topo, req = fresh, requested_devices(vmi_json, fresh, permitted)
+        topo, req = fresh, requested_devices(doc, fresh, permitted)
     have, missing = known_devices(topo, req.devices)
     fields.update(devices=len(have), device_source=req.source, unmatched_resources=list(req.unmatched) or None,
                   not_on_node=[str(b) for b in missing] or None)
