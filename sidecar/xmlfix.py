@@ -3,7 +3,7 @@
     xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
 
 Exit 0 on success; 1 when --check finds that the guest will not see what the host has, or (with
---vmi) that no door attaches pcitopo to the VMI (sidecar/vmiyaml.py); 2 with
+--vmi) that no door attaches pcitopo to the VMI (kubevirt/manifest.py); 2 with
 one line on stderr for bad input. A passthrough or off outcome is always named on stderr, and so
 is everything the hook would only log and boot anyway (``xmlfix: warning: ...``: a firmware
 warning, the NVLink verdict under ``nvlink: warn``, the pairing findings under ``pairing:
@@ -24,7 +24,7 @@ from pcitopo.topology.errors import ConfigError, DomainError
 from pcitopo.topology.host.sources import default_sysfs
 
 from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser
-from .plugin.door import DEFAULT_DOOR, DOORS
+from pcitopo.kubevirt.doors import DEFAULT_DOOR, DOORS
 
 MAX_VMI_BYTES = 4 * 1024 * 1024
 
@@ -96,7 +96,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
     if vmi is not None:  # `kubectl get vmi -o yaml` is what people paste
-        from .vmiyaml import vmi_as_json
+        from pcitopo.kubevirt.manifest import vmi_as_json
 
         vmi = vmi_as_json(vmi, args.vmi)
     host = open_host(args.sysfs)
@@ -143,7 +143,7 @@ def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
     from pcitopo.topology.views.explain import explain_text
     from pcitopo.topology.views.report import wrap_text
 
-    from .plugin.door import door_text
+    from pcitopo.kubevirt.doors import door_text
 
     result = outcome.result
     if args.dot:
@@ -232,10 +232,10 @@ def _one_document(args: argparse.Namespace) -> None:
 
 def _check(outcome, host, fabric=None, vmi: bytes | None = None, door: str | None = None) -> int:
     """--check: exit 0 only if the guest will see what the host has, and, given the VMI's JSON,
-    a door attaches pcitopo to it (sidecar/vmiyaml.py, :func:`attachment`)."""
+    a door attaches pcitopo to it (kubevirt/manifest.py, :func:`attachment`)."""
     from pcitopo.topology.guest.predict import check_verdict
 
-    from .vmiyaml import attachment_of_json
+    from pcitopo.kubevirt.manifest import attachment_of_json
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)

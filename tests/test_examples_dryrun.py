@@ -121,7 +121,7 @@ def test_f2_a_vm_as_json_and_its_vmi_are_one_input(tmp_path):
 
     import yaml
 
-    from pcitopo.sidecar.vmiyaml import vmi_as_json
+    from pcitopo.kubevirt.manifest import vmi_as_json
 
     vm = yaml.safe_load((ROOT / "deploy" / "vm-gpu.yaml").read_text())
     vm["spec"]["template"]["metadata"]["labels"] = {"team": "ml"}
@@ -216,7 +216,7 @@ def test_f3_a_sidecar_kubevirt_would_not_run_fails_the_dry_run(tmp_path, case, s
 def test_f3_what_kubevirt_accepts_passes():
     """Go's decoder matches keys case-insensitively and ignores unknown ones; an image pinned
     by digest, or pcitopo among other sidecars, is attached."""
-    from pcitopo.sidecar.vmiyaml import HOOK_SIDECARS, attachment
+    from pcitopo.kubevirt.manifest import HOOK_SIDECARS, attachment
 
     def verdict(value):
         return attachment({"metadata": {"annotations": {HOOK_SIDECARS: value}}})
@@ -237,7 +237,7 @@ def test_f3_what_kubevirt_accepts_passes():
 
 
 def test_f3_every_shipped_example_is_attached():
-    from pcitopo.sidecar.vmiyaml import attachment, vmi_as_json
+    from pcitopo.kubevirt.manifest import attachment, vmi_as_json
     import json
 
     import yaml
@@ -255,7 +255,7 @@ def gpu_examples() -> list[tuple[Path, dict]]:
     """Every VM and VMI in deploy/ that is given GPUs, as the VMI it starts."""
     import yaml
 
-    from pcitopo.sidecar.vmiyaml import as_vmi
+    from pcitopo.kubevirt.manifest import as_vmi
 
     out = []
     for path in sorted((ROOT / "deploy").rglob("*.yaml")):

@@ -47,13 +47,13 @@ def _product_files(package: str) -> list[Path]:
     return files
 
 
-@pytest.mark.parametrize("package", ["topology", "sidecar"])
+@pytest.mark.parametrize("package", ["topology", "kubevirt", "sidecar"])
 def test_no_function_longer_than_60_lines(package):
     too_long = [x for p in _product_files(package) for x in long_functions(p.read_text(), str(p.relative_to(ROOT)))]
     assert too_long == []
 
 
-@pytest.mark.parametrize("package", ["topology", "sidecar"])
+@pytest.mark.parametrize("package", ["topology", "kubevirt", "sidecar"])
 def test_no_module_longer_than_450_lines(package):
     lengths = {p.relative_to(ROOT): len(p.read_text().splitlines()) for p in _product_files(package)}
     too_long = [f"{p} ({n} lines)" for p, n in lengths.items() if n > MAX_MODULE_LINES]
@@ -75,7 +75,7 @@ def test_the_measure_sees_a_crowded_folder():
     assert crowded_folders(files + [Path("pkg/one_more.py")]) == [f"pkg ({MAX_FOLDER_MODULES + 1} modules)"]
 
 
-@pytest.mark.parametrize("package", ["topology", "sidecar"])
+@pytest.mark.parametrize("package", ["topology", "kubevirt", "sidecar"])
 def test_no_folder_of_more_than_12_modules(package):
     assert crowded_folders([p.relative_to(ROOT) for p in _product_files(package)]) == []
 
@@ -125,10 +125,10 @@ def test_topology_top_level_holds_only_its_init_and_errors():
     assert top == ["__init__.py", "errors.py"]
 
 
-PACKAGES = ("topology", "sidecar", "testkit")
-# What a wheel installs: one top-level package, pcitopo, holding the two folders (pyproject.toml).
+PACKAGES = ("topology", "kubevirt", "sidecar", "testkit")
+# What a wheel installs: one top-level package, pcitopo, holding the three folders (pyproject.toml).
 INSTALLED = "pcitopo"
-INSTALLED_PACKAGES = ("topology", "sidecar")
+INSTALLED_PACKAGES = ("topology", "kubevirt", "sidecar")
 
 
 def project_imports(path: Path, module: str) -> set[str]:
@@ -358,7 +358,30 @@ def test_the_unused_name_finder_sees_one():
 def test_no_test_only_code_in_the_library_or_the_doors():
     """Test helpers live in testkit/ (e.g. build_config in testkit/synth/doctor.py), dead
     constants go: the product's modules hold only what the product uses."""
-    sources = {str(p.relative_to(ROOT)): p.read_text() for d in ("topology", "sidecar") for p in (ROOT / d).rglob("*.py") if not set(GENERATED) & set(p.parts)}
+    sources = {str(p.relative_to(ROOT)): p.read_text() for d in ("topology", "kubevirt", "sidecar") for p in (ROOT / d).rglob("*.py") if not set(GENERATED) & set(p.parts)}
     entry_points = (ROOT / "pyproject.toml").read_text()
     found = [u for u in unused_names(sources, entry_points) if u.split(": ")[1] not in TEST_ONLY_OK]
     assert found == []
+
+
+# The three rooms, one per question: what the host is (topology), what KubeVirt does (kubevirt),
+# how pcitopo is called (sidecar). Imports go that way only.
+ROOMS = ("topology", "kubevirt", "sidecar")
+
+
+def backward_room_imports(graph: dict[str, set[str]]) -> list[str]:
+    rank = {r: i for i, r in enumerate(ROOMS)}
+    top = lambda m: m.split(".")[0]  # noqa: E731
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() if top(m) in rank
+                  for d in deps if top(d) in rank and rank[top(d)] > rank[top(m)])
+
+
+def test_the_room_check_sees_a_backward_import():
+    assert backward_room_imports({"kubevirt.doors": {"topology.errors"}}) == []
+    assert backward_room_imports({"kubevirt.doors": {"sidecar.cli"}}) == ["kubevirt.doors -> sidecar.cli"]
+
+
+def test_the_three_rooms_import_one_way():
+    graph = module_graph()
+    assert "kubevirt.doors" in graph["kubevirt.manifest"]  # the graph holds kubevirt's edges
+    assert backward_room_imports(graph) == []

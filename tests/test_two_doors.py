@@ -1,5 +1,5 @@
 """Issue 25, item 6: the docs and --explain say which door pcitopo assumes and what reaches
-libvirt through it, from one table (pcitopo.sidecar.plugin.door)."""
+libvirt through it, from one table (pcitopo.kubevirt.doors)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from pcitopo.sidecar.plugin.door import DEFAULT_DOOR, DOOR_NOTES, RELEASES
+from pcitopo.kubevirt.doors import DEFAULT_DOOR, DOOR_NOTES, RELEASES
 from testkit.hookkit import BIN, REPO, fixture_sysfs
 
 DEPLOY_MD = (REPO / "docs" / "DEPLOY.md").read_text()

@@ -34,7 +34,7 @@ def test_the_socket_path_and_entrypoint_in_the_docs_are_the_real_ones():
 def test_example_vms_attach_the_sidecar_with_valid_options(path):
     import yaml
 
-    from pcitopo.sidecar.plugin.door import plugin_selects
+    from pcitopo.kubevirt.doors import plugin_selects
 
     text = path.read_text()
     doc = next(d for d in yaml.safe_load_all(text) if d and d.get("kind") in ("VirtualMachine", "VirtualMachineInstance"))

@@ -163,7 +163,7 @@ def test_f11_the_wheel_installs_one_top_level_package_and_no_test_kit(wheel):
         names = set(z.namelist())
     dist = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
     assert {n.split("/")[0] for n in names if n.split("/")[0] != dist} == {"pcitopo"}
-    assert {n.split("/")[1] for n in names if n.startswith("pcitopo/")} == {"topology", "sidecar"}
+    assert {n.split("/")[1] for n in names if n.startswith("pcitopo/")} == {"topology", "kubevirt", "sidecar"}
 
 
 def test_f10_the_wheel_ships_the_license_text(wheel):
@@ -191,7 +191,7 @@ def test_f11_a_wheel_of_the_whole_checkout_ships_only_what_users_run(tmp_path):
     dist = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
     packages = {str(Path(n).parent).replace("/", ".") for n in names if n.endswith("/__init__.py")}
     folders = {"pcitopo." + str(p.parent.relative_to(REPO)).replace("/", ".")
-               for top in ("topology", "sidecar") for p in (REPO / top).rglob("__init__.py")}
+               for top in ("topology", "kubevirt", "sidecar") for p in (REPO / top).rglob("__init__.py")}
     assert packages == folders
     assert {n.split("/")[0] for n in names if n.split("/")[0] != dist} == {"pcitopo"}
 

@@ -150,7 +150,7 @@ def _state(facts: KubeletFacts, data: bytes, numa: Mapping[int, NumaNode]) -> No
 
 
 def _config(facts: KubeletFacts, data: bytes) -> None:
-    import yaml  # a dependency already (sidecar/vmiyaml.py); only the doctor on a node needs it here
+    import yaml  # a dependency already (kubevirt/manifest.py); only the doctor on a node needs it here
 
     try:
         doc = yaml.safe_load(data)

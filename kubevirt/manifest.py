@@ -189,8 +189,8 @@ def attachment_of_json(vmi_json: bytes, door: str | None = "hook") -> Attachment
 
 def plugin_attachment(labels: Mapping[str, Any]) -> Attachment:
     """The Plugin door: deploy/plugin's Plugin selects a VMI, and its admission policy injects
-    the container into the VMI's pod, by one label (``pcitopo.sidecar.plugin.door``)."""
-    from .plugin.door import PLUGIN_LABEL, PLUGIN_LABEL_VALUE, plugin_selects
+    the container into the VMI's pod, by one label (``pcitopo.kubevirt.doors``)."""
+    from .doors import PLUGIN_LABEL, PLUGIN_LABEL_VALUE, plugin_selects
 
     want = f'{PLUGIN_LABEL}: "{PLUGIN_LABEL_VALUE}"'
     if plugin_selects(dict(labels)):

@@ -1,0 +1,181 @@
+"""A cluster as ``kubectl get kubevirt,plugins.plugin.kubevirt.io,nodes,vmis,vms -A -o yaml`` prints
+it: read offline, never from a live API server.
+
+One reader for every command that takes such a dump (``pcitopo preflight``, ``xmlfix --check
+--cluster``, ``pcitopo domain --cluster``). Input is one or more files, or ``-`` for standard
+input; each holds a ``kind: List`` (what ``kubectl get`` prints for several kinds), a single
+object, or several YAML documents (``---``) or concatenated JSON objects. Nothing in a dump is
+required: a missing KubeVirt CR is a fact to report, not an error. Unreadable input is one line
+(:class:`ConfigError`, exit 2 at the doors).
+
+Facts (kubevirt/kubevirt ``staging/src/kubevirt.io/api/core/v1/types.go``; docs/SOURCES.md,
+"Cluster dumps"): the KubeVirt CR carries ``spec.configuration.developerConfiguration.featureGates``,
+``spec.configuration.permittedHostDevices.pciHostDevices[]`` and
+``status.observedKubeVirtVersion``; Plugin objects are ``plugin.kubevirt.io/v1alpha1``, cluster
+scoped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from pcitopo.topology.errors import ConfigError
+
+KUBEVIRT_KIND = "KubeVirt"
+PLUGIN_KIND = "Plugin"
+PLUGIN_GROUP = "plugin.kubevirt.io"
+
+
+@dataclass(frozen=True)
+class PermittedPCI:
+    """One ``permittedHostDevices.pciHostDevices[]`` entry: the resource name a VMI asks for and
+    the ``VENDOR:DEVICE`` the node's functions must carry for it."""
+
+    resource: str
+    vendor_device: str  # lower case, "10de:2330"
+    external: bool  # externalResourceProvider: another device plugin advertises it
+
+
+@dataclass(frozen=True)
+class KubeVirtCR:
+    name: str
+    version: str | None  # status.observedKubeVirtVersion, e.g. "v1.9.0"
+    gates: tuple[str, ...]
+    permitted_pci: tuple[PermittedPCI, ...]
+    machine_type: str | None  # spec.configuration.architectureConfiguration.amd64.machineType
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+
+@dataclass
+class ClusterDump:
+    """Every object of a dump, by kind, in the order read; typed views for the few we judge."""
+
+    objects: list[dict] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+    def of_kind(self, *kinds: str) -> list[dict]:
+        return [o for o in self.objects if o.get("kind") in kinds]
+
+    @property
+    def kubevirt(self) -> KubeVirtCR | None:
+        """The KubeVirt CR (the first, as a cluster has one), or None when the dump lacks it."""
+        crs = self.of_kind(KUBEVIRT_KIND)
+        return kubevirt_cr(crs[0]) if crs else None
+
+    @property
+    def plugins(self) -> list[dict]:
+        """Plugin objects of KubeVirt's plugin API (``plugin.kubevirt.io``), pcitopo's or anyone's."""
+        return [o for o in self.of_kind(PLUGIN_KIND) if str(o.get("apiVersion", "")).startswith(PLUGIN_GROUP + "/")]
+
+    @property
+    def nodes(self) -> list[dict]:
+        return self.of_kind("Node")
+
+    @property
+    def workloads(self) -> list[dict]:
+        """VirtualMachines and VirtualMachineInstances, as read."""
+        return self.of_kind("VirtualMachine", "VirtualMachineInstance")
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` (or ``name`` for a cluster-scoped object)."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    name, ns = meta.get("name", "?"), meta.get("namespace")
+    return f"{ns}/{name}" if ns else str(name)
+
+
+def kubevirt_cr(obj: Mapping[str, Any]) -> KubeVirtCR:
+    spec = _dict(obj.get("spec"))
+    conf = _dict(spec.get("configuration"))
+    gates = _dict(conf.get("developerConfiguration")).get("featureGates") or []
+    permitted = []
+    for entry in _dict(conf.get("permittedHostDevices")).get("pciHostDevices") or []:
+        if isinstance(entry, Mapping) and entry.get("resourceName") and entry.get("pciVendorSelector"):
+            permitted.append(PermittedPCI(str(entry["resourceName"]), str(entry["pciVendorSelector"]).lower(),
+                                          bool(entry.get("externalResourceProvider"))))
+    machine = _dict(_dict(conf.get("architectureConfiguration")).get("amd64")).get("machineType")
+    version = _dict(obj.get("status")).get("observedKubeVirtVersion")
+    return KubeVirtCR(name_of(obj), str(version) if version else None,
+                      tuple(str(g) for g in gates if isinstance(g, str)), tuple(permitted),
+                      str(machine) if machine else None, obj)
+
+
+def read_dump(paths: Iterable[str]) -> ClusterDump:
+    """Read every file (``-``: standard input) into one dump; one line on anything unreadable."""
+    dump = ClusterDump()
+    for path in paths:
+        data = _read(path)
+        for doc in _documents(data, path):
+            dump.objects.extend(_flatten(doc, path))
+        dump.sources.append(path)
+    return dump
+
+
+def _read(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cluster dump {path}: {e.strerror or e}") from None
+
+
+def _documents(data: bytes, name: str) -> list[Any]:
+    if not data.strip():
+        raise ConfigError(f"cluster dump {name} is empty: give what `kubectl get kubevirt,plugins.plugin.kubevirt.io,"
+                          "nodes,vmis,vms -A -o yaml` prints")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"cluster dump {name} is not UTF-8 text") from None
+    docs = _json_stream(text)
+    if docs is not None:
+        return docs
+    import yaml  # only for YAML input
+
+    try:
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"cluster dump {name} is neither JSON nor YAML{where}: {getattr(e, 'problem', None) or e}") from None
+
+
+def _json_stream(text: str) -> list[Any] | None:
+    """Concatenated JSON values (``kubectl get -o json`` of several calls), or None if not JSON."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    text = text.strip()
+    if not text.startswith(("{", "[")):
+        return None
+    while i < len(text):
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return None
+        out.append(value)
+        while i < len(text) and text[i].isspace():
+            i += 1
+    return out
+
+
+def _flatten(doc: Any, name: str) -> Iterator[dict]:
+    if isinstance(doc, list):
+        items = doc
+    elif isinstance(doc, dict) and isinstance(doc.get("items"), list) and str(doc.get("kind", "")).endswith("List"):
+        items = doc["items"]
+    elif isinstance(doc, dict):
+        items = [doc]
+    else:
+        raise ConfigError(f"cluster dump {name}: a document is a {type(doc).__name__}, not a Kubernetes object or List")
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
+            raise ConfigError(f"cluster dump {name}: an item has no kind (not a Kubernetes object)")
+        yield item
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
