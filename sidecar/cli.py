@@ -1,4 +1,4 @@
-"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, serve) and ``xmlfix``.
+"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, domain, serve) and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.
@@ -282,6 +282,9 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
                                    "(exit 1 on any difference)"))
     _add_guest_parsers(sub)
     _add_doctor_parser(sub, default_sysfs())
+    from .domain import add_domain_parser, domain_command
+
+    add_domain_parser(sub, default_sysfs())
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     if not argv:  # bare `pcitopo`: the commands, not only "a command is required"
         parser.print_help(sys.stderr)
@@ -289,7 +292,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
                "partitions": _cmd_partitions, "pairs": _cmd_pairs, "guest-tool": _cmd_guest_tool,
-               "guest": lambda a: pcitopo_main(["guest", a.action])}[args.command]
+               "domain": domain_command, "guest": lambda a: pcitopo_main(["guest", a.action])}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

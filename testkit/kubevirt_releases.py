@@ -1,4 +1,5 @@
-"""KubeVirt's re-parse between hook calls, per release.
+"""KubeVirt's re-parse between hook calls, per release (test scaffolding around the product's
+release model, :mod:`pcitopo.kubevirt.launcher.releases`).
 
 virt-launcher reads a hook's output back into its Go struct ``api.DomainSpec``
 (``pkg/virt-launcher/virtwrap/api/schema.go``) and marshals that struct again for the next
@@ -35,68 +36,13 @@ Field by field where releases differ:
 
 from __future__ import annotations
 
-from enum import Enum
-
 from lxml import etree
 
 from pcitopo.topology.libvirt.domain import parse_int
 
+from pcitopo.kubevirt.launcher.releases import OVMF_DIR, RELEASES, Release  # noqa: F401  (the product's release model)
+
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
-# Where virt-launcher's image keeps OVMF (pkg/virt-config/virt-config.go DefaultARCHOVMFPath).
-OVMF_DIR = "/usr/share/edk2/ovmf"
-
-
-class Release(Enum):
-    """A group of KubeVirt releases whose ``api.DomainSpec`` reads the hook's XML alike."""
-
-    V1_7 = "v1.7"  # v1.6.0 .. v1.7.4
-    V1_9 = "v1.8-1.9"  # v1.8.0 .. v1.9.0 (modelled on v1.9.0)
-    MAIN = "main"
-
-    @property
-    def controller_target(self) -> bool:
-        return self is not Release.V1_7
-
-    @property
-    def target_hotplug(self) -> bool:
-        return self is Release.MAIN
-
-    @property
-    def commandline_restored(self) -> bool:
-        return self is Release.MAIN
-
-    @property
-    def empty_address_type(self) -> bool:
-        """``type=""`` on an address read without ``type`` (no ``omitempty``)."""
-        return self is Release.V1_7
-
-    @property
-    def hostdev_driver(self) -> bool:
-        return self is not Release.V1_7
-
-    @property
-    def os_firmware(self) -> bool:
-        return self is not Release.V1_7
-
-    @property
-    def ovmf_code(self) -> str:
-        """The EFI loader with secure boot off: v1.9.0's ``efi/efi.go`` DetectEFIEnvironment
-        prefers ``OVMF_CODE.secboot.fd`` (with the plain vars) over ``OVMF_CODE.fd``; v1.6 to
-        v1.8 take ``OVMF_CODE.fd``."""
-        name = "OVMF_CODE.fd" if self is Release.V1_7 else "OVMF_CODE.secboot.fd"
-        return f"{OVMF_DIR}/{name}"
-
-    @property
-    def hotplug_ports(self) -> str:
-        """How ``allocateHotplugPorts`` (``virtwrap/manager.go``) makes hotplug room:
-        ``"placeholders"`` (v1.6, v1.7: max(16 − PCI devices, 6) placeholder interfaces, defined
-        once and read back), ``"append"`` (v1.8, v1.9: max(0, 4 − interfaces) placeholders, read
-        back only when there are any, then root ports appended up to index 31), ``"readback"``
-        (main: always read back, append, ``hotplug='off'`` on occupied root ports)."""
-        return {Release.V1_7: "placeholders", Release.V1_9: "append", Release.MAIN: "readback"}[self]
-
-
-RELEASES = tuple(Release)
 
 
 def _keep_only(el: etree._Element, attributes: tuple[str, ...], children: tuple[str, ...]) -> None:

@@ -6,33 +6,8 @@ from __future__ import annotations
 
 from lxml import etree
 
+from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes  # noqa: F401  (re-exported)
 from pcitopo.topology.libvirt.domain import ROOT_PORT, parse_int
-
-
-def to_kubevirt_bytes(root: etree._Element) -> bytes:
-    """KubeVirt's serialisation style: tab indents, explicit end tags, no declaration."""
-    for el in root.iter():
-        if isinstance(el.tag, str) and len(el) == 0 and el.text is None:
-            el.text = ""
-    for el in root.iter():
-        if isinstance(el.tag, str) and len(el):
-            el.text = None
-            for c in el:
-                c.tail = None
-    etree.indent(root, space="\t")
-    for el in root.iter():
-        if isinstance(el.tag, str) and len(el) == 0 and el.text is None:
-            el.text = ""
-    return etree.tostring(root, encoding="utf-8") + b"\n"
-
-
-def _sub(parent: etree._Element, tag: str, text: str | None = None, **attrs: str) -> etree._Element:
-    el = etree.SubElement(parent, tag)
-    for k, v in attrs.items():
-        el.set(k.rstrip("_").replace("__", ":"), v)
-    if text is not None:
-        el.text = text
-    return el
 
 
 # Unaddressed devices libvirt gives a root port of their own on pcie-root.

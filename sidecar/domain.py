@@ -1,0 +1,143 @@
+"""``pcitopo domain``: the domain XML virt-launcher would hand the hook at the first
+``OnDefineDomain`` / ``MutateDomain`` call, for a VM or VMI manifest on a node, before anything
+is deployed (pcitopo.kubevirt.launcher.predict is the model).
+
+    pcitopo domain --vmi FILE --sysfs NODE [--kubevirt VERSION | --cluster FILE] [--devices BDF,...]
+                   [--cpu-policy distribute|packed|devices] [-o FILE]
+
+The domain goes to stdout (or ``-o``); what was assumed (the release, the CPU policy, the
+functions picked, an instance type missing from the dump) goes to stderr, one line each,
+prefixed ``pcitopo domain:``. Bad input is one line naming the field, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from pcitopo.topology.errors import ConfigError
+
+PREFIX = "pcitopo domain"
+
+
+def add_prediction_args(p: argparse.ArgumentParser, cluster: bool = True) -> None:
+    """The options a prediction takes (``pcitopo domain``; ``xmlfix --vmi`` without a domain)."""
+    p.add_argument("--kubevirt", metavar="VERSION", help="the KubeVirt release whose virt-launcher builds the domain: "
+                   "v1.6.0 to v1.9.0 or main (default: the dump's observedKubeVirtVersion, else v1.9.0)")
+    if cluster:
+        p.add_argument("--cluster", metavar="FILE", action="append",
+                       help="`kubectl get kubevirt,vms,vmis,resourceclaims,resourceslices,virtualmachineclusterinstancetypes,"
+                       "virtualmachineclusterpreferences -A -o yaml` output (- for stdin): the release, the machine type, "
+                       "permittedHostDevices, DRA allocations, instance types; nothing in it is required")
+    p.add_argument("--devices", metavar="BDF,...", help="the functions kubelet hands the pod, in the order of the "
+                   "VMI's gpus, SR-IOV interfaces, hostDevices (a running launcher's PCI_RESOURCE_* values); "
+                   "default: picked as `pcitopo pairs` pairs them")
+    p.add_argument("--cpu-policy", metavar="POLICY", help="how kubelet's static CPU manager places the pod's CPUs: "
+                   "distribute (distribute-cpus-across-numa, docs/DEPLOY.md's; default), packed, devices (spread "
+                   "over every NUMA node of the devices)")
+
+
+@dataclass(frozen=True)
+class Predicted:
+    xml: bytes
+    version: str
+    notes: tuple[str, ...]
+
+
+def _release(args: argparse.Namespace, dump):
+    from pcitopo.kubevirt.launcher.releases import DEFAULT_VERSION, release_of, version_text
+
+    cr = dump.kubevirt if dump is not None else None
+    if args.kubevirt:
+        version, why = args.kubevirt, "--kubevirt"
+    elif cr is not None and cr.version:
+        version, why = cr.version, "the dump's KubeVirt CR"
+    else:
+        version, why = DEFAULT_VERSION, "assumed: give --kubevirt or --cluster"
+    return release_of(version), version_text(version), why
+
+
+def predicted_domain(args: argparse.Namespace, vmi_path: str, host) -> Predicted:
+    """The prediction for ``--vmi`` on ``host`` with the options :func:`add_prediction_args` adds."""
+    from pcitopo.kubevirt.launcher.allocation import parse_devices, permitted_ids
+    from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
+    from pcitopo.kubevirt.launcher.cpus import DEFAULT_POLICY, policy_of
+    from pcitopo.kubevirt.launcher.dumped import expand
+    from pcitopo.kubevirt.launcher.predict import Inputs, predict
+
+    dump = None
+    if getattr(args, "cluster", None):
+        from pcitopo.kubevirt.cluster import read_dump
+
+        dump = read_dump(args.cluster)
+    doc = _manifest(vmi_path)
+    from pcitopo.kubevirt.manifest import as_vmi
+
+    vmi, notes = expand(doc, as_vmi(doc, vmi_path), dump)
+    release, version, why = _release(args, dump)
+    cr = dump.kubevirt if dump is not None else None
+    policy = policy_of(args.cpu_policy)
+    inputs = Inputs(release=release, version=version, machine=(cr.machine_type if cr and cr.machine_type else UPSTREAM_MACHINE),
+                    devices=tuple(parse_devices(args.devices)), policy=policy,
+                    permitted=permitted_ids(cr.permitted_pci) if cr else {}, dump=dump)
+    p = predict(host, vmi, inputs)
+    head = [f"KubeVirt {version} ({why}), machine {inputs.machine}"]
+    if args.cpu_policy is None and policy is DEFAULT_POLICY:
+        head.append(f"CPU policy {policy.value} assumed (--cpu-policy to change)")
+    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)))
+
+
+def _manifest(path: str) -> dict:
+    """The manifest as an object: one VM or VMI (YAML or JSON; the first VM/VMI of a file with
+    several documents, as the deploy/ examples are)."""
+    from pcitopo.kubevirt.manifest import vmi_as_json
+
+    from .xmlfix import MAX_VMI_BYTES, _read_bounded
+    import json
+
+    data = _read_bounded(path, MAX_VMI_BYTES, "VMI")
+    if data.lstrip()[:1] not in (b"{", b"[") and b"\n---" in data:
+        import yaml
+
+        docs = [d for d in yaml.safe_load_all(data) if isinstance(d, dict) and d.get("kind") in
+                ("VirtualMachine", "VirtualMachineInstance")]
+        if not docs:
+            raise ConfigError(f"{path}: no VirtualMachine or VirtualMachineInstance in it")
+        data = json.dumps(docs[0]).encode()
+    raw = json.loads(data) if data.lstrip()[:1] == b"{" else None
+    vmi_as_json(data, path)  # the manifest checks (kinds, annotations) --vmi makes
+    if raw is None:
+        import yaml
+
+        raw = yaml.safe_load(data)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: not a VirtualMachine or VirtualMachineInstance")
+    if isinstance(raw.get("items"), list) and len(raw["items"]) == 1:
+        raw = raw["items"][0]
+    return raw
+
+
+def domain_command(args: argparse.Namespace) -> int:
+    from pcitopo.topology.host.sysfs import open_host
+
+    from .xmlfix import _write_atomic
+
+    pred = predicted_domain(args, args.vmi, open_host(args.sysfs))
+    for line in pred.notes:
+        print(f"{PREFIX}: {line}", file=sys.stderr)
+    if args.output and args.output != "-":
+        _write_atomic(args.output, pred.xml)
+    else:
+        sys.stdout.buffer.write(pred.xml)
+        sys.stdout.flush()
+    return 0
+
+
+def add_domain_parser(sub, default_sysfs: str) -> None:
+    d = sub.add_parser("domain", help="the domain XML virt-launcher would hand the hook for a VM/VMI manifest on a node "
+                       "(before anything is deployed)")
+    d.add_argument("--vmi", metavar="FILE", required=True, help="the VM or VMI manifest (YAML or JSON)")
+    d.add_argument("--sysfs", default=default_sysfs, help="the node: sysfs root, capture .tar.gz or fixture dir")
+    add_prediction_args(d)
+    d.add_argument("-o", "--output", metavar="FILE", help="write the domain here instead of stdout")
