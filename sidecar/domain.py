@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pcitopo.topology.errors import ConfigError
 
 PREFIX = "pcitopo domain"
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # as xmlfix --vmi reads one
 
 
 def add_prediction_args(p: argparse.ArgumentParser, cluster: bool = True) -> None:
@@ -91,12 +92,11 @@ def predicted_domain(args: argparse.Namespace, vmi_path: str, host) -> Predicted
 def _manifest(path: str) -> dict:
     """The manifest as an object: one VM or VMI (YAML or JSON; the first VM/VMI of a file with
     several documents, as the deploy/ examples are)."""
-    from pcitopo.kubevirt.manifest import vmi_as_json
-
-    from .xmlfix import MAX_VMI_BYTES, _read_bounded
     import json
 
-    data = _read_bounded(path, MAX_VMI_BYTES, "VMI")
+    from pcitopo.kubevirt.manifest import vmi_as_json
+
+    data = _read(path)
     if data.lstrip()[:1] not in (b"{", b"[") and b"\n---" in data:
         import yaml
 
@@ -118,16 +118,33 @@ def _manifest(path: str) -> dict:
     return raw
 
 
+def _read(path: str) -> bytes:
+    """The manifest's bytes, at most :data:`MAX_MANIFEST_BYTES` (``-``: standard input)."""
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
+        else:
+            with open(path, "rb") as fh:
+                data = fh.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read VMI {path}: {e.strerror or e}") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ConfigError(f"VMI {path} is larger than {MAX_MANIFEST_BYTES} bytes")
+    return data
+
+
 def domain_command(args: argparse.Namespace) -> int:
     from pcitopo.topology.host.sysfs import open_host
-
-    from .xmlfix import _write_atomic
 
     pred = predicted_domain(args, args.vmi, open_host(args.sysfs))
     for line in pred.notes:
         print(f"{PREFIX}: {line}", file=sys.stderr)
     if args.output and args.output != "-":
-        _write_atomic(args.output, pred.xml)
+        try:
+            with open(args.output, "wb") as fh:
+                fh.write(pred.xml)
+        except OSError as e:
+            raise ConfigError(f"cannot write {args.output}: {e.strerror or e}") from None
     else:
         sys.stdout.buffer.write(pred.xml)
         sys.stdout.flush()

@@ -58,7 +58,8 @@ def _write_atomic(path: str, data: bytes) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.")
     p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")
-    p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
+    p.add_argument("domain", metavar="DOMAIN.xml|-", nargs="?", help="domain XML as KubeVirt hands it to a hook (- for stdin); "
+                   "without it, with --vmi: the domain `pcitopo domain` predicts for that manifest on --sysfs")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
     p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
@@ -83,7 +84,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
+    from .domain import add_prediction_args
+
+    add_prediction_args(p, cluster=False)  # used only without a domain argument
     return p
+
+
+def _domain_input(args: argparse.Namespace, host) -> bytes:
+    """The domain to rewrite: the argument's, or without one (and with --vmi) the predicted one,
+    said first, on stderr and as --explain's first line."""
+    if args.domain is not None:
+        for opt in ("kubevirt", "devices", "cpu_policy"):
+            if getattr(args, opt) is not None:
+                raise ConfigError(f"--{opt.replace('_', '-')} is for a predicted domain: use it without a domain argument")
+        return _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
+    if not args.vmi:
+        raise ConfigError("no domain: give DOMAIN.xml (or - for stdin), or --vmi FILE to predict the domain")
+    from .domain import predicted_domain
+
+    pred = predicted_domain(args, args.vmi, host)
+    first = (f"domain predicted (no domain argument): what KubeVirt {pred.version}'s virt-launcher would hand "
+             f"the hook for {args.vmi} on this node (pcitopo domain)")
+    print(f"xmlfix: {first}", file=sys.stderr)
+    for line in pred.notes:
+        print(f"xmlfix: domain: {line}", file=sys.stderr)
+    if args.explain and not args.dot:
+        sys.stdout.write(first + "\n")
+    args.domain = "predicted.xml"
+    return pred.xml
 
 
 def xmlfix(argv: Sequence[str]) -> int:
@@ -93,13 +121,13 @@ def xmlfix(argv: Sequence[str]) -> int:
 
     args = build_parser().parse_args(list(argv))
     _one_document(args)
-    domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
     if vmi is not None:  # `kubectl get vmi -o yaml` is what people paste
         from pcitopo.kubevirt.manifest import vmi_as_json
 
         vmi = vmi_as_json(vmi, args.vmi)
     host = open_host(args.sysfs)
+    domain = _domain_input(args, host)
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
         from pcitopo.topology.paths.fabric import FabricFile

@@ -92,13 +92,13 @@ def _fits(host: Topology, f: PciFunction, req: DeviceRequest, permitted: Mapping
     ids, vendor = resource_ids(req.resource, permitted)
     if f.driver != VFIO:
         return f"is bound to {f.driver or 'no driver'}, not {VFIO} (no device plugin hands it out)"
-    if ids and f.ids != ids:
-        return f"is {f.ids}, {req.resource} is {ids}"
-    if vendor is not None and f.vendor != vendor:
-        return f"is vendor {f.vendor:04x}, {req.resource} is {vendor:04x}"
     role = host.role(f)
-    if not ids and role != req.role:
-        return f"is a {role.value}, {req.field} takes a {req.role.value}"
+    if ids:  # an exact id decides alone: a permitted device may be of any class
+        return None if f.ids == ids else f"is a {role.value} {f.ids}, {req.resource} stands for {ids}"
+    if role != req.role:
+        return f"is a {role.value}, not a {req.role.value}"
+    if vendor is not None and f.vendor != vendor:
+        return f"is a {role.value} of vendor {f.vendor:04x}, {req.resource} is a vendor {vendor:04x} resource"
     return None
 
 
