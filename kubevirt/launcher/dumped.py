@@ -67,8 +67,8 @@ def expand(doc: dict, vmi: dict, dump) -> tuple[dict, list[str]]:
         if ref:
             found[what] = _find(dump, what, ref, ns)
             if found[what] is None:
-                notes.append(f"{what} {ref.get('kind') or _TYPES[what][0]}/{ref.get('name')} is not in the cluster dump "
-                             f"(--cluster): its settings are not applied")
+                where = "is not in the cluster dump" if dump is not None else "needs the cluster dump (--cluster) that holds it"
+                notes.append(f"{what} {ref.get('kind') or _TYPES[what][0]}/{ref.get('name')} {where}: its settings are not applied")
     domain = vmi.setdefault("spec", {}).setdefault("domain", {})
     pref = (found.get("preference") or {}).get("spec") or {}
     it = (found.get("instancetype") or {}).get("spec") or {}

@@ -115,8 +115,10 @@ def _cells(host: Topology, hostdevs: Sequence[Hostdev], cpu: Mapping[str, Any], 
     pod: PodCpus = pod_cpus(host.numa_nodes(), vcpus + extra, device_nodes, policy)
     notes.append(pod.line)
     shares = [len(cs) for _, cs in pod.by_node]
-    if extra:  # the emulator thread takes the pod CPU of the node with the largest share
-        shares[shares.index(max(shares))] -= 1
+    if extra:  # FitCores fits whole cores (threads vCPUs each); the emulator takes the CPU left over
+        threads = cpu.get("threads", 1)
+        odd = [i for i, k in enumerate(shares) if k % threads]
+        shares[odd[0] if odd else len(shares) - 1] -= 1
     cells = tuple(GuestCell(n, cs[:k]) for (n, cs), k in zip(pod.by_node, shares) if k)
     used = {c for cell in cells for c in cell.pins}
     emulator = next((c for c in pod.cpus if c not in used), None) if extra else None
