@@ -1,6 +1,6 @@
 """KubeVirt's serialisation of its domain struct, as the hook reads it: tab indents, explicit end
-tags, no XML declaration (Go's ``encoding/xml`` ``MarshalIndent`` of ``api.DomainSpec``,
-``pkg/virt-launcher/virtwrap/api/schema.go``)."""
+tags, no XML declaration (Go's ``encoding/xml`` ``MarshalIndent`` of ``api.DomainSpec`` in
+``pkg/hooks/manager.go``; the struct is ``pkg/virt-launcher/virtwrap/api/schema.go``'s)."""
 
 from __future__ import annotations
 
