@@ -3,7 +3,7 @@
 is deployed (pcitopo.kubevirt.launcher.predict is the model).
 
     pcitopo domain --vmi FILE --sysfs NODE [--kubevirt VERSION | --cluster FILE] [--devices BDF,...]
-                   [--cpu-policy distribute|packed|devices] [-o FILE]
+                   [--cpu-policy distribute|packed|devices] [--call N [--hook pcitopo|none]] [-o FILE]
 
 The domain goes to stdout (or ``-o``); what was assumed (the release, the CPU policy, the
 functions picked, an instance type missing from the dump) goes to stderr, one line each,
@@ -44,6 +44,8 @@ class Predicted:
     xml: bytes
     version: str
     notes: tuple[str, ...]
+    vmi: dict  # the VMI the domain is for (instance type applied), for the hook's later calls
+    release: object  # pcitopo.kubevirt.launcher.releases.Release
 
 
 def _release(args: argparse.Namespace, dump):
@@ -86,7 +88,7 @@ def predicted_domain(args: argparse.Namespace, vmi_path: str, host) -> Predicted
     head = [f"KubeVirt {version} ({why}), machine {inputs.machine}"]
     if args.cpu_policy is None and policy is DEFAULT_POLICY:
         head.append(f"CPU policy {policy.value} assumed (--cpu-policy to change)")
-    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)))
+    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)), vmi, release)
 
 
 def _manifest(path: str) -> dict:
@@ -133,20 +135,46 @@ def _read(path: str) -> bytes:
     return data
 
 
+def hook_input(pred: Predicted, call: int, hook: str, host) -> tuple[bytes, str]:
+    """The hook's input at ``call`` of the boot (``allocateHotplugPorts``'s defines, the release's
+    re-parse and libvirt's define between them), with pcitopo's rewrite (``hook`` pcitopo) or
+    nothing (``none``) answering the earlier calls; and the line that says so."""
+    import json
+
+    from pcitopo.kubevirt.launcher.defines import boot_defines, vmi_interfaces
+
+    from .core import handle_define_domain
+
+    vmi_json = json.dumps(pred.vmi).encode()
+    rewrite = (lambda xml: handle_define_domain(xml, vmi_json, host).xml) if hook == "pcitopo" else (lambda xml: xml)
+    boot = boot_defines(pred.xml, rewrite, pred.release, interfaces=vmi_interfaces(pred.vmi))
+    calls = len(boot.hook_inputs)
+    if not 1 <= call <= calls:
+        raise ConfigError(f"--call {call}: KubeVirt {pred.version}'s virt-launcher calls the hook {calls} time(s) for this VM")
+    answered = "pcitopo's rewrite" if hook == "pcitopo" else "no hook"
+    return boot.hook_inputs[call - 1], (f"the hook's input at call {call} of {calls} (the earlier calls answered by "
+                                        f"{answered}, re-parsed as {pred.version} does, libvirt's define simulated)")
+
+
 def domain_command(args: argparse.Namespace) -> int:
     from pcitopo.topology.host.sysfs import open_host
 
-    pred = predicted_domain(args, args.vmi, open_host(args.sysfs))
-    for line in pred.notes:
+    host = open_host(args.sysfs)
+    pred = predicted_domain(args, args.vmi, host)
+    xml, notes = pred.xml, list(pred.notes)
+    if args.call is not None:
+        xml, line = hook_input(pred, args.call, args.hook, host)
+        notes.append(line)
+    for line in notes:
         print(f"{PREFIX}: {line}", file=sys.stderr)
     if args.output and args.output != "-":
         try:
             with open(args.output, "wb") as fh:
-                fh.write(pred.xml)
+                fh.write(xml)
         except OSError as e:
             raise ConfigError(f"cannot write {args.output}: {e.strerror or e}") from None
     else:
-        sys.stdout.buffer.write(pred.xml)
+        sys.stdout.buffer.write(xml)
         sys.stdout.flush()
     return 0
 
@@ -157,4 +185,9 @@ def add_domain_parser(sub, default_sysfs: str) -> None:
     d.add_argument("--vmi", metavar="FILE", required=True, help="the VM or VMI manifest (YAML or JSON)")
     d.add_argument("--sysfs", default=default_sysfs, help="the node: sysfs root, capture .tar.gz or fixture dir")
     add_prediction_args(d)
+    d.add_argument("--call", metavar="N", type=int, help="instead of the converter's domain, the hook's input at call N "
+                   "of the boot (1-3: with the placeholders and appended root ports of allocateHotplugPorts, after the "
+                   "release's re-parse of the earlier answers)")
+    d.add_argument("--hook", choices=("pcitopo", "none"), default="pcitopo", help="with --call: who answers the earlier "
+                   "calls (default pcitopo, as the VM's hookSidecars annotation or the Plugin attaches it)")
     d.add_argument("-o", "--output", metavar="FILE", help="write the domain here instead of stdout")

@@ -108,7 +108,7 @@ def _domain_input(args: argparse.Namespace, host) -> bytes:
     print(f"xmlfix: {first}", file=sys.stderr)
     for line in pred.notes:
         print(f"xmlfix: domain: {line}", file=sys.stderr)
-    if args.explain and not args.dot:
+    if (args.explain or args.summary) and not (args.dot or args.json):
         sys.stdout.write(first + "\n")
     args.domain = "predicted.xml"
     return pred.xml

@@ -224,3 +224,20 @@ def test_xmlfix_explain_on_a_predicted_domain_says_so_first():
     assert given.returncode == 0, given.stderr
     r = run("xmlfix", "--check", "--sysfs", B200, "--devices", "0000:1a:00.0", str(ROOT / "fixtures" / "hgx-b200" / "domain.xml"))
     assert r.returncode == 2 and "--devices is for a predicted domain" in r.stderr.decode()
+
+
+def test_later_calls_carry_the_hotplug_ports_and_the_release_re_parse():
+    """--call N: the hook's input at call N of the boot. v1.9.0 defines three times for a VM with
+    one interface (three placeholders first); the second call gets pcitopo's answer as v1.9's
+    struct keeps it (placed hostdevs, no controller <model name>); v1.7.4 calls twice."""
+    pairs = str(ROOT / "deploy" / "dra" / "vm-pairs.yaml")
+    first, err = domain("--vmi", pairs, "--sysfs", B300, "--call", "1")
+    assert [i.find("alias").get("name") for i in first.iter("interface")][1:] == [f"placeholder-{i}" for i in range(3)]
+    assert "call 1 of 3" in err
+    second, _ = domain("--vmi", pairs, "--sysfs", B300, "--call", "2")
+    assert all(hd.find("address") is not None for hd in second.iter("hostdev"))
+    assert second.find("devices/controller/model") is None and not second.findall(".//target[@chassis]")
+    bare, _ = domain("--vmi", pairs, "--sysfs", B300, "--call", "2", "--hook", "none")
+    assert not any(c.get("model") == "pcie-expander-bus" for c in bare.iter("controller"))
+    r = run("pcitopo", "domain", "--vmi", pairs, "--sysfs", B300, "--kubevirt", "v1.7.4", "--call", "3")
+    assert r.returncode == 2 and "calls the hook 2 time(s)" in r.stderr.decode() and len(r.stderr.splitlines()) == 1
