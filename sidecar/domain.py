@@ -70,10 +70,11 @@ def predicted_domain(args: argparse.Namespace, vmi_path: str, host) -> Predicted
     from pcitopo.kubevirt.launcher.predict import Inputs, predict
 
     dump = None
-    if getattr(args, "cluster", None):
+    cluster = getattr(args, "cluster", None)  # xmlfix may carry its own --cluster (one path or several)
+    if cluster:
         from pcitopo.kubevirt.cluster import read_dump
 
-        dump = read_dump(args.cluster)
+        dump = read_dump(cluster if isinstance(cluster, (list, tuple)) else [cluster])
     doc = _manifest(vmi_path)
     from pcitopo.kubevirt.manifest import as_vmi
 

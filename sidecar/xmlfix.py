@@ -1,6 +1,7 @@
 """`xmlfix`: the rewrite on a captured domain XML and a captured (or live) sysfs.
 
     xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
+    xmlfix --vmi FILE [--sysfs PATH] [--kubevirt VERSION] [--devices BDF,...] [--cpu-policy POLICY] [...]   (no domain: predicted, sidecar/domain.py)
 
 Exit 0 on success; 1 when --check finds that the guest will not see what the host has, or (with
 --vmi) that no door attaches pcitopo to the VMI (kubevirt/manifest.py); 2 with
