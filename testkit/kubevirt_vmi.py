@@ -31,7 +31,8 @@ def domain_for_vmi(host: Topology, vmi: dict[str, Any], gpus: Sequence[Bdf] | No
                    release: Release = Release.V1_9, machine: str = UPSTREAM_MACHINE) -> bytes:
     """KubeVirt's first ``OnDefineDomain`` input for ``vmi`` on ``host`` (before placeholders,
     :func:`testkit.kubevirt_define.with_placeholders`), as ``release`` converts it."""
-    inputs = Inputs(release=release, machine=machine, devices=tuple(gpus or ()), policy=CpuPolicy.DEVICES)
+    inputs = Inputs(release=release, version=release.model_tag, machine=machine, devices=tuple(gpus or ()),
+                    policy=CpuPolicy.DEVICES)
     return predict(host, vmi, inputs).xml
 
 

@@ -103,7 +103,7 @@ def test_sriov_interfaces_take_vfs_of_the_paired_pf():
 
 
 @pytest.mark.parametrize("version,loader", [("v1.6.0", "OVMF_CODE.fd"), ("v1.7.4", "OVMF_CODE.fd"),
-                                            ("v1.8.0", "OVMF_CODE.secboot.fd"), ("v1.9.0", "OVMF_CODE.secboot.fd"),
+                                            ("v1.8.4", "OVMF_CODE.fd"), ("v1.9.0", "OVMF_CODE.secboot.fd"),
                                             ("main", "OVMF_CODE.secboot.fd")])
 def test_each_release_writes_its_efi_loader(version, loader):
     root, err = domain("--vmi", VM_GPU, "--sysfs", B200, "--kubevirt", version)
@@ -170,7 +170,7 @@ def kubevirt_cr(permitted: list[dict], version: str = "v1.8.2") -> dict:
 def test_permitted_host_devices_from_the_dump_decide_the_functions(tmp_path):
     ok = write(tmp_path, "ok.json", {"kind": "List", "items": [kubevirt_cr([{"pciVendorSelector": "10DE:2901", "resourceName": "nvidia.com/B200"}])]})
     root, err = domain("--vmi", VM_GPU, "--sysfs", B200, "--cluster", ok)
-    assert "KubeVirt v1.8.2 (the dump's KubeVirt CR)" in err and root.findtext("os/loader").endswith("OVMF_CODE.secboot.fd")
+    assert "KubeVirt v1.8.2 (the dump's KubeVirt CR)" in err and root.findtext("os/loader").endswith("/OVMF_CODE.fd")
     wrong = write(tmp_path, "wrong.json", {"kind": "List", "items": [kubevirt_cr([{"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/B200"}])]})
     r = run("pcitopo", "domain", "--vmi", VM_GPU, "--sysfs", B200, "--cluster", wrong)
     assert r.returncode == 2 and "spec.domain.devices.gpus[0]: the node has no free nvidia.com/B200" in r.stderr.decode()

@@ -24,7 +24,7 @@ from . import converter as conv
 from .allocation import DeviceRequest, allocate, check_given, device_requests
 from .cpus import CpuPolicy, PodCpus, pod_cpus
 from .dumped import dra_device
-from .releases import Release
+from .releases import Release, ovmf_code
 from .skeleton import GuestCell, Hostdev, LauncherSpec, launcher_domain, with_efi
 from .xmlstyle import to_kubevirt_bytes
 
@@ -155,6 +155,6 @@ def predict(host: Topology, vmi: dict[str, Any], inputs: Inputs = Inputs()) -> P
     efi = ((domain.get("firmware") or {}).get("bootloader") or {}).get("efi")
     if efi is None:
         return Prediction(to_kubevirt_bytes(root), hostdevs, tuple(notes))
-    root = etree.fromstring(with_efi(to_kubevirt_bytes(root), inputs.release.ovmf_code))
+    root = etree.fromstring(with_efi(to_kubevirt_bytes(root), ovmf_code(inputs.version)))
     root.find("os/loader").set("secure", "no" if efi.get("secureBoot") is False else "yes")
     return Prediction(to_kubevirt_bytes(root), hostdevs, tuple(notes))

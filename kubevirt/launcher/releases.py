@@ -64,12 +64,14 @@ class Release(Enum):
         return self is not Release.V1_7
 
     @property
+    def model_tag(self) -> str:
+        """The tag the group is modelled on."""
+        return {Release.V1_7: "v1.7.4", Release.V1_9: "v1.9.0", Release.MAIN: "main"}[self]
+
+    @property
     def ovmf_code(self) -> str:
-        """The EFI loader with secure boot off: v1.9.0's ``efi/efi.go`` DetectEFIEnvironment
-        prefers ``OVMF_CODE.secboot.fd`` (with the plain vars) over ``OVMF_CODE.fd``; v1.6 to
-        v1.8 take ``OVMF_CODE.fd``."""
-        name = "OVMF_CODE.fd" if self is Release.V1_7 else "OVMF_CODE.secboot.fd"
-        return f"{OVMF_DIR}/{name}"
+        """The EFI loader of the group's model tag (:func:`ovmf_code`)."""
+        return ovmf_code(self.model_tag)
 
     @property
     def hotplug_ports(self) -> str:
@@ -97,6 +99,16 @@ def release_of(version: str) -> Release:
         known = ", ".join(f"{k}.0-{k}.{n}" if n else f"{k}.0" for k, n in PATCHES.items())
         raise ConfigError(f"--kubevirt {text}: unknown KubeVirt release (known: {known}, main)")
     return Release.V1_7 if line in ("v1.6", "v1.7") else Release.V1_9
+
+
+def ovmf_code(version: str) -> str:
+    """The EFI loader with secure boot off, per tag: ``efi/efi.go`` ``DetectEFIEnvironment``
+    prefers ``OVMF_CODE.secboot.fd`` (with the plain vars) over ``OVMF_CODE.fd`` from v1.9.0 on;
+    v1.6.0 to v1.8.4 take ``OVMF_CODE.fd`` (the secure-boot code only where it is missing)."""
+    release_of(version)  # one line for an unknown version
+    m = re.match(r"v?1\.(\d+)", str(version).strip())
+    name = "OVMF_CODE.fd" if m and int(m[1]) <= 8 else "OVMF_CODE.secboot.fd"
+    return f"{OVMF_DIR}/{name}"
 
 
 def version_text(version: str) -> str:
