@@ -58,6 +58,11 @@ class DeviceRequest:
     vf: bool = False  # an SR-IOV interface
     claim: tuple[str, str] | None = None  # DRA: (claimName, requestName)
 
+    @property
+    def any_role(self) -> bool:
+        """A device-plugin host device: its resource, not a class, says what it is."""
+        return self.field.startswith("spec.domain.devices.hostDevices") and bool(self.resource)
+
 
 def device_requests(devices: Mapping[str, Any]) -> list[DeviceRequest]:
     """Every hostdev request of ``spec.domain.devices``, in the converter's order."""
@@ -95,7 +100,7 @@ def _fits(host: Topology, f: PciFunction, req: DeviceRequest, permitted: Mapping
     role = host.role(f)
     if ids:  # an exact id decides alone: a permitted device may be of any class
         return None if f.ids == ids else f"is a {role.value} {f.ids}, {req.resource} stands for {ids}"
-    if role != req.role:
+    if role != req.role and not (req.any_role and vendor is not None):
         return f"is a {role.value}, not a {req.role.value}"
     if vendor is not None and f.vendor != vendor:
         return f"is a {role.value} of vendor {f.vendor:04x}, {req.resource} is a vendor {vendor:04x} resource"
