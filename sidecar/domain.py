@@ -82,7 +82,9 @@ def predicted_domain(args: argparse.Namespace, vmi_path: str, host) -> Predicted
     release, version, why = _release(args, dump)
     cr = dump.kubevirt if dump is not None else None
     policy = policy_of(args.cpu_policy)
+    model = ((cr.raw.get("spec") or {}).get("configuration") or {}).get("cpuModel") if cr else None
     inputs = Inputs(release=release, version=version, machine=(cr.machine_type if cr and cr.machine_type else UPSTREAM_MACHINE),
+                    cpu_model=model or "host-model",
                     devices=tuple(parse_devices(args.devices)), policy=policy,
                     permitted=permitted_ids(cr.permitted_pci) if cr else {}, dump=dump)
     p = predict(host, vmi, inputs)

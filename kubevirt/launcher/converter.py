@@ -92,6 +92,19 @@ def topology_as_manifest(root: etree._Element, cpu: Mapping[str, Any]) -> None:
         root.find("cpu/topology").attrib.update({k: str(cpu.get(k, 1)) for k in ("sockets", "cores", "threads")})
 
 
+def cpu_model(root: etree._Element, name: str) -> None:
+    """``converter/compute/cpu.go``: ``host-model`` and ``host-passthrough`` are modes; any other
+    name is a ``custom`` CPU of that model."""
+    cpu = root.find("cpu")
+    if name in ("host-model", "host-passthrough"):
+        cpu.set("mode", name)
+        return
+    cpu.set("mode", "custom")
+    model = etree.Element("model")
+    model.text = name
+    cpu.insert(0, model)
+
+
 def emulator_pin(root: etree._Element, cpu: int) -> None:
     """vcpu.go ``appendDomainEmulatorThreadPin``: the pod CPU left after the vCPUs' pins."""
     sub(root.find("cputune"), "emulatorpin", cpuset=str(cpu))

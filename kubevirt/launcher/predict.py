@@ -36,6 +36,7 @@ class Inputs:
     release: Release = Release.V1_9
     version: str = "v1.9.0"
     machine: str = conv.UPSTREAM_MACHINE
+    cpu_model: str = "host-model"  # KubeVirt's default; the CR's spec.configuration.cpuModel overrides it
     devices: tuple[Bdf, ...] = ()  # the functions kubelet hands the pod, in request order
     policy: CpuPolicy = CpuPolicy.DISTRIBUTE
     permitted: Mapping[str, str] = field(default_factory=dict)  # resourceName -> VENDOR:DEVICE
@@ -137,7 +138,7 @@ def predict(host: Topology, vmi: dict[str, Any], inputs: Inputs = Inputs()) -> P
     spec = LauncherSpec(vmi["metadata"].get("name") or "vmi", hostdevs, cells, vcpus=vcpus,
                         namespace=vmi["metadata"].get("namespace") or "default")
     root = etree.fromstring(launcher_domain(spec))
-    root.find("cpu").set("mode", cpu.get("model", "host-model"))
+    conv.cpu_model(root, cpu.get("model") or inputs.cpu_model)
     root.find("os/type").set("machine", (domain.get("machine") or {}).get("type") or inputs.machine)
     conv.extra_virtio_disks(root, (domain.get("devices") or {}).get("disks") or [])
     conv.topology_as_manifest(root, cpu)
