@@ -132,6 +132,9 @@ VMI = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metada
     ({"domain": {"cpu": {"cores": 2}}}, "spec.domain.devices: missing"),
     ({"domain": {"devices": {"gpus": [{"name": "gpu0"}]}}}, "spec.domain.devices.gpus[0].deviceName: missing"),
     ({"domain": {"devices": {"hostDevices": [{"name": "n"}]}}}, "spec.domain.devices.hostDevices[0].deviceName: missing"),
+    ({"domain": {"devices": {}, "cpu": {"numa": {"guestMappingPassthrough": {}}}}}, "spec.domain.cpu.dedicatedCpuPlacement: must be true"),
+    ({"domain": {"devices": {}, "cpu": {"dedicatedCpuPlacement": True, "numa": {"guestMappingPassthrough": {}}}}},
+     "spec.domain.memory.hugepages: must be requested"),
 ])
 def test_a_manifest_kubevirt_rejects_is_one_line_naming_the_field(tmp_path, spec, field):
     path = write(tmp_path, "vmi.json", {**VMI, "spec": spec})

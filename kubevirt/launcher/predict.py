@@ -52,7 +52,8 @@ class Prediction:
 
 def check_manifest(vmi: Mapping[str, Any]) -> None:
     """What KubeVirt's API (its OpenAPI schema and ``pkg/virt-api/webhooks``) rejects before any
-    domain exists, as one line naming the field."""
+    domain exists, as one line naming the field (``vmi-create-admitter.go``: ``validateNUMA``
+    among others)."""
     spec = vmi.get("spec")
     domain = spec.get("domain") if isinstance(spec, dict) else None
     if not isinstance(domain, dict):
@@ -71,6 +72,11 @@ def check_manifest(vmi: Mapping[str, Any]) -> None:
             if not e.get("deviceName") and not (e.get("claimName") and e.get("requestName")):
                 raise ConfigError(f"{where}.deviceName: missing (KubeVirt's API requires it, or claimName and requestName for DRA)")
     cpu = domain.get("cpu") or {}
+    if "guestMappingPassthrough" in (cpu.get("numa") or {}):  # vmi-create-admitter.go validateNUMA
+        if not cpu.get("dedicatedCpuPlacement"):
+            raise ConfigError("spec.domain.cpu.dedicatedCpuPlacement: must be true with spec.domain.cpu.numa.guestMappingPassthrough")
+        if not (domain.get("memory") or {}).get("hugepages"):
+            raise ConfigError("spec.domain.memory.hugepages: must be requested with spec.domain.cpu.numa.guestMappingPassthrough")
     for key in ("sockets", "cores", "threads"):
         if key in cpu and (not isinstance(cpu[key], int) or cpu[key] < 1):
             raise ConfigError(f"spec.domain.cpu.{key}: {cpu[key]!r} is not a positive count")
