@@ -1,7 +1,8 @@
 """Which of the node's functions the pod gets for each host device the VMI asks for.
 
-The requests, in the order the converter writes their hostdevs: ``gpus``, then SR-IOV
-``interfaces``, then ``hostDevices`` (``converter.go``: GPUs, SR-IOV, generic host devices).
+The requests, in the manifest's order: ``gpus``, then SR-IOV ``interfaces``, then
+``hostDevices`` (the order ``--devices`` fills them in); the domain lists the hostdevs in the
+converter's order instead (:func:`converter_order`).
 
 Which functions a device-plugin resource may be (``deviceName``):
 
@@ -80,6 +81,20 @@ def device_requests(devices: Mapping[str, Any]) -> list[DeviceRequest]:
         out.append(DeviceRequest(f"spec.domain.devices.hostDevices[{i}]", hostdev_alias("hostDevices", h),
                                  Role.NIC, h.get("deviceName"), claim=claim))
     return out
+
+
+def converter_order(requests: Sequence[DeviceRequest]) -> list[int]:
+    """The order the converter writes the hostdevs in (``compute/host_device.go``
+    ``NewHostDeviceDomainConfigurator(GenericHostDevices, GPUHostDevices, SRIOVDevices)``, filled
+    in ``manager.go`` ``generateConverterContext``: device-plugin host devices then DRA ones, GPUs
+    then DRA GPUs (``getGPUDevices``), SR-IOV interfaces)."""
+    group = {"hostDevices": 0, "gpus": 1, "interfaces": 2}
+
+    def key(i: int) -> tuple[int, bool, int]:
+        kind = requests[i].field.split(".")[3].split("[")[0]
+        return group[kind], requests[i].claim is not None, i
+
+    return sorted(range(len(requests)), key=key)
 
 
 def resource_ids(resource: str | None, permitted: Mapping[str, str]) -> tuple[str | None, int | None]:

@@ -21,7 +21,7 @@ from pcitopo.topology.errors import ConfigError
 from pcitopo.topology.model.tree import Bdf, Topology
 
 from . import converter as conv
-from .allocation import DeviceRequest, allocate, check_given, device_requests
+from .allocation import DeviceRequest, allocate, check_given, converter_order, device_requests
 from .cpus import CpuPolicy, PodCpus, pod_cpus
 from .dumped import dra_device
 from .releases import Release, ovmf_code
@@ -107,7 +107,7 @@ def hostdevs_for(host: Topology, vmi: Mapping[str, Any], inputs: Inputs, notes: 
     if picked:
         notes.append("picked as `pcitopo pairs` pairs them (give --devices to name them): "
                      + ", ".join(f"{requests[i].alias} {bdfs[i]}" for i in picked))
-    return tuple(Hostdev(b, r.alias) for b, r in zip(bdfs, requests))
+    return tuple(Hostdev(bdfs[i], requests[i].alias) for i in converter_order(requests))
 
 
 def _cells(host: Topology, hostdevs: Sequence[Hostdev], cpu: Mapping[str, Any], policy: CpuPolicy,
