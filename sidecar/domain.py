@@ -96,30 +96,25 @@ def predicted_domain(args: argparse.Namespace, vmi_path: str, host) -> Predicted
 
 def _manifest(path: str) -> dict:
     """The manifest as an object: one VM or VMI (YAML or JSON; the first VM/VMI of a file with
-    several documents, as the deploy/ examples are)."""
+    several documents, as the deploy/ examples are), after the checks ``xmlfix --vmi`` makes."""
     import json
+
+    import yaml
 
     from pcitopo.kubevirt.manifest import vmi_as_json
 
     data = _read(path)
-    if data.lstrip()[:1] not in (b"{", b"[") and b"\n---" in data:
-        import yaml
-
-        docs = [d for d in yaml.safe_load_all(data) if isinstance(d, dict) and d.get("kind") in
-                ("VirtualMachine", "VirtualMachineInstance")]
-        if not docs:
-            raise ConfigError(f"{path}: no VirtualMachine or VirtualMachineInstance in it")
-        data = json.dumps(docs[0]).encode()
-    raw = json.loads(data) if data.lstrip()[:1] == b"{" else None
-    vmi_as_json(data, path)  # the manifest checks (kinds, annotations) --vmi makes
-    if raw is None:
-        import yaml
-
-        raw = yaml.safe_load(data)
+    try:
+        docs = [json.loads(data)] if data.lstrip()[:1] in (b"{", b"[") else list(yaml.safe_load_all(data))
+    except (ValueError, yaml.YAMLError) as e:
+        raise ConfigError(f"VMI {path} is neither JSON nor YAML: {str(e).splitlines()[0]}") from None
+    if len(docs) == 1 and isinstance(docs[0], dict) and isinstance(docs[0].get("items"), list) and len(docs[0]["items"]) == 1:
+        docs = docs[0]["items"]
+    kinds = [d for d in docs if isinstance(d, dict) and d.get("kind") in ("VirtualMachine", "VirtualMachineInstance")]
+    raw = kinds[0] if kinds else (docs[0] if len(docs) == 1 else None)
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: not a VirtualMachine or VirtualMachineInstance")
-    if isinstance(raw.get("items"), list) and len(raw["items"]) == 1:
-        raw = raw["items"][0]
+        raise ConfigError(f"{path}: no VirtualMachine or VirtualMachineInstance in it")
+    vmi_as_json(data if len(docs) == 1 else json.dumps(raw).encode(), path)  # kinds, annotations, as --vmi reads them
     return raw
 
 

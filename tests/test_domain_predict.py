@@ -245,3 +245,9 @@ def test_later_calls_carry_the_hotplug_ports_and_the_release_re_parse():
     assert not any(c.get("model") == "pcie-expander-bus" for c in bare.iter("controller"))
     r = run("pcitopo", "domain", "--vmi", pairs, "--sysfs", B300, "--kubevirt", "v1.7.4", "--call", "3")
     assert r.returncode == 2 and "calls the hook 2 time(s)" in r.stderr.decode() and len(r.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("text", ["{bad", "a: [\n", "kind: ConfigMap\napiVersion: v1\n"])
+def test_an_unreadable_manifest_is_one_line(tmp_path, text):
+    r = run("pcitopo", "domain", "--vmi", write(tmp_path, "m.yaml", text), "--sysfs", B200)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
