@@ -251,3 +251,12 @@ def test_later_calls_carry_the_hotplug_ports_and_the_release_re_parse():
 def test_an_unreadable_manifest_is_one_line(tmp_path, text):
     r = run("pcitopo", "domain", "--vmi", write(tmp_path, "m.yaml", text), "--sysfs", B200)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_a_pf_named_for_an_sriov_interface_gives_its_first_free_vf(tmp_path):
+    vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "s"},
+           "spec": {"domain": {"devices": {"interfaces": [{"name": "ib0", "sriov": {}}, {"name": "ib1", "sriov": {}}]}}}}
+    path = write(tmp_path, "vmi.json", vmi)
+    root, err = domain("--vmi", path, "--sysfs", SRIOV, "--devices", "0000:9b:00.0,0000:9b:00.0")
+    got = [b for _, b in sources(root)]
+    assert len(set(got)) == 2 and all(b.startswith("0000:9b:00.") and not b.endswith(".0") for b in got), got
