@@ -18,7 +18,6 @@ hook input:
   ``target busNr`` holds a device other than an interface.
 - v1.6–v1.7 (``placeholders``): max(16 − PCI devices, 6) placeholders (``calculateHotplugPortCount``),
   no append.
-
 """
 
 from __future__ import annotations
