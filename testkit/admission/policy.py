@@ -6,7 +6,10 @@ What kube-apiserver gives a policy's expressions, and how it is given here:
   ``variables`` (each variable sees the ones before it): as JSON values;
 - ``matchConditions`` all true, else the policy does not apply; ``validations`` each true;
 - the CEL standard library and its macros (``has``, ``exists``, ``all``, ``filter``, ``in``,
-  ``matches``, raw strings, ternaries): cel-python's own.
+  ``matches``, raw strings, ternaries): cel-python's own;
+- of the Kubernetes CEL libraries, the one string function our policies call:
+  ``<string>.replace(old, new)`` (cel-go's strings extension, which kube-apiserver loads), every
+  occurrence replaced, as ``EXTENSIONS`` below does.
 
 What cel-python cannot do, and how it is covered:
 - Kubernetes' typed object construction in mutations, ``Object.spec.containers{...}`` and
@@ -67,10 +70,17 @@ def to_json(value: Any) -> Any:
     raise TypeError(f"unexpected CEL value {value!r}")
 
 
+def _replace(s: Any, old: Any, new: Any) -> celtypes.StringType:
+    return celtypes.StringType(str(s).replace(str(old), str(new)))
+
+
+EXTENSIONS = {"replace": _replace}
+
+
 def evaluate(expression: str, activation: dict[str, Any]) -> Any:
     """Evaluate one CEL expression; ``activation`` holds JSON values (and ``variables``)."""
     env = celpy.Environment()
-    program = env.program(env.compile(expression))
+    program = env.program(env.compile(expression), functions=EXTENSIONS)
     cel_vars = {k: (v if isinstance(v, celtypes.MapType) else celpy.json_to_cel(v)) for k, v in activation.items()}
     cel_vars["Object"] = _TypeName("Object")
     cel_vars["JSONPatch"] = _TypeName("JSONPatch")
