@@ -30,7 +30,7 @@ def reason_for_sys_admin(daemonset: str, container: str) -> bool:
             continue
         part = text[text.index(f"- name: {container}\n"):]
         above = part[:part.index('add: ["SYS_ADMIN"]')].splitlines()[:-1]  # the lines before the add line
-        return bool(above) and above[-1].strip() == SYS_ADMIN_REASON
+        return bool(above) and above[-1].strip().startswith(SYS_ADMIN_REASON)
     return False
 
 
