@@ -392,7 +392,7 @@ def test_an_unprivileged_read_of_live_config_space_is_unknown_needs_root(tmp_pat
 
 # -- the DaemonSet ---------------------------------------------------------------------------------
 
-DAEMONSET = ROOT / "deploy" / "doctor-daemonset.yaml"
+DAEMONSET = ROOT / "deploy" / "base" / "doctor.yaml"
 
 
 def test_the_daemonset_passes_kubernetes_schema_validation():
@@ -400,10 +400,10 @@ def test_the_daemonset_passes_kubernetes_schema_validation():
     import yaml
 
     docs = [d for d in yaml.safe_load_all(DAEMONSET.read_text()) if d]
-    assert [d["kind"] for d in docs] == ["Namespace", "DaemonSet"]
+    assert [d["kind"] for d in docs] == ["DaemonSet"]
     for doc in docs:
         kv.validate(doc, kv.latest_version(), strict=True)  # raises on a typo or a wrong type
-    bad = json.loads(json.dumps(docs[1]))
+    bad = json.loads(json.dumps(docs[0]))
     bad["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesytem"] = True
     with pytest.raises(kv.ValidationError):
         kv.validate(bad, kv.latest_version(), strict=True)
@@ -414,7 +414,7 @@ def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys
 
     import yaml
 
-    ds = list(yaml.safe_load_all(DAEMONSET.read_text()))[1]
+    ds = list(yaml.safe_load_all(DAEMONSET.read_text()))[0]
     pod = ds["spec"]["template"]["spec"]
     c = pod["containers"][0]
     script = c["args"][0]
