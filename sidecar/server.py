@@ -286,7 +286,9 @@ class HookServer:
         if port == 0:
             raise ConfigError(f"cannot bind {self.socket_path}")
         if os.geteuid() == 0 and self.door != "node-hook":  # virt-handler, the node hook's client, is root
-            os.chown(self.socket_path, COMPUTE_UID, COMPUTE_GID)
+            from .plugin.sockets import hand_to
+
+            hand_to(self.socket_path, COMPUTE_UID, COMPUTE_GID)
         server.start()
         self._server = server
         st = os.lstat(self.socket_path)
