@@ -122,8 +122,8 @@ def requested_devices(doc: dict, topo: Topology, selectors: Mapping[str, tuple[s
             key = (kind, f"DRA {kind}")
             counts[key] = counts.get(key, 0) + 1
             unknown.append(f"{kind}/{shown(e.get('name'))} (DRA claim {shown(claim)}/{shown(request)})")
-    if beyond:
-        unknown.append(f"{beyond} more device requests (past the first {MAX_REQUESTS})")
+    if beyond:  # first: the log and the refusal list only the first few
+        unknown.insert(0, f"{beyond} more device requests (past the first {MAX_REQUESTS})")
     groups = []
     for (kind, what), count in counts.items():
         chosen = (selectors or {}).get(what[len("resource "):]) if what.startswith("resource ") else None

@@ -96,19 +96,21 @@ class DoctorFile:
         return parsed, None
 
 
-def with_doctor_file(report: DoctorReport, doctor: DoctorFile | None) -> DoctorReport:
+def with_doctor_file(report: DoctorReport, doctor: DoctorFile | None) -> tuple[DoctorReport, str | None]:
     """``report`` with its unknown acs/ats findings taken from the doctor's file where it has
-    them; the rest say why they stay unknown."""
+    them (the rest say why they stay unknown), and what came of the file (None: not needed)."""
     unknown = [f for f in report.findings if f.status == "unknown" and f.check in CONFIG_CHECKS and f.bdf]
     if not unknown:
-        return report
+        return report, None
     found, why = doctor.findings() if doctor is not None else ({}, "no --doctor-report")
-    out = []
+    out, used = [], 0
     for f in report.findings:
         d = found.get((f.check, f.bdf)) if f in unknown else None
         if d is not None:
+            used += 1
             f = dataclasses.replace(f, status=d.status, message=f"{d.message} (the doctor's report)", fix=d.fix)
         elif f in unknown:
             f = dataclasses.replace(f, message=f"{f.message}; {why or 'the doctor did not check it'}")
         out.append(f)
-    return dataclasses.replace(report, findings=tuple(out))
+    note = why or f"{used} of {len(unknown)} unknown acs/ats findings from {doctor.path}"
+    return dataclasses.replace(report, findings=tuple(out)), note

@@ -70,6 +70,12 @@ class PermittedDevices:
 
 
 
+# The largest VMI JSON the node hook reads. Kubernetes keeps objects in etcd, whose default
+# request limit (--max-request-bytes) is 1.5 MiB, so no VMI virt-handler sends is larger; twice
+# that leaves room for an etcd configured higher, and keeps one call's parse near 30 MiB.
+MAX_VMI_BYTES = 3 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     """What ``pcitopo serve --node-hook`` is told besides the host: the KubeVirt CR's
@@ -171,6 +177,10 @@ def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | N
     from ..config import annotation, options_from_vmi
 
     settings = settings or NodeSettings()
+    if len(vmi_json) > MAX_VMI_BYTES:  # answered before parsing: a parse is ~10x the bytes in memory
+        return NodeVerdict("not-ready", {"vmi_bytes": len(vmi_json)}, VmiError(
+            f"the VMI is {len(vmi_json)} bytes, more than Kubernetes stores in one object ({MAX_VMI_BYTES} "
+            f"bytes at most): not a VMI virt-handler sends"))
     vmi, options = options_from_vmi(vmi_json)
     fields: dict[str, Any] = {"vmi": vmi.ref}
     if options.doctor == "off":
@@ -181,10 +191,10 @@ def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | N
     if not req.devices:
         fields["reason"] = "no vfio-pci GPU or NIC on this node for this VM: nothing to check"
         return NodeVerdict("skipped", fields)
-    report = with_doctor_file(host.doctor(topo, req.devices, run_checks), settings.doctor)
+    report, doctor_report = with_doctor_file(host.doctor(topo, req.devices, run_checks), settings.doctor)
     blames = _blames(report, topo, req)
     fields.update(doctor=report.summary(), doctor_findings=findings_summary(report) or None,
-                  sure_failures=len(blames))
+                  doctor_report=doctor_report, sure_failures=len(blames))
     if not blames:
         if not report.failed:
             return NodeVerdict("ready", fields)

@@ -185,3 +185,124 @@ def test_vmi_that_is_not_json_gets_one_clean_line(client, node_hook, tmp_path):
     srv = node_hook(fixture_sysfs("hgx-h100-faults"))
     rep = call(client, srv, b'{"metadata": {"annotations": {"pcitopo.kubevirt.io/doctor": "require"}}, "spec": [', tmp_path, "-raw")
     assert not rep["ok"] and rep["code"] == "InvalidArgument" and "\n" not in rep["message"], rep
+
+
+# -- unprivileged: ACS and ATS from the doctor's report ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def unprivileged_sysfs(tmp_path_factory) -> str:
+    """hgx-h100-faults as a process without CAP_SYS_ADMIN reads it: every ``config`` file cut
+    to its first 64 bytes, as the kernel cuts it (drivers/pci/pci-sysfs.c)."""
+    import tarfile
+
+    root = tmp_path_factory.mktemp("unprivileged-sys")
+    with tarfile.open(Path(fixture_sysfs("hgx-h100-faults")) / "sysfs.tar.gz") as tar:
+        tar.extractall(root, filter="data")
+    for config in root.rglob("config"):
+        if config.is_file() and not config.is_symlink():
+            config.write_bytes(config.read_bytes()[:64])
+    return str(root)
+
+
+def doctor_json(tmp: Path) -> Path:
+    """What the privileged doctor writes (`pcitopo doctor --json`, the whole config space)."""
+    r = subprocess.run([str(Path(serve_argv("x", "y")[0]).parent / "pcitopo"), "doctor", "--sysfs",
+                        fixture_sysfs("hgx-h100-faults"), "--json"], capture_output=True, timeout=120)
+    assert r.returncode in (0, 1), r.stderr
+    out = tmp / "doctor.json"
+    out.write_bytes(r.stdout)
+    return out
+
+
+def config_findings(rec: dict) -> dict[str, int]:
+    return {c: sum(1 for f in rec["doctor_findings"] or [] if f.split()[1] == c) for c in ("acs", "ats")}
+
+
+def test_unprivileged_node_hook_takes_acs_and_ats_from_the_doctors_report(client, node_hook, kubevirt_cr, unprivileged_sysfs, tmp_path):
+    report = doctor_json(tmp_path)
+    srv = node_hook(unprivileged_sysfs, "--permitted-host-devices", kubevirt_cr, "--doctor-report", str(report))
+    rep = call(client, srv, h100_vmi(), tmp_path)
+    assert not rep["ok"] and rep["code"] == "FailedPrecondition", rep
+    rec = last_line(srv)
+    assert rec["doctor"]["unknown"] == 0 and config_findings(rec) == {"acs": 2, "ats": 2}
+    assert any("(the doctor's report)" in f for f in rec["doctor_findings"])
+    assert re.fullmatch(r"(\d+) of \1 unknown acs/ats findings from .*", rec["doctor_report"]) and rec["doctor_report"].endswith(f"from {report}")
+
+
+def test_unprivileged_node_hook_says_unknown_without_the_doctors_report(client, node_hook, kubevirt_cr, unprivileged_sysfs, tmp_path):
+    srv = node_hook(unprivileged_sysfs, "--permitted-host-devices", kubevirt_cr, "--doctor-report", str(tmp_path / "none.json"))
+    call(client, srv, h100_vmi({"pcitopo.kubevirt.io/doctor": "warn"}), tmp_path)
+    rec = last_line(srv)
+    assert rec["doctor"]["unknown"] > 0 and config_findings(rec) == {"acs": 0, "ats": 0}
+    assert "is missing" in rec["doctor_report"]
+
+
+def test_unprivileged_node_hook_does_not_trust_a_stale_doctors_report(client, node_hook, kubevirt_cr, unprivileged_sysfs, tmp_path):
+    report = doctor_json(tmp_path)
+    old = os.stat(report).st_mtime - 7200
+    os.utime(report, (old, old))
+    srv = node_hook(unprivileged_sysfs, "--permitted-host-devices", kubevirt_cr, "--doctor-report", str(report))
+    call(client, srv, h100_vmi({"pcitopo.kubevirt.io/doctor": "warn"}), tmp_path)
+    rec = last_line(srv)
+    assert rec["doctor"]["unknown"] > 0 and config_findings(rec) == {"acs": 0, "ats": 0}
+    assert "is stale (7200 s old)" in rec["doctor_report"] or "is stale (older than the node's boot)" in rec["doctor_report"]
+
+
+# -- memory: bounded whatever the VMI says ---------------------------------------------------------
+
+MEMORY_LIMIT_MIB = 160  # the node-hook container's limit (deploy/doctor-daemonset.yaml)
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib / 1024
+
+
+def addresses(start: int, n: int) -> list[str]:
+    """``n`` distinct PCI addresses, none of them this node's."""
+    return [f"{0x8000 + (i >> 13):04x}:{(i >> 5) & 0xff:02x}:{i & 0x1f:02x}.{start % 8}" for i in range(start, start + n)]
+
+
+def hostile_vmi(call_no: int, n: int = 100_000) -> dict:
+    """One of four VMIs of ``n`` distinct addresses each: v1.7-style DRA status entries, and as
+    many distinct device requests (DRA claims and device-plugin resources) in the spec."""
+    vmi = h100_vmi()
+    base = call_no * n
+    if call_no % 2 == 0:
+        vmi["status"] = {"deviceStatus": {"gpuStatuses": [
+            {"deviceResourceClaimStatus": {"attributes": {"pciAddress": a}}} for a in addresses(base, n)]}}
+    else:
+        vmi["spec"]["domain"]["devices"] = {
+            "gpus": [{"name": a, "claimName": a, "requestName": "r"} for a in addresses(base, n // 2)],
+            "hostDevices": [{"name": a, "deviceName": a} for a in addresses(base + n // 2, n // 2)]}
+    return vmi
+
+
+def test_node_hook_memory_stays_bounded_under_huge_vmis(client, node_hook, kubevirt_cr, tmp_path):
+    """Straight to the socket: four calls of 100,000 distinct addresses each (over the size a
+    Kubernetes object can have: one clean line each, nothing parsed), then four of the most
+    distinct addresses a VMI of the largest size read holds. The server's resident memory stays
+    well under its limit: nothing is kept per address (no cached misses, 256 requests looked at).
+    The numbers are printed (-s) for the record."""
+    from pcitopo.sidecar.plugin.nodehook import MAX_VMI_BYTES
+
+    srv = node_hook(fixture_sysfs("hgx-h100-faults"), "--permitted-host-devices", kubevirt_cr)
+    call(client, srv, h100_vmi(), tmp_path)
+    before = rss_mib(srv.pid)
+    huge, largest = [], []
+    for n in range(4):
+        rep = call(client, srv, hostile_vmi(n), tmp_path, "-raw")
+        assert rep["sent"] > MAX_VMI_BYTES and not rep["ok"] and rep["code"] == "InvalidArgument", rep
+        assert "\n" not in rep["message"] and "more than Kubernetes stores in one object" in rep["message"]
+        huge.append(rss_mib(srv.pid))
+    for n in range(4, 10):
+        rep = call(client, srv, hostile_vmi(n, 36_000), tmp_path, "-raw")
+        assert 2_000_000 < rep["sent"] <= MAX_VMI_BYTES and (rep["ok"] or "\n" not in rep["message"]), rep
+        largest.append(rss_mib(srv.pid))
+    print(f"node hook RSS: {before:.1f} MiB after a normal call; after 100,000-address calls: "
+          + ", ".join(f"{a:.1f}" for a in huge) + " MiB; after 36,000-address calls (the largest VMI read): "
+          + ", ".join(f"{a:.1f}" for a in largest) + " MiB")
+    # Half the limit: the other half is for two such calls at once (the server has two workers).
+    assert max(huge + largest) < MEMORY_LIMIT_MIB / 2, (huge, largest)
+    assert last_line(srv)["could_not_know"][0] == f"{36_000 - 256} more device requests (past the first 256)"
