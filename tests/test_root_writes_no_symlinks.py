@@ -19,6 +19,14 @@ from testkit import FIXTURES
 from testkit.hookkit import serve_argv
 
 VICTIM_TEXT = "root-owned file a link points to\n"
+NCCL_TOPOLOGY = b"""<system version="1">
+  <cpu numaid="0">
+    <pci busid="0000:d5:00.0" class="0x060400" link_speed="32.0 GT/s PCIe" link_width="16">
+      <pci busid="0000:d7:00.0" class="0x030200" link_speed="32.0 GT/s PCIe" link_width="16"/>
+    </pci>
+  </cpu>
+</system>
+"""
 
 
 @pytest.fixture()
@@ -108,6 +116,20 @@ def test_server_refuses_a_symlink_at_its_socket_path(tmp_path, victim):
     r = subprocess.run(serve_argv(sock, str(FIXTURES / "hgx-b200")), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "is not a socket; refusing to replace it" in r.stderr, r.stderr
     assert sock.is_symlink() and untouched(victim)
+
+
+def test_guest_nccl_topology_install_does_not_follow_symlinks(tmp_path, victim):
+    """In the guest, root installs NCCL's topology file at every boot: links planted at the old
+    temporary name (``<dest>.tmp<pid>``) and at the file itself are not written through."""
+    from pcitopo.topology.paths import ncclxml
+
+    good = NCCL_TOPOLOGY
+    dest = tmp_path / "run" / "virtualTopology.xml"
+    dest.parent.mkdir()
+    (dest.parent / f"{dest.name}.tmp{os.getpid()}").symlink_to(victim)
+    dest.symlink_to(victim)
+    ncclxml.install(good, str(dest))
+    assert untouched(victim) and not dest.is_symlink() and dest.read_bytes() == good
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the socket is handed to the compute container's uid only as root")
