@@ -186,7 +186,7 @@ def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | N
     if options.doctor == "off":
         return NodeVerdict("skipped", {**fields, "reason": f"annotation {annotation('doctor')} is off"})
     topo, req = _request(_vmi_doc(vmi_json), host, settings)
-    fields.update(device_source=req.source, vm_devices={g.what: g.count for g in req.groups} or None,
+    fields.update(device_source=req.source, vm_devices={g.what: g.count for g in req.groups[:16]} or None,
                   devices=len(req.devices), could_not_know=list(req.unknown[:16]) or None)
     if not req.devices:
         fields["reason"] = "no vfio-pci GPU or NIC on this node for this VM: nothing to check"
