@@ -17,6 +17,7 @@ not running, so this is a pure function of the node, the doctor's report and the
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -74,6 +75,7 @@ class PermittedDevices:
 # request limit (--max-request-bytes) is 1.5 MiB, so no VMI virt-handler sends is larger; twice
 # that leaves room for an etcd configured higher, and keeps one call's parse near 30 MiB.
 MAX_VMI_BYTES = 3 * 1024 * 1024
+_ADDRESS = re.compile(r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[Blame]:
     for g in req.groups:
         if g.certain:
             mine = paths_of(topo, g.candidates)
-            out += [Blame(_finding_text(f), 1) for f in failed if f.bdf in mine]
+            out += [Blame(_finding_text(f, mine), 1) for f in failed if f.bdf in mine]
             continue
         bad = failing_candidates(topo, g, failed_at)
         if len(bad) > len(g.candidates) - g.count:
@@ -131,9 +133,12 @@ def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[Blame]:
     return list({b.what: b for b in out}.values())
 
 
-def _finding_text(f: Finding) -> str:
+def _finding_text(f: Finding, mine: set[str] = frozenset()) -> str:
+    """The finding in one line, with any address that is not on the VM's own paths (an IOMMU
+    group's other member, say) shown as "another device": the refusal reaches the VM's owner."""
     where = f"{f.label} {f.bdf}" if f.bdf else "the host"
-    return f"{f.check} {where}: {f.message}" + (f"; fix: {f.fix}" if f.fix else "")
+    text = f"{f.check} {where}: {f.message}" + (f"; fix: {f.fix}" if f.fix else "")
+    return _ADDRESS.sub(lambda m: m.group(0) if m.group(0) in mine else "another device", text)
 
 
 def refusal(blames: list[Blame], req: Request, node: str, policy_note: str) -> DoctorError:

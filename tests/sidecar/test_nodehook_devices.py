@@ -98,3 +98,15 @@ def test_a_doctor_report_that_is_not_the_doctors_json_is_not_used(tmp_path):
     old = os.stat(bad).st_mtime - 3600
     os.utime(bad, (old, old))
     assert "is stale" in DoctorFile(str(bad)).findings()[1]
+
+
+def test_a_refusal_for_the_vms_own_device_names_no_other_device(faults):
+    """All seven GH100s are the VM's (it asks for eight): the refusal names them, and shows the
+    NIC sharing GPU3's IOMMU group, which may be another VM's, only as "another device"."""
+    v = check_node(vmi(plugin_gpus(8)), "n", faults, NodeSettings(H100))
+    msg = v.refusal.reason
+    assert msg.startswith("n cannot give this VM GPUDirect RDMA (annotation pcitopo.kubevirt.io/doctor is require): "
+                          "iommu-group GPU3 0000:5d:00.0: IOMMU group 900 also holds another device: "), msg
+    gpus = {str(b) for b in faults().bdfs() if faults().function(b).ids == "10de:2330"}
+    bridges = {str(a.bdf) for b in gpus for a in faults().ancestry(faults().function(b))}
+    assert set(BDF.findall(msg)) <= gpus | bridges
