@@ -110,3 +110,13 @@ def test_a_refusal_for_the_vms_own_device_names_no_other_device(faults):
     gpus = {str(b) for b in faults().bdfs() if faults().function(b).ids == "10de:2330"}
     bridges = {str(a.bdf) for b in gpus for a in faults().ancestry(faults().function(b))}
     assert set(BDF.findall(msg)) <= gpus | bridges
+
+
+def test_doctor_report_option_is_for_the_node_hook_only(tmp_path):
+    import subprocess
+
+    from testkit.server_proc import serve_argv
+
+    r = subprocess.run([*serve_argv(tmp_path / "s.sock", fixture_sysfs("hgx-b200")), "--doctor-report", str(tmp_path / "d.json")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--doctor-report is for --node-hook" in r.stderr
