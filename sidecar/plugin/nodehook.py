@@ -69,11 +69,10 @@ class PermittedDevices:
         return cls({k: tuple(v) for k, v in out.items()})
 
 
-
-
 # The largest VMI JSON the node hook reads. Kubernetes keeps objects in etcd, whose default
 # request limit (--max-request-bytes) is 1.5 MiB, so no VMI virt-handler sends is larger; twice
-# that leaves room for an etcd configured higher, and keeps one call's parse near 30 MiB.
+# that leaves room for an etcd configured higher, and keeps one call's parse to about 20 MiB
+# (measured: tests/sidecar/test_plugin_nodehook.py, the memory test).
 MAX_VMI_BYTES = 3 * 1024 * 1024
 _ADDRESS = re.compile(r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
 
@@ -106,31 +105,24 @@ def _vmi_doc(vmi_json: bytes) -> dict:
     return doc
 
 
-@dataclass(frozen=True)
-class Blame:
-    """Why the VM surely cannot have GPUDirect RDMA here: what fails, named for its owner."""
-
-    what: str  # "ats NIC1 0000:29:00.0: ...; fix: ..." or "resource x: 3 of its 4 candidates fail ats"
-    findings: int
-
-
-def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[Blame]:
-    """What is surely the VM's among the failures: host-wide checks, failing devices of a
-    certain group, and groups more of whose candidates fail than the VM can avoid."""
+def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[str]:
+    """What is surely the VM's among the failures, each in one line for its owner: host-wide
+    checks, failing devices of a certain group, and groups more of whose candidates fail than
+    the VM can avoid."""
     failed = report.failed
-    out = [Blame(_finding_text(f), 1) for f in failed if f.bdf is None]
+    out = [_finding_text(f) for f in failed if f.bdf is None]
     failed_at = {f.bdf for f in failed if f.bdf}
     for g in req.groups:
         if g.certain:
             mine = paths_of(topo, g.candidates)
-            out += [Blame(_finding_text(f, mine), 1) for f in failed if f.bdf in mine]
+            out += [_finding_text(f, mine) for f in failed if f.bdf in mine]
             continue
         bad = failing_candidates(topo, g, failed_at)
         if len(bad) > len(g.candidates) - g.count:
             checks = sorted({f.check for f in failed if f.bdf in paths_of(topo, bad)})
-            out.append(Blame(f"{g.what}: {len(bad)} of the {len(g.candidates)} devices it can be given on this node "
-                             f"fail {', '.join(checks)}, so at least one of this VM's {g.count} does", len(bad)))
-    return list({b.what: b for b in out}.values())
+            out.append(f"{g.what}: {len(bad)} of the {len(g.candidates)} devices it can be given on this node "
+                       f"fail {', '.join(checks)}, so at least one of this VM's {g.count} does")
+    return list(dict.fromkeys(out))
 
 
 def _finding_text(f: Finding, mine: set[str] = frozenset()) -> str:
@@ -141,11 +133,11 @@ def _finding_text(f: Finding, mine: set[str] = frozenset()) -> str:
     return _ADDRESS.sub(lambda m: m.group(0) if m.group(0) in mine else "another device", text)
 
 
-def refusal(blames: list[Blame], req: Request, node: str, policy_note: str) -> DoctorError:
+def refusal(blames: list[str], req: Request, node: str, policy_note: str) -> DoctorError:
     """One line: the first sure failure, how many more, and what the hook could not know."""
     more = f" (and {len(blames) - 1} more)" if len(blames) > 1 else ""
     unknown = f"; could not tell which devices are the VM's for {listed(req.unknown)}" if req.unknown else ""
-    return DoctorError(f"{node or 'this node'} cannot give this VM GPUDirect RDMA ({policy_note}): {blames[0].what}{more}{unknown}")
+    return DoctorError(f"{node or 'this node'} cannot give this VM GPUDirect RDMA ({policy_note}): {blames[0]}{more}{unknown}")
 
 
 def findings_summary(report: DoctorReport) -> list[str]:
@@ -184,8 +176,8 @@ def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | N
     settings = settings or NodeSettings()
     if len(vmi_json) > MAX_VMI_BYTES:  # answered before parsing: a parse is ~10x the bytes in memory
         return NodeVerdict("not-ready", {"vmi_bytes": len(vmi_json)}, VmiError(
-            f"the VMI is {len(vmi_json)} bytes, more than Kubernetes stores in one object ({MAX_VMI_BYTES} "
-            f"bytes at most): not a VMI virt-handler sends"))
+            f"the VMI is {len(vmi_json)} bytes, over the node hook's {MAX_VMI_BYTES} (twice etcd's default object "
+            f"limit): not a VMI virt-handler sends"))
     vmi, options = options_from_vmi(vmi_json)
     fields: dict[str, Any] = {"vmi": vmi.ref}
     if options.doctor == "off":
