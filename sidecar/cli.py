@@ -16,6 +16,7 @@ from pcitopo.topology import __version__
 from pcitopo.topology.errors import ConfigError
 
 from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
+from .preflight import add_preflight_parser, cmd_preflight
 
 
 # -- pcitopo topo ----------------------------------------------------------------------------
@@ -282,8 +283,6 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
                                    "(exit 1 on any difference)"))
     _add_guest_parsers(sub)
     _add_doctor_parser(sub, default_sysfs())
-    from .preflight import add_preflight_parser, cmd_preflight
-
     add_preflight_parser(sub)
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     if not argv:  # bare `pcitopo`: the commands, not only "a command is required"

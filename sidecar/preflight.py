@@ -105,11 +105,14 @@ def _workload_lines(report) -> list[str]:
     loads = report.workloads
     out = [f"vms with a PCI host device: {len(loads)}; harmed by the target: {len(report.harmed)}"]
     for w in loads:
-        mark = "HARMED" if w.harm else "ok    "
+        mark = "HARMED" if w.harm else ("down  " if not w.before.starts else "ok    ")
         state = f"{w.harm}: {w.after.line}" if w.harm else (
-            w.after.line if w.before.start is w.after.start else f"{w.before.start.value} -> {w.after.line}")
+            w.after.line if w.before.start is w.after.start else f"{w.before.start.value}, then {w.after.line}")
+        state = state if w.before.starts else f"already {state}"
         out.append(f"  {mark} {w.name} ({w.kind}; {', '.join(w.devices)}): {state}")
-    needs = " and ".join(report.doors())
+    from pcitopo.kubevirt.preflight import DOOR_NAMES
+
+    needs = " and ".join(DOOR_NAMES[d] for d in report.doors())
     opted = [w for w in loads if w.opted_in]
     out.append(f"doors on KubeVirt {report.after.release} after the target: {needs} "
                f"({len(opted)} opted-in VM(s) with PCI host devices)")
