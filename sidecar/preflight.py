@@ -105,7 +105,7 @@ def _workload_lines(report) -> list[str]:
     loads = report.workloads
     out = [f"vms with a PCI host device: {len(loads)}; harmed by the target: {len(report.harmed)}"]
     for w in loads:
-        mark = "HARMED" if w.harm else ("down  " if not w.before.starts else "ok    ")
+        mark = "HARMED" if w.harm else "down  " if not w.before.starts else "lossy " if w.after.lost else "ok    "
         state = f"{w.harm}: {w.after.line}" if w.harm else (
             w.after.line if w.before.start is w.after.start else f"{w.before.start.value}, then {w.after.line}")
         state = state if w.before.starts else f"already {state}"

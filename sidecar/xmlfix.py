@@ -106,6 +106,8 @@ def xmlfix(argv: Sequence[str]) -> int:
     domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     if (args.cluster or args.kubevirt) and not (args.check and args.vmi):
         raise ConfigError("--cluster and --kubevirt judge a VMI on a KubeVirt release: use them with --check --vmi FILE")
+    if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
+        raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
     if vmi is not None:  # `kubectl get vmi -o yaml` is what people paste
         from pcitopo.kubevirt.manifest import vmi_as_json

@@ -165,3 +165,20 @@ def test_the_hook_annotation_needs_its_gate_and_valid_json_everywhere():
     for cluster in (Cluster("v1.6.0", frozenset({"Sidecar"})), V190, Cluster("v1.10.0", frozenset({"Sidecar", "Plugins"}), ("pcitopo",))):
         v = judge(gpu_vmi(LABEL, bad), cluster)
         assert v.start is Start.NO_START and "not valid JSON" in v.line, cluster
+
+
+def test_the_doors_each_opted_in_vm_needs_on_the_release(tmp_path):
+    """On v1.9.0 without a Plugin object the hook is the door: a VM with the label alone is told
+    to add it; on a release with PR #18866 the Plugin is."""
+    text = STRANGER.read_text()
+    hook = next(ln for ln in text.splitlines() if "hooks.kubevirt.io/hookSidecars" in ln)
+    label_only = tmp_path / "label-only.yaml"
+    label_only.write_text(text.replace(hook + "\n", ""))
+    out = run("--target", "kubevirt-v1.9.0", str(label_only)).stdout.decode()
+    assert "  ml/llm-0: has plugin; add hook" in out
+    main = tmp_path / "main.yaml"
+    main.write_text(text.replace("observedKubeVirtVersion: v1.9.0", "observedKubeVirtVersion: v1.10.0"))
+    r = run("--target", "kubevirt-main", str(main))
+    out = r.stdout.decode()
+    assert r.returncode == 0, out  # KubeVirt writes mode itself: the strangers' VMs keep starting
+    assert "doors on KubeVirt v1.10.0 after the target: the pcitopo Plugin" in out and "  ml/llm-0: has hook, plugin" in out
