@@ -181,12 +181,6 @@ def attachment(vmi: Mapping[str, Any], door: str | None = "hook") -> Attachment:
     return Attachment(None, f"{hook.why}; nor does the Plugin door: {plugin.why}", hook.then)
 
 
-def attachment_of_json(vmi_json: bytes, door: str | None = "hook") -> Attachment:
-    """:func:`attachment` of a VMI's JSON (as :func:`vmi_as_json` returns it)."""
-    doc = _json_or_none(vmi_json)
-    return attachment(doc if isinstance(doc, dict) else {}, door)
-
-
 def plugin_attachment(labels: Mapping[str, Any]) -> Attachment:
     """The Plugin door: deploy/plugin's Plugin selects a VMI, and its admission policy injects
     the container into the VMI's pod, by one label (``pcitopo.kubevirt.doors``)."""
