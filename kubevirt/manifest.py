@@ -107,6 +107,8 @@ def _ignored_on_the_vm(vm_meta: dict, template_meta: dict, name: str) -> None:
     kept = template_meta.get("annotations") if isinstance(template_meta.get("annotations"), dict) else {}
     for key in own:
         if isinstance(key, str) and key.startswith(OUR_PREFIXES) and key not in kept:
+            if label := label_not_annotation(key):
+                raise ConfigError(f"{name}: annotation {label}")
             raise ConfigError(f"{name}: annotation {key} is on the {VM_KIND}'s own metadata, where KubeVirt ignores it: "
                               "move it to spec.template.metadata.annotations")
 

@@ -112,3 +112,12 @@ def test_the_plugin_label_among_annotations_says_it_is_a_label_and_where_labels_
 def test_another_unknown_annotation_still_lists_the_known_ones():
     with pytest.raises(ConfigError, match=r"unknown annotation pcitopo.kubevirt.io/plugins \(known: "):
         options_from_annotations({"pcitopo.kubevirt.io/plugins": "true"})
+
+
+def test_the_plugin_label_among_a_vms_own_annotations_says_where_labels_go_not_where_annotations_go(tmp_path):
+    path = tmp_path / "vm.yaml"
+    path.write_text(VM.replace("metadata:\n", 'metadata:\n  annotations:\n    pcitopo.kubevirt.io/plugin: "true"\n', 1))
+    with pytest.raises(ConfigError) as e:
+        vmi_as_json(path.read_bytes(), "vm.yaml")
+    assert "pcitopo.kubevirt.io/plugin is a label, not an annotation" in str(e.value)
+    assert "spec.template.metadata.labels" in str(e.value) and "move it to spec.template.metadata.annotations" not in str(e.value)
