@@ -12,8 +12,8 @@ from ..model.tree import PciFunction, Topology
 # GPU node carries, named after the PCI ID Repository (pci.ids, https://pci-ids.ucw.cz; a test
 # checks the 15b3 entries against Debian's copy) and, for the ConnectX-8 parts pci.ids lacks or
 # names by family, rdma-core's rdma_topo device table; enough for readable output without pci.ids.
-# The B200/B300 NVLink switch-management functions share the ConnectX-7 id: their name comes from
-# their role (:func:`device_name`), not from this table.
+# The functions that manage NVLink switch chips (B200 boards; any host whose VPD says SW_MNG) carry
+# the ConnectX-7 id: their name comes from their role (:func:`device_name`), not from this table.
 KNOWN_PARTS: dict[str, str] = {
     "10de:2330": "NVIDIA H100 SXM5 80GB",
     "10de:2335": "NVIDIA H200 SXM 141GB",
@@ -80,7 +80,7 @@ def udev_name(sys_path: str) -> str | None:
 
 
 def part_name(f: PciFunction, live_root: str | None = None) -> str | None:
-    """The part's name: udev's on a live host, else :data:`KNOWN_PARTS`', else None."""
+    """The part's name: udev's on a live host, else the one in :data:`KNOWN_PARTS`, else None."""
     if live_root is not None:
         name = udev_name(f"{live_root.rstrip('/')}/devices/{'/'.join(f.path)}")
         if name:
@@ -92,8 +92,8 @@ SWITCH_MANAGEMENT = "NVLink switch management, not a compute NIC"
 
 
 def device_name(topo: Topology, f: PciFunction, live_root: str | None = None) -> str:
-    """What the legend and the pictures call a function: its part name (else its ids), and for a
-    ConnectX-7 function that manages B200/B300 NVLink switch chips, that role, since its ids alone
-    say ConnectX-7 (topology/model/nvswitch_mgmt.py)."""
+    """What the legend calls a function: its part name (else its ids), and for a ConnectX-7
+    function that manages NVLink switch chips, that role, since its ids alone say ConnectX-7
+    (topology/model/nvswitch_mgmt.py; ``--tree`` adds why)."""
     name = part_name(f, live_root) or f.ids
     return f"{name} ({SWITCH_MANAGEMENT})" if management_reason(topo, f) else name
