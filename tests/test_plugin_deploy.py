@@ -370,3 +370,30 @@ def test_a_require_vm_on_a_node_without_the_node_hook_does_not_start(plugin):
         {"socket": "/var/run/kubevirt/plugins/acme.sock", "permittedHooks": ["PreVMStart"], "failureStrategy": "Ignore"}]}}
     err, calls = call_node_hooks([plugin, other], "PreVMStart", doctor_vmi("require"), serving={SOCKET})
     assert err is None and [c.plugin for c in calls] == ["acme", "pcitopo"]
+
+
+def test_the_node_hook_container_runs_its_real_command(tmp_path):
+    """The node-hook container's script, run by /bin/sh as the container runs it, with the host
+    paths pointed at a fixture and a scratch folder (and the socket there): `pcitopo serve
+    --node-hook` starts and serves, reading the doctor's report from where the doctor writes it."""
+    import shutil
+    import tempfile
+
+    from testkit.server_proc import BIN, ServerProcess
+
+    ds = kind(load(PLUGIN / "node-hook.yaml"), "DaemonSet")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["/bin/sh", "-c"]
+    short = Path(tempfile.mkdtemp(prefix="pcitopo-nh-"))  # AF_UNIX paths are short
+    try:
+        sock = short / "pcitopo.sock"
+        script = (c["args"][0].replace("/host/sys", str(ROOT / "fixtures" / "hgx-b200"))
+                  .replace("/var/run/pcitopo/doctor.json", str(tmp_path / "doctor.json"))
+                  .replace("/etc/pcitopo/kubevirt/kubevirt.yaml", str(tmp_path / "kubevirt.yaml"))
+                  .replace('exec pcitopo serve "$@"', f'exec {BIN}/pcitopo serve "$@" --socket {sock}'))
+        with ServerProcess(["/bin/sh", "-c", script], tmp_path / "log", socket=sock) as server:
+            server.wait_for_socket()
+            (serving,) = [line for line in server.log_lines() if line.get("event") == "serving"]
+            assert serving["door"] == "node-hook"
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
