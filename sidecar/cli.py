@@ -124,10 +124,17 @@ def _fabric_args(p: argparse.ArgumentParser, what: str) -> None:
                    "(default $PCITOPO_MODULE_MAP)")
 
 
+def _phys_bits(text: str) -> int:
+    """--phys-bits: a CPU address width x86 can have (QEMU's phys-bits takes 32 to 64)."""
+    if not text.isdigit() or not 32 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an address width from 32 to 64 bits")
+    return int(text)
+
+
 def _cmd_capture(args: argparse.Namespace) -> int:
     from pcitopo.topology.host.capture import capture
 
-    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # -o - is stdout
+    summary = capture(args.sysfs, args.output, sys.stdout.buffer, args.phys_bits)  # -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
         f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
@@ -137,6 +144,8 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         print(f"recorded the host CPU's physical-address width: {summary.host_bits} bits", file=sys.stderr)
     for s in summary.skipped:
         print(f"warning: skipped {s}", file=sys.stderr)
+    for line in summary.missing:  # one line per kind of file the source lacks
+        print(f"warning: {line}", file=sys.stderr)
     if summary.config_cut:  # read without CAP_SYS_ADMIN: say what the doctor will not know
         print(f"warning: config space of {summary.config_cut} function(s) cut at 64 bytes (read without "
               "CAP_SYS_ADMIN): the doctor's acs and ats checks will say unknown for this capture; capture as root for them "
@@ -276,6 +285,8 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
     c.add_argument("--sysfs", default=default_sysfs(), help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
     c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
+    c.add_argument("--phys-bits", type=_phys_bits, metavar="N", help="the node's CPU physical-address width (`address sizes` "
+                   "in its /proc/cpuinfo), recorded in the capture; without it only a live sysfs records one (this machine's)")
     from .guest import add_verify_args
 
     add_verify_args(sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction "
