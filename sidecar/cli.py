@@ -51,7 +51,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         if args.module_map:
             raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
         table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
-        oracle = NvlinkOracle(topo, table)
+        oracle = NvlinkOracle(topo, table, hint="pass --fabric (`fmpm -l`) or --nvlink-table")
     # Named devices in the order given, each once (a repeated BDF is not a second device).
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None

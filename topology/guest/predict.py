@@ -308,6 +308,9 @@ def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
         for p in report.pairs
     ]
     doc = {"devices": devices, "pairs": pairs, "notes": list(report.notes) + firmware_warnings(result)}
+    if fabric is None:  # the board table's NV# (with a fabric, the NVLink check's verdict is in the notes)
+        oracle = NvlinkOracle(host)
+        doc["nvlink_source"], doc["nvlink_reason"] = oracle.source, oracle.reason
     if report.pairing is not None:
         policy, found = report.pairing
         doc["pairing"] = found.as_json(policy)

@@ -34,6 +34,8 @@ def _explain_nvlink(result, host: Topology, fabric) -> tuple[object | None, list
     inside the VM's own partition when the check found it active; without one: the board-table
     inference, marked as such."""
     oracle = guest_nvlink(result, host, fabric)
+    if fabric is None and oracle.blocked:  # SXM GPUs, but the table's conditions are not met
+        return oracle, [f"NVLink: nvlink_source {oracle.source}: {oracle.reason}"]
     if fabric is None:
         return oracle, ["NVLink: NV# inferred from the SXM board table (no fabric file): the guest has NVLink only "
                         "if its GPUs are exactly one active Fabric Manager partition (xmlfix --fabric checks that)"]
