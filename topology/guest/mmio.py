@@ -38,17 +38,8 @@ from lxml import etree
 
 from ..errors import FirmwareWarning, MmioError, PcitopoError
 from ..libvirt.domain import DOWNSTREAM, OUR_ALIAS_PREFIX, PciController, ROOT_PORT, UPSTREAM
-from ..libvirt.machine import (
-    FEATURE_OFF_POLICIES,
-    cpu_feature_policies,
-    cpu_has_model,
-    cpu_mode_of,
-    ensure_cpu,
-    firmware_of,
-    guest_ram,
-    require_cpu_feature,
-    set_maxphysaddr,
-)
+from ..libvirt.machine import (FEATURE_OFF_POLICIES, cpu_feature_policies, cpu_has_model, cpu_mode_of, ensure_cpu,
+                               firmware_of, guest_ram, require_cpu_feature, set_maxphysaddr)
 from ..libvirt.overrides import Property, set_properties
 from ..model.bars import GiB, bits_for, device_bars, fmt_size, pow2ceil
 from ..model.cpuinfo import HostWidth, local_width
@@ -116,15 +107,11 @@ class MmioBudget:
 
     @property
     def unknown(self) -> list[str]:
-        """What the budget could not know, one line each (``xmlfix --check`` is then unknown, not
-        ok): BARs that cannot be sized, so the sums above may be short; a host CPU width that was
-        not recorded while the guest needs a width of its own."""
-        out = []
-        if self.unsized:
-            shown = ", ".join(str(b) for b in self.unsized[:3])
-            more = f", and {len(self.unsized) - 3} more" if len(self.unsized) > 3 else ""
-            out.append(f"MMIO: the BARs of {len(self.unsized)} device(s) cannot be sized (no resource file in sysfs: "
-                       f"{shown}{more})")
+        """What the budget cannot know (``xmlfix --check`` says unknown): BARs it cannot size, a
+        host width not recorded where the guest asks for a width of its own."""
+        n, shown = len(self.unsized), ", ".join(str(b) for b in self.unsized[:3])
+        out = [f"MMIO: the BARs of {n} device(s) cannot be sized (no resource file in sysfs: {shown}"
+               f"{f', and {n - 3} more' if n > 3 else ''})"] if n else []
         if self.bits is not None and self.host_bits is None:
             out.append(f"MMIO: the host CPU address width is unknown ({self.host_bits_from}); the guest asks for "
                        f"{self.bits} bits (`pcitopo capture --phys-bits N` records it)")
