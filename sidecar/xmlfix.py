@@ -24,7 +24,7 @@ from pcitopo.topology.libvirt.document import MAX_DOMAIN_BYTES
 from pcitopo.topology.errors import ConfigError, DomainError
 from pcitopo.topology.host.sources import default_sysfs
 
-from .doors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, Parser
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, Parser
 from pcitopo.kubevirt.doors import DEFAULT_DOOR, DOORS
 
 MAX_VMI_BYTES = 4 * 1024 * 1024
@@ -57,7 +57,10 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.")
+    p = Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.",
+               epilog=f"exit status: {EXIT_OK} ok; {EXIT_CHECK_FAILED} --check failed; {EXIT_BAD_INPUT} bad input (one line on "
+               f"stderr); {EXIT_INTERNAL} internal error; {EXIT_UNKNOWN} --check unknown (nothing failed, but something it "
+               "needs is missing: it says what)")
     p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")
     p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
@@ -74,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "class, a device's NUMA cell, a firmware warning, NVLink with --fabric, or a GPU without a NIC at PIX or PXB "
                    "in the guest where the node has one for it) or check: unknown: <what is missing> (exit 4: BARs that cannot "
                    "be sized, an IOMMU group, driver or NUMA node sysfs does not give, a CPU width not recorded)")
-    p.add_argument("--pairing", choices=("off",), help="count GPUDirect RDMA, do not judge it (what the VMI's "
+    p.add_argument("--pairing", choices=("off",), metavar="off", help="count GPUDirect RDMA, do not judge it (what the VMI's "
                    "pcitopo.kubevirt.io/pairing: off also does): --check does not fail a GPU given a worse NIC")
     p.add_argument("--explain", action="store_true", help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
     p.add_argument("--dot", action="store_true", help="the explanation as a Graphviz picture: host and predicted guest trees in DOT (implies --explain; not with --json or --diff)")
