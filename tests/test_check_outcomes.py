@@ -46,7 +46,7 @@ def _check(capsys, sysfs, domain: str, *extra: str) -> tuple[int, list[str]]:
 def _vmi(tmp_path: Path, pairing: str) -> str:
     p = tmp_path / "vmi.json"
     # the label the pcitopo Plugin selects: a VMI no door attaches fails --check
-    p.write_text(json.dumps({"metadata": {"name": "vm", "namespace": "default",
+    p.write_text(json.dumps({"metadata": {"name": "vm", "namespace": "default",  # the domain's <name>: default_vm
                                           "annotations": {"pcitopo.kubevirt.io/pairing": pairing},
                                           "labels": {"pcitopo.kubevirt.io/plugin": "true"}}}))
     return str(p)
@@ -82,12 +82,13 @@ def test_the_same_vm_without_nics_is_not_judged_on_gdr(tmp_path, capsys):
 
 def test_pairing_off_counts_gdr_without_failing(tmp_path, capsys):
     dom = _domain(tmp_path, H100, GPUS + NICS_NODE0)
-    for extra in (["--pairing", "off"], ["--vmi", _vmi(tmp_path, "off")]):
+    on_main = ["--cluster", str(ROOT / "fixtures" / "clusters" / "main-pcitopo-plugin.yaml")]  # where the label starts it
+    for extra in (["--pairing", "off"], ["--vmi", _vmi(tmp_path, "off"), *on_main]):
         rc, err = _check(capsys, H100, dom, *extra)
         assert rc == EXIT_OK, (extra, err)
         assert err[-1].startswith("xmlfix: check: ok: ") and "GPUDirect RDMA: 4/8 GPUs" in err[-1]
     # pairing: warn (the default) is a boot policy: --check still fails
-    rc, _ = _check(capsys, H100, dom, "--vmi", _vmi(tmp_path, "warn"))
+    rc, _ = _check(capsys, H100, dom, "--vmi", _vmi(tmp_path, "warn"), *on_main)
     assert rc == EXIT_CHECK_FAILED
 
 
