@@ -187,6 +187,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_CHECK_FAILED if report.failed else EXIT_OK
 
 
+def _add_capture_parser(sub, default_sysfs: str) -> None:
+    c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
+    c.add_argument("--sysfs", default=default_sysfs, help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
+    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
+    c.add_argument("--phys-bits", type=_phys_bits, metavar="N", help="the node's CPU physical-address width (`address sizes` "
+                   "in its /proc/cpuinfo), recorded in the capture; without it only a live sysfs records one (this machine's)")
+
+
 def _add_doctor_parser(sub, default_sysfs: str) -> None:
     d = sub.add_parser(
         "doctor", help="is this host ready for GPUDirect RDMA in a VM? (IOMMU, vfio-pci, groups, ACS, ATS, links, NUMA, BARs)",
@@ -283,11 +291,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     pr.add_argument("--json", action="store_true", help='{"gpus": [{"gpu", "pcie_root", "nic", "nccl", "nvml", "gdr", '
                     '"same_pcie_root_nics", "pcie_root_enough"}], "pcie_root_enough", "pcie_root_not_enough_for"}')
-    c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
-    c.add_argument("--sysfs", default=default_sysfs(), help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
-    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
-    c.add_argument("--phys-bits", type=_phys_bits, metavar="N", help="the node's CPU physical-address width (`address sizes` "
-                   "in its /proc/cpuinfo), recorded in the capture; without it only a live sysfs records one (this machine's)")
+    _add_capture_parser(sub, default_sysfs())
     from .guest import add_verify_args
 
     add_verify_args(sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction "
