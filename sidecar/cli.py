@@ -52,7 +52,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         if args.module_map:
             raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
         table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
-        oracle = NvlinkOracle(topo, table)
+        oracle = NvlinkOracle(topo, table, hint="pass --fabric (`fmpm -l`) or --nvlink-table")
     # Named devices in the order given, each once (a repeated BDF is not a second device).
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
@@ -125,10 +125,17 @@ def _fabric_args(p: argparse.ArgumentParser, what: str) -> None:
                    "(default $PCITOPO_MODULE_MAP)")
 
 
+def _phys_bits(text: str) -> int:
+    """--phys-bits: a CPU address width x86 can have (QEMU's phys-bits takes 32 to 64)."""
+    if not text.isdigit() or not 32 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an address width from 32 to 64 bits")
+    return int(text)
+
+
 def _cmd_capture(args: argparse.Namespace) -> int:
     from pcitopo.topology.host.capture import capture
 
-    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # -o - is stdout
+    summary = capture(args.sysfs, args.output, sys.stdout.buffer, args.phys_bits)  # -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
         f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
@@ -138,6 +145,8 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         print(f"recorded the host CPU's physical-address width: {summary.host_bits} bits", file=sys.stderr)
     for s in summary.skipped:
         print(f"warning: skipped {s}", file=sys.stderr)
+    for line in summary.missing:  # one line per kind of file the source lacks
+        print(f"warning: {line}", file=sys.stderr)
     if summary.config_cut:  # read without CAP_SYS_ADMIN: say what the doctor will not know
         print(f"warning: config space of {summary.config_cut} function(s) cut at 64 bytes (read without "
               "CAP_SYS_ADMIN): the doctor's acs and ats checks will say unknown for this capture; capture as root for them "
@@ -176,6 +185,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(doctor_text(report, args.verbose))
     return EXIT_CHECK_FAILED if report.failed else EXIT_OK
+
+
+def _add_capture_parser(sub, default_sysfs: str) -> None:
+    c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
+    c.add_argument("--sysfs", default=default_sysfs, help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
+    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
+    c.add_argument("--phys-bits", type=_phys_bits, metavar="N", help="the node's CPU physical-address width (`address sizes` "
+                   "in its /proc/cpuinfo), recorded in the capture; without it only a live sysfs records one (this machine's)")
 
 
 def _add_doctor_parser(sub, default_sysfs: str) -> None:
@@ -274,9 +291,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     pr.add_argument("--json", action="store_true", help='{"gpus": [{"gpu", "pcie_root", "nic", "nccl", "nvml", "gdr", '
                     '"same_pcie_root_nics", "pcie_root_enough"}], "pcie_root_enough", "pcie_root_not_enough_for"}')
-    c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
-    c.add_argument("--sysfs", default=default_sysfs(), help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
-    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
+    _add_capture_parser(sub, default_sysfs())
     from .guest import add_verify_args
 
     add_verify_args(sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction "

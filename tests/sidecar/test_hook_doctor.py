@@ -135,14 +135,15 @@ def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
 
 
 def test_xmlfix_check_names_failed_doctor_checks_on_stderr(capsys):
-    """doctor: warn (the default): --check stays about the topology (exit 0) but says, in one
-    warning line, that checks failed and which."""
+    """doctor: warn (the default): --check stays about the topology (not failed) but says, in one
+    warning line, that checks failed and which. The fixture's two devices without a NUMA node
+    make it unknown (exit 4), not ok."""
     from pcitopo.sidecar.cli import xmlfix_main
 
     domain = REPO / "fixtures" / "hgx-h100" / "domain.xml"
-    assert xmlfix_main(["--check", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0
+    assert xmlfix_main(["--check", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 4
     err = capsys.readouterr().err.splitlines()
-    assert err[-1].startswith("xmlfix: check: ok: ")
+    assert err[-1].startswith("xmlfix: check: unknown: sysfs gives no NUMA node for 2 device(s) (0000:aa:00.0, 0000:ab:00.0); ")
     doctor = [line for line in err if "doctor" in line]
     failed = handle_define_domain(DOMAIN, None, open_host(fixture_sysfs("hgx-h100-faults"))).doctor.failed
     first = failed[0]
