@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
-from pcitopo.topology.checks.doctor import DoctorError, DoctorReport, run_checks
+from pcitopo.topology.checks.doctor import DoctorError, DoctorReport, allocation_checks
 from pcitopo.topology.libvirt.lenient import readable_hostdev_sources, with_hostdev_modes
 from pcitopo.topology.errors import DomainError, FabricError, InternalError, NvlinkError, PairingError, PcitopoError
 from pcitopo.topology.model.tree import Bdf, Topology
@@ -46,9 +46,9 @@ __all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 # The host model, or a callable returning it. A callable that also has ``current(topo, bdfs)``
-# and ``doctor(topo, bdfs, run)`` (the server's sidecar.hooks.HostCache) keeps the model and the
-# doctor's findings across calls: it is asked whether its model is still the host's for the
-# placed devices, and for the findings.
+# (the server's sidecar.hooks.HostCache) keeps the model across calls: it is asked whether its
+# model is still the host's for the placed devices (a rebind, an IOMMU group change: if not, it
+# reads the model again, and the findings kept with the old one go with it).
 HostArg = Union[Topology, Callable[[], Topology]]
 # The NVLink fabric (topology.paths.fabric.Fabric), a callable returning it (read per call, so a
 # refreshed file counts; topology.paths.fabric.FabricFile), or None when the door was started
@@ -158,12 +158,14 @@ def _doctor(topo: Topology, bdfs: list[Bdf], options: HookOptions, summary: dict
     the host); findings go into the log summary. Under ``doctor: require`` a failed check
     raises DoctorError (the VM does not start). ``unknown`` (the unprivileged sidecar cannot
     read ACS/ATS) never stops a VM, and a doctor that cannot run at all is logged, not fatal.
-    A host cache (``host.doctor``) remembers the findings for its model and these devices."""
+    The findings are kept with the model, per allocation (``allocation_checks``): a boot defines
+    the same devices three times, and only a rebind can change what they say between its
+    defines. A host cache that has re-read these devices' driver links this call
+    (``host.current``) leaves nothing to re-read."""
     if options.doctor == "off":
         return None
     try:
-        remembered = getattr(host, "doctor", None)
-        report = remembered(topo, bdfs, run_checks) if remembered is not None else run_checks(topo, bdfs)
+        report = allocation_checks(topo, bdfs, recheck_drivers=getattr(host, "current", None) is None)
     except PcitopoError as e:
         summary["doctor"] = {"error": f"{e.kind}: {e.reason}"}
         return None
