@@ -139,7 +139,7 @@ def check_vfio_driver(files: HostFiles, t: Target, driver: object = _MODEL) -> F
             return _f("vfio-driver", "ok", f.bdf, t.label, f"unbound, driver_override={VFIO}: binds to {VFIO} on the next probe")
         return _f("vfio-driver", "warn", f.bdf, t.label,
                   f"driver_override says {VFIO} but {held_by} still holds it: KubeVirt cannot pass it through until it is rebound",
-                  Fix(run=f"echo {bdf} > {DEVICES}/{bdf}/driver/unbind; echo {bdf} > {DRIVERS_PROBE}"),
+                  rebind_fix(bdf, held_by, f.iommu_group is not None),
                   f"held by {held_by} although driver_override is {VFIO}")
     held = f"bound to {held_by}" if held_by else "bound to no driver"
     if not t.must_be_vfio:
