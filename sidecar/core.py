@@ -115,17 +115,18 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         summary = summarize(result.report)
     except PcitopoError as e:
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, e, vmi, options, topo, fabric, host)
+            return _passthrough(domain_xml, e, vmi, options, topo, fabric)
         raise
     except Exception as e:  # a bug: still one line, still under the operator's on-error policy
         err = InternalError.of(e)
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, err, vmi, options, topo, fabric, host)
+            return _passthrough(domain_xml, err, vmi, options, topo, fabric)
         raise err from e
     summary.update(nvlink_check(result, topo, fabric, options.nvlink))
     summary.update(_pair_counts(result, topo, fabric))
     pairing_check(topo, [d.host for d in result.report.placed], options.pairing, summary, result)
-    doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary, host)
+    # a host cache has just compared the placed devices' driver links with its model (``current``)
+    doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary, drivers_checked=current is not None)
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
 
 
@@ -153,19 +154,19 @@ def _pair_counts(result: RewriteResult, topo: Topology, fabric: FabricArg) -> di
 
 
 def _doctor(topo: Topology, bdfs: list[Bdf], options: HookOptions, summary: dict[str, Any],
-            host: HostArg = None) -> DoctorReport | None:
+            drivers_checked: bool = False) -> DoctorReport | None:
     """Run the host-readiness checks (``pcitopo doctor``) for the VM's devices (``bdfs``, all on
     the host); findings go into the log summary. Under ``doctor: require`` a failed check
     raises DoctorError (the VM does not start). ``unknown`` (the unprivileged sidecar cannot
     read ACS/ATS) never stops a VM, and a doctor that cannot run at all is logged, not fatal.
     The findings are kept with the model, per allocation (``allocation_checks``): a boot defines
     the same devices three times, and only a rebind can change what they say between its
-    defines. A host cache that has re-read these devices' driver links this call
-    (``host.current``) leaves nothing to re-read."""
+    defines. ``drivers_checked``: these devices' driver links were compared with the model this
+    call already (a host cache's ``current``), so nothing is left to re-read."""
     if options.doctor == "off":
         return None
     try:
-        report = allocation_checks(topo, bdfs, recheck_drivers=getattr(host, "current", None) is None)
+        report = allocation_checks(topo, bdfs, recheck_drivers=not drivers_checked)
     except PcitopoError as e:
         summary["doctor"] = {"error": f"{e.kind}: {e.reason}"}
         return None
@@ -267,7 +268,7 @@ def nvlink_fields(topo: Topology, fabric: FabricArg, policy: str, bdfs: list[Bdf
 
 
 def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions,
-                 topo: Topology | None, fabric: FabricArg, host: HostArg = None) -> HookOutcome:
+                 topo: Topology | None, fabric: FabricArg) -> HookOutcome:
     """``on-error: passthrough``: the input back unchanged, with the reason. The NVLink, pairing
     and doctor checks still run, on the domain's hostdev sources the host has: their ``require``
     stops the VM whatever ``on-error`` says."""
@@ -295,5 +296,5 @@ def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: H
     else:
         summary.update(nvlink_fields(topo, fabric, options.nvlink, present)[0])
         pairing_check(topo, present, options.pairing, summary)
-        doctor = _doctor(topo, present, options, summary, host)
+        doctor = _doctor(topo, present, options, summary)
     return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options, doctor=doctor)

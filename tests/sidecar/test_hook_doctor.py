@@ -214,3 +214,25 @@ def test_a_new_allocation_is_checked_afresh():
     out = handle_define_domain(DOMAIN, vmi_json(DOMAIN), host)
     assert tree.count("/config") > one_pair
     assert {f.bdf for f in out.doctor.findings if f.check == "bar"} == {str(d.host) for d in out.result.report.placed}
+
+
+def test_under_passthrough_a_host_cache_still_sees_a_rebind(tmp_path):
+    """A domain the rewrite refuses (not q35) goes back unchanged under on-error: passthrough,
+    and the doctor still checks its devices; no host cache compared their drivers on that path,
+    so the doctor reads the driver links itself."""
+    import os
+
+    from pcitopo.sidecar.hooks import HostCache
+
+    root = tmp_path / "sys"
+    MemoryTree.from_tarball(f"{fixture_sysfs('hgx-h100')}/sysfs.tar.gz").write_dir(root)
+    cache = HostCache(str(root))
+    pc = ONE_PAIR.replace(b'machine="pc-q35-rhel9.6.0"', b'machine="pc-i440fx-rhel7.6.0"')
+    vmi = vmi_json(pc, {f"{PREFIX}on-error": "passthrough"})
+    first = handle_define_domain(pc, vmi, cache)
+    assert first.outcome == "passthrough" and first.summary["doctor"]["fail"] == 0
+    dev = os.path.realpath(root / "bus/pci/devices/0000:18:00.0")
+    os.unlink(f"{dev}/driver")
+    os.symlink(os.path.relpath(root / "bus/pci/drivers/nvidia", dev), f"{dev}/driver")
+    second = handle_define_domain(pc, vmi, cache)
+    assert [(f.check, f.bdf, f.status) for f in second.doctor.failed] == [("vfio-driver", "0000:18:00.0", "fail")]
