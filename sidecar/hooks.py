@@ -258,7 +258,8 @@ class Hooks:
             reason = one_line(f"{type(e).__name__}: {e}")
             self.log(EXECUTE_NODE_HOOK, level="error", **fields, outcome="failed", error="internal", reason=reason,
                      duration_ms=elapsed_ms(t0))
-            raise CallFailed("INTERNAL", f"pcitopo: internal: {reason}") from None
+            # The exception's text stays in our log: the refusal reaches the VM owner's events.
+            raise CallFailed("INTERNAL", "pcitopo: internal: the node hook failed on this VMI (its log says why)") from None
         refused = verdict.refusal
         found = dict(verdict.fields)
         reason = found.pop("reason", None)
