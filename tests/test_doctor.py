@@ -690,3 +690,23 @@ def test_summary_does_not_call_a_vm_on_a_host_that_is_not_ready_ok(capsys):
     xmlfix_main(["--summary", "--sysfs", str(FIXTURES / "hgx-h100"), domain])
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("verdict: check ok: ") and lines[3].startswith("doctor:  ready")
+
+
+def test_a_finding_changed_after_the_doctor_made_it_is_shown_by_its_own_words(tmp_path):
+    """The node hook puts the doctor report's status, message and fix on its own findings
+    (dataclasses.replace): those are shown as they are, never under the kind or fix they had."""
+    from dataclasses import replace
+
+    from pcitopo.topology.checks.findings import DoctorReport
+    from pcitopo.topology.checks.screen import report_text
+
+    report = run_checks(open_host(iommu_off_h100(tmp_path)))
+    acs = [f for f in report.findings if f.check == "acs"]
+    changed = [replace(f, status="fail", message="ACS control 0x1d (the doctor's report)", fix="setpci from the report")
+               if i == 0 else f for i, f in enumerate(acs)]
+    text = report_text(DoctorReport(report.host, tuple(changed)))
+    first = acs[0]
+    assert f"FAIL    acs         {first.label} {first.bdf}: ACS control 0x1d (the doctor's report)  fix: setpci from the report" \
+        in text.splitlines()
+    assert first.label.startswith("root-port above")  # the others keep their line, one root port fewer
+    assert "UNKNOWN acs         8 upstream ports, 16 downstream ports, 9 root ports with ACS control unknown (needs root)" in text

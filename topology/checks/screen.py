@@ -45,11 +45,18 @@ def report_text(report: DoctorReport, verbose: bool = False, beside_vm_labels: b
 def _kind_key(f: Finding) -> tuple:
     """Findings with equal keys share a line: same check, status and kind, and a fix that is the
     same but for the device's address. A finding without a kind, or host-wide, is its own."""
-    if f.kind is None or f.bdf is None:
+    if f.kind is None or f.bdf is None or not _made_here(f):
         return (f.check, f.status, f.bdf, f.message)
     r = f.remedy
     fix = None if r is None else (r.loop_over(f.bdf), r.setup, r.first, r.after)
     return (f.check, f.status, f.kind, fix)
+
+
+def _made_here(f: Finding) -> bool:
+    """Whether ``kind`` and ``remedy`` still describe ``f``: a finding changed after the doctor
+    made it (the node hook puts the doctor report's status, message and fix on its own) keeps
+    its old parts, and is shown by its own message and fix."""
+    return (f.remedy.text() if f.remedy is not None else None) == f.fix
 
 
 def _group_line(fs: Sequence[Finding]) -> str:
@@ -57,9 +64,10 @@ def _group_line(fs: Sequence[Finding]) -> str:
     if len(fs) == 1:
         who = " ".join(x for x in (f.label, f.bdf) if x) or "host"
         text = f"{who}: {f.message}"
+        fix = f.fix
     else:
         text = f"{devices_counted(fs)} {f.kind}: {devices_named(fs)}"
-    fix = group_fix(fs)
+        fix = group_fix(fs)
     return f"{f.status.upper():<7} {f.check:<11} {text}" + (f"  fix: {fix}" if fix else "")
 
 
