@@ -710,3 +710,22 @@ def test_a_finding_changed_after_the_doctor_made_it_is_shown_by_its_own_words(tm
         in text.splitlines()
     assert first.label.startswith("root-port above")  # the others keep their line, one root port fewer
     assert "UNKNOWN acs         8 upstream ports, 16 downstream ports, 9 root ports with ACS control unknown (needs root)" in text
+
+
+def test_the_json_out_file_is_what_the_unprivileged_node_hook_reads(tmp_path):
+    """The contract between the doctor DaemonSet and the node hook: the root doctor's
+    --json-out file fills in the acs/ats checks an unprivileged read leaves unknown."""
+    from pcitopo.sidecar.plugin.doctorfile import DoctorFile, with_doctor_file
+
+    out = tmp_path / "doctor.json"
+    assert pcitopo_main(["doctor", "--json-out", str(out), "--sysfs", str(FIXTURES / "hgx-h100-faults")]) == 1
+    tree = MemoryTree.from_tarball(FIXTURES / "hgx-h100-faults" / "sysfs.tar.gz")
+    for bdf in tree.listdir("bus/pci/devices") or []:  # the node hook's view: 64 bytes of config space
+        rel = f"{_device_dir(tree, bdf)}/config"
+        tree.add_file(rel, tree.read(rel)[:64])
+    unprivileged = run_checks(Topology(SysfsReader(tree)))
+    assert {f.status for f in unprivileged.findings if f.check in ("acs", "ats")} == {"unknown"}
+    merged, note = with_doctor_file(unprivileged, DoctorFile(str(out)))
+    assert note and note.endswith(str(out))
+    assert {(f.check, f.bdf) for f in merged.failed if f.check in ("acs", "ats")} == {
+        (c, b) for c, b in PLANTED if c in ("acs", "ats")}
