@@ -159,7 +159,8 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from pcitopo.topology.checks.doctor import run_checks
     from pcitopo.topology.checks.kubelet import KUBELET_DIR
-    from pcitopo.topology.checks.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
+    from pcitopo.topology.checks.fleet import nfd_text, pix_facts, prometheus_text, write_atomic
+    from pcitopo.topology.checks.screen import report_text
     from pcitopo.topology.model.tree import Bdf, Topology
     from pcitopo.topology.host.sysfs import SysfsReader
     from pcitopo.topology.host.sources import open_source
@@ -175,15 +176,17 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         write_atomic(args.prometheus_out, prometheus_text(report, pix))
     if args.nfd_out:
         write_atomic(args.nfd_out, nfd_text(report, pix))
+    doc = json.dumps(report.as_json(), indent=2) + "\n" if args.json or args.json_out else None
+    if args.json_out:  # what the node hook reads (ACS, ATS: root only) from the doctor DaemonSet
+        write_atomic(args.json_out, doc)
     if args.json:
-        json.dump(report.as_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(doc)
     elif args.prometheus:
         sys.stdout.write(prometheus_text(report, pix))
     elif args.nfd:
         sys.stdout.write(nfd_text(report, pix))
     else:
-        sys.stdout.write(doctor_text(report, args.verbose))
+        sys.stdout.write(report_text(report, args.verbose))
     return EXIT_CHECK_FAILED if report.failed else EXIT_OK
 
 
@@ -207,12 +210,15 @@ def _add_doctor_parser(sub, default_sysfs: str) -> None:
     out.add_argument("--nfd", action="store_true", help="Node Feature Discovery local features (key=value) on stdout")
     d.add_argument("--prometheus-out", metavar="FILE.prom", help="also write the metrics to FILE (atomically)")
     d.add_argument("--nfd-out", metavar="FILE", help="also write the NFD features to FILE (atomically)")
+    d.add_argument("--json-out", metavar="FILE", help="also write the --json report to FILE (atomically; the doctor "
+                   "DaemonSet writes /var/run/pcitopo/doctor.json, the node hook reads it)")
     d.add_argument("--kubelet-dir", metavar="DIR", default=os.environ.get("PCITOPO_KUBELET_DIR") or None,
                    help="the node's kubelet directory, for its CPU manager settings (cpu_manager_state, config.yaml); "
                    "default $PCITOPO_KUBELET_DIR, or /var/lib/kubelet when --sysfs is /sys, else not read")
     d.add_argument("--kubelet-config", metavar="FILE", default=None,
                    help="the kubelet's config file when not DIR/config.yaml (the kubelet's --config)")
-    d.add_argument("-v", "--verbose", action="store_true", help="human output: list the checks that passed too")
+    d.add_argument("-v", "--verbose", action="store_true", help="human output: one line per check and device, passed ones "
+                   "too (default: one line per kind of finding, naming the devices it covers)")
     d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")
 
 

@@ -179,10 +179,10 @@ def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
             sys.stdout.write("\n" + door_text(args.door or DEFAULT_DOOR))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
-                from pcitopo.topology.checks.fleet import doctor_text
+                from pcitopo.topology.checks.screen import report_text
 
                 sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n"
-                                 + wrap_text(doctor_text(outcome.doctor, beside_vm_labels=True)))
+                                 + wrap_text(report_text(outcome.doctor, beside_vm_labels=True)))
 
 
 def _loaded(fabric_file):

@@ -311,4 +311,8 @@ def summary_lines(result, host: Topology, fabric=None, doctor=None, gdr: bool = 
     v = check_verdict(result, host, fabric, gdr)
     out.append(f"verdict: check {v.state}: {'; '.join(v.unknowns + v.parts if v.state == 'unknown' else v.parts)}")
     out.append("doctor:  " + (doctor_verdict(doctor).removeprefix("verdict: ") if doctor is not None else "not run"))
+    if doctor is not None and doctor.failed:
+        # --check judges the VM's topology, the doctor its host: a VM on a host that is not ready
+        # is not ok whatever the topology says, and the verdict line says that first
+        out[2] = f"verdict: not ok: host not ready ({len(doctor.failed)} doctor check(s) failed); " + out[2].removeprefix("verdict: ")
     return out
