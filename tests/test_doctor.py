@@ -425,7 +425,7 @@ def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys
     pod = ds["spec"]["template"]["spec"]
     c = pod["containers"][0]
     script = c["args"][0]
-    call = script[script.index("pcitopo doctor"):].split("\n  echo")[0].split("\n")[0:3]
+    call = script[script.index("pcitopo doctor"):].split("\necho")[0].split("\n")  # the command's continued lines
     argv = shlex.split(" ".join(line.rstrip("\\").strip() for line in call))
     assert argv[:2] == ["pcitopo", "doctor"]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -435,8 +435,10 @@ def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys
     assert c["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]  # config space past 64 bytes
     # the same arguments, pointed at a fixture and a scratch directory, work
     real = {"/host/sys": str(FIXTURES / "hgx-b200"), "/textfile/pcitopo.prom": str(tmp_path / "pcitopo.prom"),
-            "/features.d/pcitopo": str(tmp_path / "pcitopo")}
+            "/features.d/pcitopo": str(tmp_path / "pcitopo"), "/var/run/pcitopo/doctor.json": str(tmp_path / "doctor.json")}
+    assert hostpaths[mounts["/var/run/pcitopo"]] == "/var/run/pcitopo"  # where the node hook reads it
     assert pcitopo_main([real.get(a, a) for a in argv[1:]]) == 0
+    assert json.loads((tmp_path / "doctor.json").read_text())["checks"]
     assert (tmp_path / "pcitopo").read_text().count("pcitopo.kubevirt.io/gdr-ready=true") == 1
     assert "pcitopo_gdr_ready 1" in (tmp_path / "pcitopo.prom").read_text()
 
