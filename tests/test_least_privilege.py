@@ -168,3 +168,19 @@ def test_sys_admin_in_the_doctor_without_its_reason_is_a_breach(tmp_path, monkey
     (tree / "base" / "doctor.yaml").write_text(text)
     monkeypatch.setattr(f"{__name__}.DEPLOY", tree)
     assert breaches("pcitopo-doctor", spec) == ["pcitopo-doctor/doctor: adds SYS_ADMIN"]
+
+
+def test_the_doctor_takes_its_files_off_the_host_when_its_pod_goes(tmp_path):
+    """A rollback returns the node to what it was: the doctor's preStop removes exactly the files
+    its command writes on the host (each in a hostPath folder), and nothing else."""
+    docs = rendered(tmp_path, TARGETS[0])
+    (spec,) = [spec for name, spec in pod_specs(docs) if name == "pcitopo-doctor"]
+    (c,) = spec["containers"]
+    words = " ".join(c["args"]).replace("\\", " ").split()
+    written = {words[i + 1] for i, w in enumerate(words) if w in ("--prometheus-out", "--nfd-out", "--json-out")}
+    assert len(written) == 3
+    rm = c["lifecycle"]["preStop"]["exec"]["command"]
+    assert rm[:2] == ["rm", "-f"] and set(rm[2:]) == written
+    hostpath = {v["name"] for v in spec["volumes"] if "hostPath" in v}
+    folders = {m["mountPath"] for m in c["volumeMounts"] if m["name"] in hostpath}
+    assert all(posixpath.dirname(f) in folders for f in written)
