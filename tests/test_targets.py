@@ -220,3 +220,20 @@ def test_one_images_entry_pins_every_image_reference_the_target_renders(tmp_path
     alone = kustomize_text(TARGETS_DIR / target.name)
     refs = set(re.findall(r"registry\.example\.com/pcitopo\S*", alone))
     assert refs == {f"{PLACEHOLDER}@{ZERO_DIGEST}"}
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=NAMES)
+def test_the_gate_rollback_returns_the_cr_to_what_it_was(target):
+    """The rollback's patch from the kustomization's comment, with `$i` the index the go-template
+    prints (the gate's position), undoes gates.json exactly; at any other index its test op
+    fails, so it never removes another gate."""
+    text = (TARGETS_DIR / target.name / "kustomization.yaml").read_text()
+    (line,) = [x for x in text.splitlines() if x.startswith("#   kubectl patch") and " -p " in x]
+    template = line.split(' -p "', 1)[1].rstrip('"').replace('\\"', '"')
+    before = {"spec": {"configuration": {"developerConfiguration": {"featureGates": ["CPUManager", "HostDevices"]}}}}
+    after = apply_patch(before, gate_patch(target.name))
+    gates = after["spec"]["configuration"]["developerConfiguration"]["featureGates"]
+    (gate,) = target.gates
+    assert apply_patch(after, json.loads(template.replace("$i", str(gates.index(gate))))) == before
+    with pytest.raises(ValueError):
+        apply_patch(after, json.loads(template.replace("$i", "0")))
