@@ -184,7 +184,7 @@ def test_every_rendered_object_is_valid_kubernetes(rendered):
 
 
 COMPONENTS = {"kubevirt-v1.6-v1.8": ("attach-hook", "map-v1beta1"), "kubevirt-v1.9.0": ("attach-hook", "map-v1beta1"),
-              "kubevirt-main": ("attach-plugin", "map-v1beta1")}
+              "kubevirt-main": ("attach-plugin", "hook-sidecars-policy", "map-v1beta1")}
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=NAMES)
