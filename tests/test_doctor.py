@@ -399,7 +399,7 @@ def test_an_unprivileged_read_of_live_config_space_is_unknown_needs_root(tmp_pat
 
 # -- the DaemonSet ---------------------------------------------------------------------------------
 
-DAEMONSET = ROOT / "deploy" / "doctor-daemonset.yaml"
+DAEMONSET = ROOT / "deploy" / "base" / "doctor.yaml"
 
 
 def test_the_daemonset_passes_kubernetes_schema_validation():
@@ -407,10 +407,10 @@ def test_the_daemonset_passes_kubernetes_schema_validation():
     import yaml
 
     docs = [d for d in yaml.safe_load_all(DAEMONSET.read_text()) if d]
-    assert [d["kind"] for d in docs] == ["Namespace", "DaemonSet"]
+    assert [d["kind"] for d in docs] == ["DaemonSet"]
     for doc in docs:
         kv.validate(doc, kv.latest_version(), strict=True)  # raises on a typo or a wrong type
-    bad = json.loads(json.dumps(docs[1]))
+    bad = json.loads(json.dumps(docs[0]))
     bad["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesytem"] = True
     with pytest.raises(kv.ValidationError):
         kv.validate(bad, kv.latest_version(), strict=True)
@@ -421,11 +421,11 @@ def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys
 
     import yaml
 
-    ds = list(yaml.safe_load_all(DAEMONSET.read_text()))[1]
+    ds = list(yaml.safe_load_all(DAEMONSET.read_text()))[0]
     pod = ds["spec"]["template"]["spec"]
     c = pod["containers"][0]
     script = c["args"][0]
-    call = script[script.index("pcitopo doctor"):].split("\n  echo")[0].split("\n")[0:3]
+    call = script[script.index("pcitopo doctor"):].split("\necho")[0].split("\n")  # the command's continued lines
     argv = shlex.split(" ".join(line.rstrip("\\").strip() for line in call))
     assert argv[:2] == ["pcitopo", "doctor"]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -435,8 +435,10 @@ def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys
     assert c["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]  # config space past 64 bytes
     # the same arguments, pointed at a fixture and a scratch directory, work
     real = {"/host/sys": str(FIXTURES / "hgx-b200"), "/textfile/pcitopo.prom": str(tmp_path / "pcitopo.prom"),
-            "/features.d/pcitopo": str(tmp_path / "pcitopo")}
+            "/features.d/pcitopo": str(tmp_path / "pcitopo"), "/var/run/pcitopo/doctor.json": str(tmp_path / "doctor.json")}
+    assert hostpaths[mounts["/var/run/pcitopo"]] == "/var/run/pcitopo"  # where the node hook reads it
     assert pcitopo_main([real.get(a, a) for a in argv[1:]]) == 0
+    assert json.loads((tmp_path / "doctor.json").read_text())["checks"]
     assert (tmp_path / "pcitopo").read_text().count("pcitopo.kubevirt.io/gdr-ready=true") == 1
     assert "pcitopo_gdr_ready 1" in (tmp_path / "pcitopo.prom").read_text()
 

@@ -250,7 +250,7 @@ def test_unprivileged_node_hook_does_not_trust_a_stale_doctors_report(client, no
 
 # -- memory: bounded whatever the VMI says ---------------------------------------------------------
 
-MEMORY_LIMIT_MIB = 160  # the node-hook container's limit (deploy/doctor-daemonset.yaml)
+MEMORY_LIMIT_MIB = 160  # the node-hook container's limit (deploy/targets/kubevirt-main/node-hook.yaml)
 
 
 def rss_mib(pid: int) -> float:
