@@ -393,7 +393,13 @@ def test_the_node_hook_container_runs_its_real_command(tmp_path):
                   .replace('exec pcitopo serve "$@"', f'exec {BIN}/pcitopo serve "$@" --socket {sock}'))
         with ServerProcess(["/bin/sh", "-c", script], tmp_path / "log", socket=sock) as server:
             server.wait_for_socket()
-            (serving,) = [line for line in server.log_lines() if line.get("event") == "serving"]
+            # the socket is bound before the "serving" line is written: give the line a moment
+            import time
+
+            deadline = time.monotonic() + 10
+            while not (lines := [x for x in server.log_lines() if x.get("event") == "serving"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (serving,) = lines
             assert serving["door"] == "node-hook"
     finally:
         shutil.rmtree(short, ignore_errors=True)
