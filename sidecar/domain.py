@@ -22,13 +22,14 @@ PREFIX = "pcitopo domain"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # as xmlfix --vmi reads one
 
 
-def add_prediction_args(p: argparse.ArgumentParser, cluster: bool = True) -> None:
-    """The options a prediction takes (``pcitopo domain``; ``xmlfix --vmi`` without a domain)."""
-    p.add_argument("--kubevirt", metavar="VERSION", help="the KubeVirt release whose virt-launcher builds the domain: "
-                   "v1.6.0 to v1.9.0 or main (default: the dump's observedKubeVirtVersion, else v1.9.0)")
-    if cluster:
+def add_prediction_args(p: argparse.ArgumentParser, shared: bool = True) -> None:
+    """The options a prediction takes (``pcitopo domain``; ``xmlfix --vmi`` without a domain,
+    whose own ``--kubevirt`` and ``--cluster`` serve it too: ``shared`` False)."""
+    if shared:
+        p.add_argument("--kubevirt", metavar="VERSION", help="the KubeVirt release whose virt-launcher builds the domain: "
+                       "v1.6.0 to v1.9.0 or main (default: the dump's observedKubeVirtVersion, else v1.9.0)")
         p.add_argument("--cluster", metavar="FILE", action="append",
-                       help="`kubectl get kubevirt,vms,vmis,resourceclaims,resourceslices,virtualmachineclusterinstancetypes,"
+                       help="`kubectl get kubevirt,resourceclaims,resourceslices,virtualmachineclusterinstancetypes,"
                        "virtualmachineclusterpreferences -A -o yaml` output (- for stdin): the release, the machine type, "
                        "permittedHostDevices, DRA allocations, instance types; nothing in it is required")
     p.add_argument("--devices", metavar="BDF,...", help="the functions kubelet hands the pod, in the order of the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..host.names import part_name
+from ..host.names import SWITCH_MANAGEMENT, device_name, part_name
 from ..model.labels import Labeled, label_devices, rdma_name
 from ..model.tree import MELLANOX, Bdf, PciFunction, Role, Topology
 from ..paths.classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
@@ -74,7 +74,7 @@ def device_legend(
 ) -> str:
     lines = ["Device Legend:", ""]
     for r in rows:
-        name = part_name(r.function, live_root) or r.function.ids
+        name = device_name(topo, r.function, live_root)
         vf = f", VF of {r.function.physfn}" if r.function.physfn else ""
         vf += vf_summary(topo, groups.vfs_of(r.function.bdf)) if groups else ""  # VFs: one legend line under their PF
         rdma = rdma_name(topo, r.function)
@@ -129,11 +129,13 @@ def topo_text(
     nvml = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nvml"), affinity)
     nccl = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nccl"))
     parts = [nvml, "", NVML_LEGEND, "", device_legend(topo, rows, live_root, groups), "", NCCL_LEGEND, "", nccl]
-    source = getattr(nvlink, "source", "inferred from the SXM board table")
+    source = nvlink.source
     if any(v for v in links.values()):
         parts += ["", f"NV# counts: {source} (NVLink is not in sysfs)."]
     elif hasattr(nvlink, "fabric"):
         parts += ["", f"No NV# between these devices: {source}."]
+    elif getattr(nvlink, "blocked", False):  # SXM GPUs, but the board table's conditions are not met
+        parts += ["", f"No NV#: nvlink_source {source}: {nvlink.reason}."]
     return "\n".join(parts) + "\n"
 
 
@@ -201,7 +203,8 @@ def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict
         "host": topo.name,
         "devices": [with_vfs(topo, device_json(topo, r), groups.vfs_of(r.function.bdf)) for r in rows],
         "pairs": out_pairs,
-        "nvlink_source": getattr(nvlink, "source", "inferred from the SXM board table"),
+        "nvlink_source": nvlink.source,
+        "nvlink_reason": getattr(nvlink, "reason", None),  # why the board table gave NV# or not (None: a fabric)
         "warnings": topo.warnings,
     }
 
@@ -231,7 +234,7 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
 
             why = management_reason(topo, f)
             if why:
-                bits.append(f"(NVLink switch management, not a compute NIC: {why})")
+                bits.append(f"({SWITCH_MANAGEMENT}: {why})")
         if f.physfn:
             bits.append(f"VF of {f.physfn}")
         if f.bdf in labels:
