@@ -3,7 +3,7 @@
     xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
     xmlfix --check --vmi FILE [--cluster FILE ...] [--kubevirt VERSION] [--door plugin|hook] [--sysfs PATH] DOMAIN.xml|-
     xmlfix --vmi FILE [--sysfs PATH] [--cluster FILE] [--kubevirt VERSION] [--devices BDF,...] [--cpu-policy POLICY] [...]
-        (no domain argument: the domain `pcitopo domain` predicts, sidecar/domain.py)
+        (no domain argument: the domain `pcitopo domain` predicts, kubevirt/launcher/request.py)
 
 Exit 0 on success; 1 when --check finds that the guest will not see what the host has, or (with
 --vmi) that the VMI would not start, or would start without a setting pcitopo writes, on the
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
-    from .domain import add_prediction_args
+    from pcitopo.kubevirt.launcher.request import add_prediction_args
 
     add_prediction_args(p, shared=False)  # --devices, --cpu-policy: only without a domain argument
     return p
@@ -120,7 +120,7 @@ def _domain_input(args: argparse.Namespace, host) -> bytes:
         return _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
     if not args.vmi:
         raise ConfigError("no domain: give DOMAIN.xml (or - for stdin), or --vmi FILE to predict the domain")
-    from .domain import predicted_domain
+    from pcitopo.kubevirt.launcher.request import predicted_domain
 
     pred = predicted_domain(args, args.vmi, host)
     first = (f"domain predicted (no domain argument): what KubeVirt {pred.version}'s virt-launcher would hand "

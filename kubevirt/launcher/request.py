@@ -1,13 +1,8 @@
-"""``pcitopo domain``: the domain XML virt-launcher would hand the hook at the first
-``OnDefineDomain`` / ``MutateDomain`` call, for a VM or VMI manifest on a node, before anything
-is deployed (pcitopo.kubevirt.launcher.predict is the model).
-
-    pcitopo domain --vmi FILE --sysfs NODE [--kubevirt VERSION | --cluster FILE] [--devices BDF,...]
-                   [--cpu-policy distribute|packed|devices] [--call N [--hook pcitopo|none]] [-o FILE]
-
-The domain goes to stdout (or ``-o``); what was assumed (the release, the CPU policy, the
-functions picked, an instance type missing from the dump) goes to stderr, one line each,
-prefixed ``pcitopo domain:``. Bad input is one line naming the field, exit 2.
+"""What a domain prediction is asked with, and its answer for a door: the manifest read as the
+VM or VMI it is (kubevirt/manifest.py's checks), the cluster dump (kubevirt/cluster.py), the release
+(``--kubevirt``, the dump's, else v1.9.0), and the options both doors take (``pcitopo domain``;
+``xmlfix --vmi`` without a domain argument): :func:`add_prediction_args`, :func:`predicted_domain`.
+Every assumption is a line of :attr:`Predicted.notes`; bad input is one line (ConfigError).
 """
 
 from __future__ import annotations
@@ -18,7 +13,6 @@ from dataclasses import dataclass
 
 from pcitopo.topology.errors import ConfigError
 
-PREFIX = "pcitopo domain"
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # as xmlfix --vmi reads one
 
 
@@ -50,7 +44,7 @@ class Predicted:
 
 
 def _release(args: argparse.Namespace, dump):
-    from pcitopo.kubevirt.launcher.releases import DEFAULT_VERSION, release_of, version_text
+    from .releases import DEFAULT_VERSION, release_of, version_text
 
     cr = dump.kubevirt if dump is not None else None
     if args.kubevirt:
@@ -64,20 +58,20 @@ def _release(args: argparse.Namespace, dump):
 
 def predicted_domain(args: argparse.Namespace, vmi_path: str, host) -> Predicted:
     """The prediction for ``--vmi`` on ``host`` with the options :func:`add_prediction_args` adds."""
-    from pcitopo.kubevirt.launcher.allocation import parse_devices, permitted_ids
-    from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
-    from pcitopo.kubevirt.launcher.cpus import DEFAULT_POLICY, policy_of
-    from pcitopo.kubevirt.launcher.dumped import expand
-    from pcitopo.kubevirt.launcher.predict import Inputs, predict
+    from .allocation import parse_devices, permitted_ids
+    from .converter import UPSTREAM_MACHINE
+    from .cpus import DEFAULT_POLICY, policy_of
+    from .dumped import expand
+    from .predict import Inputs, predict
 
     dump = None
     cluster = getattr(args, "cluster", None)  # xmlfix may carry its own --cluster (one path or several)
     if cluster:
-        from pcitopo.kubevirt.cluster import read_dump
+        from ..cluster import read_dump
 
         dump = read_dump(cluster if isinstance(cluster, (list, tuple)) else [cluster])
     doc = _manifest(vmi_path)
-    from pcitopo.kubevirt.manifest import as_vmi
+    from ..manifest import as_vmi
 
     vmi, notes = expand(doc, as_vmi(doc, vmi_path), dump)
     release, version, why = _release(args, dump)
@@ -102,7 +96,7 @@ def _manifest(path: str) -> dict:
 
     import yaml
 
-    from pcitopo.kubevirt.manifest import vmi_as_json
+    from ..manifest import vmi_as_json
 
     data = _read(path)
     try:
@@ -134,59 +128,3 @@ def _read(path: str) -> bytes:
     return data
 
 
-def hook_input(pred: Predicted, call: int, hook: str, host) -> tuple[bytes, str]:
-    """The hook's input at ``call`` of the boot (``allocateHotplugPorts``'s defines, the release's
-    re-parse and libvirt's define between them), with pcitopo's rewrite (``hook`` pcitopo) or
-    nothing (``none``) answering the earlier calls; and the line that says so."""
-    import json
-
-    from pcitopo.kubevirt.launcher.defines import boot_defines, vmi_interfaces
-
-    from .core import handle_define_domain
-
-    vmi_json = json.dumps(pred.vmi).encode()
-    rewrite = (lambda xml: handle_define_domain(xml, vmi_json, host).xml) if hook == "pcitopo" else (lambda xml: xml)
-    boot = boot_defines(pred.xml, rewrite, pred.release, interfaces=vmi_interfaces(pred.vmi))
-    calls = len(boot.hook_inputs)
-    if not 1 <= call <= calls:
-        raise ConfigError(f"--call {call}: KubeVirt {pred.version}'s virt-launcher calls the hook {calls} time(s) for this VM")
-    answered = "pcitopo's rewrite" if hook == "pcitopo" else "no hook"
-    return boot.hook_inputs[call - 1], (f"the hook's input at call {call} of {calls} (the earlier calls answered by "
-                                        f"{answered}, re-parsed as {pred.version} does, libvirt's define simulated)")
-
-
-def domain_command(args: argparse.Namespace) -> int:
-    from pcitopo.topology.host.sysfs import open_host
-
-    host = open_host(args.sysfs)
-    pred = predicted_domain(args, args.vmi, host)
-    xml, notes = pred.xml, list(pred.notes)
-    if args.call is not None:
-        xml, line = hook_input(pred, args.call, args.hook, host)
-        notes.append(line)
-    for line in notes:
-        print(f"{PREFIX}: {line}", file=sys.stderr)
-    if args.output and args.output != "-":
-        try:
-            with open(args.output, "wb") as fh:
-                fh.write(xml)
-        except OSError as e:
-            raise ConfigError(f"cannot write {args.output}: {e.strerror or e}") from None
-    else:
-        sys.stdout.buffer.write(xml)
-        sys.stdout.flush()
-    return 0
-
-
-def add_domain_parser(sub, default_sysfs: str) -> None:
-    d = sub.add_parser("domain", help="the domain XML virt-launcher would hand the hook for a VM/VMI manifest on a node "
-                       "(before anything is deployed)")
-    d.add_argument("--vmi", metavar="FILE", required=True, help="the VM or VMI manifest (YAML or JSON)")
-    d.add_argument("--sysfs", default=default_sysfs, help="the node: sysfs root, capture .tar.gz or fixture dir")
-    add_prediction_args(d)
-    d.add_argument("--call", metavar="N", type=int, help="instead of the converter's domain, the hook's input at call N "
-                   "of the boot (1-3: with the placeholders and appended root ports of allocateHotplugPorts, after the "
-                   "release's re-parse of the earlier answers)")
-    d.add_argument("--hook", choices=("pcitopo", "none"), default="pcitopo", help="with --call: who answers the earlier "
-                   "calls (default pcitopo, as the VM's hookSidecars annotation or the Plugin attaches it)")
-    d.add_argument("-o", "--output", metavar="FILE", help="write the domain here instead of stdout")
