@@ -1,4 +1,4 @@
-"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, serve) and ``xmlfix``.
+"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, domain, preflight, serve) and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.
@@ -257,6 +257,74 @@ def _add_guest_parsers(sub) -> None:
     g.add_argument("action", choices=["install-nccl-topo"], help="what to do (see `pcitopo guest install-nccl-topo --help`)")
 
 
+# -- pcitopo domain ---------------------------------------------------------------------------
+# The domain XML virt-launcher would hand the hook at the first OnDefineDomain / MutateDomain call,
+# for a VM or VMI manifest on a node, before anything is deployed (pcitopo.kubevirt.launcher). The
+# domain goes to stdout (or -o); what was assumed goes to stderr, one line each, prefixed
+# "pcitopo domain:".
+
+
+def _hook_input(pred, call: int, hook: str, host) -> tuple[bytes, str]:
+    """The hook's input at ``call`` of the boot for the prediction ``pred`` (``allocateHotplugPorts``'s
+    defines, the release's re-parse and libvirt's define between them), with pcitopo's rewrite
+    (``hook`` pcitopo) or nothing (``none``) answering the earlier calls; and the line that says so."""
+    import json
+
+    from pcitopo.kubevirt.launcher.defines import boot_defines, vmi_interfaces
+
+    from .core import handle_define_domain
+
+    vmi_json = json.dumps(pred.vmi).encode()
+    rewrite = (lambda xml: handle_define_domain(xml, vmi_json, host).xml) if hook == "pcitopo" else (lambda xml: xml)
+    boot = boot_defines(pred.xml, rewrite, pred.release, interfaces=vmi_interfaces(pred.vmi))
+    calls = len(boot.hook_inputs)
+    if not 1 <= call <= calls:
+        raise ConfigError(f"--call {call}: KubeVirt {pred.version}'s virt-launcher calls the hook {calls} time(s) for this VM")
+    answered = "pcitopo's rewrite" if hook == "pcitopo" else "no hook"
+    return boot.hook_inputs[call - 1], (f"the hook's input at call {call} of {calls} (the earlier calls answered by "
+                                        f"{answered}, re-parsed as {pred.version} does, libvirt's define simulated)")
+
+
+def _cmd_domain(args: argparse.Namespace) -> int:
+    from pcitopo.kubevirt.launcher.request import predicted_domain
+    from pcitopo.topology.host.sysfs import open_host
+
+    host = open_host(args.sysfs)
+    pred = predicted_domain(args, args.vmi, host)
+    xml, notes = pred.xml, list(pred.notes)
+    if args.call is not None:
+        xml, line = _hook_input(pred, args.call, args.hook, host)
+        notes.append(line)
+    for line in notes:
+        print(f"pcitopo domain: {line}", file=sys.stderr)
+    if args.output and args.output != "-":
+        try:
+            with open(args.output, "wb") as fh:
+                fh.write(xml)
+        except OSError as e:
+            raise ConfigError(f"cannot write {args.output}: {e.strerror or e}") from None
+    else:
+        sys.stdout.buffer.write(xml)
+        sys.stdout.flush()
+    return 0
+
+
+def _add_domain_parser(sub, default_sysfs: str) -> None:
+    from pcitopo.kubevirt.launcher.request import add_prediction_args
+
+    d = sub.add_parser("domain", help="the domain XML virt-launcher would hand the hook for a VM/VMI manifest on a node "
+                       "(before anything is deployed)")
+    d.add_argument("--vmi", metavar="FILE", required=True, help="the VM or VMI manifest (YAML or JSON)")
+    d.add_argument("--sysfs", default=default_sysfs, help="the node: sysfs root, capture .tar.gz or fixture dir")
+    add_prediction_args(d)
+    d.add_argument("--call", metavar="N", type=int, help="instead of the converter's domain, the hook's input at call N "
+                   "of the boot (1-3: with the placeholders and appended root ports of allocateHotplugPorts, after the "
+                   "release's re-parse of the earlier answers)")
+    d.add_argument("--hook", choices=("pcitopo", "none"), default="pcitopo", help="with --call: who answers the earlier "
+                   "calls (default pcitopo, as the VM's hookSidecars annotation or the Plugin attaches it)")
+    d.add_argument("-o", "--output", metavar="FILE", help="write the domain here instead of stdout")
+
+
 def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     from pcitopo.topology.host.sources import default_sysfs
 
@@ -304,6 +372,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
                                    "(exit 1 on any difference)"))
     _add_guest_parsers(sub)
     _add_doctor_parser(sub, default_sysfs())
+    _add_domain_parser(sub, default_sysfs())
     add_preflight_parser(sub)
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     if not argv:  # bare `pcitopo`: the commands, not only "a command is required"
@@ -312,7 +381,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
                "partitions": _cmd_partitions, "pairs": _cmd_pairs, "guest-tool": _cmd_guest_tool,
-               "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight}[args.command]
+               "domain": _cmd_domain, "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

@@ -2,6 +2,8 @@
 
     xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
     xmlfix --check --vmi FILE [--cluster FILE ...] [--kubevirt VERSION] [--door plugin|hook] [--sysfs PATH] DOMAIN.xml|-
+    xmlfix --vmi FILE [--sysfs PATH] [--cluster FILE] [--kubevirt VERSION] [--devices BDF,...] [--cpu-policy POLICY] [...]
+        (no domain argument: the domain `pcitopo domain` predicts, kubevirt/launcher/request.py)
 
 Exit 0 on success; 1 when --check finds that the guest will not see what the host has, or (with
 --vmi) that the VMI would not start, or would start without a setting pcitopo writes, on the
@@ -64,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                f"stderr); {EXIT_INTERNAL} internal error; {EXIT_UNKNOWN} --check unknown (nothing failed, but something it "
                "needs is missing: it says what)")
     p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")
-    p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
+    p.add_argument("domain", metavar="DOMAIN.xml|-", nargs="?", help="domain XML as KubeVirt hands it to a hook (- for stdin); "
+                   "without it, with --vmi: the domain `pcitopo domain` predicts for that manifest on --sysfs")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
     p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
@@ -101,7 +104,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
+    from pcitopo.kubevirt.launcher.request import add_prediction_args
+
+    add_prediction_args(p, shared=False)  # --devices, --cpu-policy: only without a domain argument
     return p
+
+
+def _domain_input(args: argparse.Namespace, host) -> bytes:
+    """The domain to rewrite: the argument's, or without one (and with --vmi) the predicted one,
+    said first, on stderr and as --explain's first line."""
+    if args.domain is not None:
+        for opt in ("devices", "cpu_policy"):
+            if getattr(args, opt) is not None:
+                raise ConfigError(f"--{opt.replace('_', '-')} is for a predicted domain: use it without a domain argument")
+        return _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
+    if not args.vmi:
+        raise ConfigError("no domain: give DOMAIN.xml (or - for stdin), or --vmi FILE to predict the domain")
+    from pcitopo.kubevirt.launcher.request import predicted_domain
+
+    pred = predicted_domain(args, args.vmi, host)
+    first = (f"domain predicted (no domain argument): what KubeVirt {pred.version}'s virt-launcher would hand "
+             f"the hook for {args.vmi} on this node (pcitopo domain)")
+    print(f"xmlfix: {first}", file=sys.stderr)
+    for line in pred.notes:
+        print(f"xmlfix: domain: {line}", file=sys.stderr)
+    if (args.explain or args.summary) and not (args.dot or args.json):
+        sys.stdout.write(first + "\n")
+    args.domain = "predicted.xml"
+    return pred.xml
 
 
 def xmlfix(argv: Sequence[str]) -> int:
@@ -111,8 +141,8 @@ def xmlfix(argv: Sequence[str]) -> int:
 
     args = build_parser().parse_args(list(argv))
     _one_document(args)
-    domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
-    if (args.cluster or args.kubevirt) and not (args.check and args.vmi):
+    predicted = args.domain is None and args.vmi  # they also choose the release the domain is predicted for
+    if (args.cluster or args.kubevirt) and not ((args.check and args.vmi) or predicted):
         raise ConfigError("--cluster and --kubevirt judge a VMI on a KubeVirt release: use them with --check --vmi FILE")
     if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
         raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
@@ -122,6 +152,7 @@ def xmlfix(argv: Sequence[str]) -> int:
 
         vmi = vmi_as_json(vmi, args.vmi)
     host = open_host(args.sysfs)
+    domain = _domain_input(args, host)
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
         from pcitopo.topology.paths.fabric import FabricFile
