@@ -62,15 +62,29 @@ def _fast_int(text: str) -> int:
     return int(text, 16) if text.startswith("0x") else int(text, 10)
 
 
+# Parsed attribute strings, shared by every call: a hook call reads about 180 addresses of a
+# few dozen distinct spellings, and a VM's spellings repeat across its defines. Bounded: past
+# the limit a spelling is parsed and not kept.
+_PARSED: dict[tuple, tuple[int, ...]] = {}
+_PARSED_MAX = 4096
+
+
 def read_ints(get: Callable[[str, str | None], str | None], fields: tuple[tuple[str, str | None], ...],
-              what: Callable[[str], str]) -> list[int]:
+              what: Callable[[str], str]) -> tuple[int, ...]:
     """The integer attributes ``fields`` ((name, default), ...) of an element whose ``get`` is
     given. The hook reads a hundred addresses a call: ``what(name)``, the name in an error, is
     only asked for when one does not parse."""
+    raw = tuple([get(name, default) for name, default in fields])
+    hit = _PARSED.get(raw)
+    if hit is not None:
+        return hit
     try:
-        return [_fast_int(get(name, default)) for name, default in fields]
+        out = tuple([_fast_int(text) for text in raw])
     except (TypeError, ValueError, AttributeError):  # missing (None) or odd: the long way names it
-        return [parse_int(get(name, default), lambda name=name: what(name)) for name, default in fields]
+        return tuple(parse_int(text, lambda name=name: what(name)) for text, (name, _) in zip(raw, fields))
+    if len(_PARSED) < _PARSED_MAX:
+        _PARSED[raw] = out
+    return out
 
 
 ADDRESS_FIELDS = (("bus", "0"), ("slot", "0"), ("function", "0"), ("domain", "0"))  # GuestAddress's order
