@@ -46,9 +46,10 @@ IMAGE = "registry.example.com/pcitopo"
 K8S = "1.36.0"
 CLUSTERS = ROOT / "fixtures" / "clusters"
 NODE = ROOT / "fixtures" / "hgx-b200"  # the GPU node `kubectl debug node/…` captures
-# The release each target's dump claims (the v1.9.0 dump stands in, relabelled, where no dump of
-# that release exists).
-RELEASE = {"kubevirt-v1.6-v1.8": "v1.8.4", "kubevirt-v1.9.0": "v1.9.0", "kubevirt-main": "v1.10.0-alpha.0"}
+# The dump each quick start reads (fixtures/clusters/, built by hand from KubeVirt's types; its
+# README says how), and the release it is relabelled as where no dump of that release exists.
+DUMP = {"kubevirt-v1.6-v1.8": ("v1.8.0.yaml", None), "kubevirt-v1.9.0": ("v1.9.0-stranger.yaml", None),
+        "kubevirt-main": ("v1.9.0-stranger.yaml", "v1.10.0-alpha.0")}
 KINDS = {"kubevirt": "KubeVirt", "plugins.plugin.kubevirt.io": "Plugin", "nodes": "Node",
          "vmis": "VirtualMachineInstance", "vmi": "VirtualMachineInstance", "vms": "VirtualMachine",
          "vm": "VirtualMachine", "validatingadmissionpolicy": "ValidatingAdmissionPolicy",
@@ -94,14 +95,18 @@ def test_the_page_opens_with_one_quick_start_per_target_of_at_most_40_lines():
 # -- the cluster, offline ----------------------------------------------------------------------
 
 def dump_for(name: str) -> list[dict]:
-    """The cluster before the quick start: the release's own dump, or the v1.9.0 one as that release."""
-    version = RELEASE[name]
-    own = sorted(CLUSTERS.glob(f"{version}*.yaml"))
-    items = yaml.safe_load((own[0] if own else CLUSTERS / "v1.9.0-stranger.yaml").read_text())["items"]
+    """The cluster before the quick start."""
+    path, version = DUMP[name]
+    items = yaml.safe_load((CLUSTERS / path).read_text())["items"]
     for item in items:
-        if item["kind"] == "KubeVirt":
+        if item["kind"] == "KubeVirt" and version:
             item["status"]["observedKubeVirtVersion"] = item["status"]["targetKubeVirtVersion"] = version
-    return [i for i in items if i["kind"] != "Plugin" or parse_version(version) >= (1, 9, 0)]
+    return items
+
+
+def release(objects: dict) -> tuple[int, int, int]:
+    (cr,) = [o for o in objects.values() if o["kind"] == "KubeVirt"]
+    return parse_version(cr["status"]["observedKubeVirtVersion"])
 
 
 def key(obj: dict) -> str:
@@ -176,7 +181,7 @@ class Cluster:
         s = json.loads(state.read_text())
         self.name, self.objects, self.workdir = s["target"], s["objects"], Path(s["workdir"])
         self.target = target(self.name)
-        self.version = parse_version(RELEASE[self.name])
+        self.version = release(self.objects)
 
     @classmethod
     def start(cls, name: str, workdir: Path) -> "Cluster":
@@ -367,7 +372,7 @@ def test_quick_start_runs_in_order_and_its_roll_back_restores_the_cluster(name, 
            "REAL_KUBECTL": real, "QUICKSTART_STATE": str(cluster.state)}
     r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
                        text=True, timeout=900)
-    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stderr[-3000:]}\nstdout (tail):\n{r.stdout[-1500:]}"
     state = json.loads(cluster.state.read_text())
     check_target_state(target(name), state["before"], state["applied"])
     assert state["objects"] == state["before"], "the roll back leaves the cluster as it was"
@@ -382,3 +387,14 @@ def check_target_state(t, before: dict, applied: dict) -> None:
     plugins = {o["metadata"]["name"] for o in applied.values() if o["kind"] == "Plugin"}
     assert plugins - {o["metadata"]["name"] for o in before.values() if o["kind"] == "Plugin"} == set(t.plugin_objects)
     assert any(o["kind"] == "DaemonSet" for o in applied.values())
+
+
+def test_the_plugin_quick_start_stops_at_its_preflight_on_v1_9_0(tmp_path):
+    """Run on a v1.9.0 cluster, the `kubevirt-main` quick start's first step exits 1 and names the
+    stranger's GPU VMI that its Plugin object would stop (kubevirt#18861), before anything is applied."""
+    (line,) = [c for _, c in commands(quickstarts()["kubevirt-main"]) if c.startswith("pcitopo preflight")]
+    (tmp_path / "cluster.yaml").write_text((CLUSTERS / "v1.9.0-stranger.yaml").read_text())
+    r = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "research/train-0" in r.stdout
