@@ -91,7 +91,6 @@ def test_the_page_opens_with_one_quick_start_per_target_of_at_most_40_lines():
         assert steps[0] == "Preflight" and "Apply" in steps and "Verify" in steps and steps[-1] == "Roll back", steps
 
 
-
 # -- the cluster, offline ----------------------------------------------------------------------
 
 def dump_for(name: str) -> list[dict]:
