@@ -397,3 +397,25 @@ def test_the_plugin_quick_start_stops_at_its_preflight_on_v1_9_0(tmp_path):
                        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
     assert r.returncode == 1, r.stdout + r.stderr
     assert "research/train-0" in r.stdout
+
+
+def test_the_stand_in_refuses_a_vm_the_targets_policy_refuses(tmp_path, monkeypatch):
+    """The mapping is not a rubber stamp: the hook target's policy, applied through the stand-in,
+    refuses the pinned example VM in a namespace that does not allow hook sidecars."""
+    pytest.importorskip("celpy")
+    pytest.importorskip("kubernetes_validate")
+    if shutil.which("kubectl") is None:
+        pytest.skip("needs kubectl (kustomize v5)")
+    monkeypatch.setenv("REAL_KUBECTL", shutil.which("kubectl"))
+    os.symlink(ROOT / "deploy", tmp_path / "deploy")
+    pin = f'images: [{{name: {IMAGE}, newName: {IMAGE}, digest: "{DIGEST}"}}]\n'
+    for folder, text in (("site", "resources: [../deploy/targets/kubevirt-v1.9.0]\n"),
+                         ("vm", "resources: [../deploy]\ntransformers: [../deploy/pin-image]\n")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "kustomization.yaml").write_text(text + pin)
+    cluster = Cluster.start("kubevirt-v1.9.0", tmp_path)
+    cluster.do_apply(["-k", "site"])
+    with pytest.raises(AssertionError, match="pcitopo-hook-sidecars"):
+        cluster.do_apply(["-k", "vm"])
+    cluster.do_label(["namespace", "ml", "pcitopo.kubevirt.io/hook-sidecars=allowed"])
+    cluster.do_apply(["-k", "vm"])
