@@ -73,9 +73,10 @@ test: setup
 test-fast: setup-base
 	$(BIN)/python -m pytest -m 'not e2e and not image'
 
-# Opt-in: the slow e2e boots (OVMF under TCG, several minutes; see tests/e2e/README.md).
+# Opt-in: the slow e2e boots (OVMF under TCG, several minutes; see tests/e2e/README.md) and the
+# arm64 image under qemu-user (about 10 CPU-minutes on a cold container store).
 test-slow: setup
-	PCITOPO_E2E_SLOW=1 $(BIN)/python -m pytest tests/e2e -m e2e_slow -v
+	PCITOPO_E2E_SLOW=1 $(BIN)/python -m pytest tests/e2e tests/sidecar/test_image.py -m 'e2e_slow or image_slow' -v
 
 fixtures: setup-base
 	$(RUN) fixtures/generate.py

@@ -48,6 +48,9 @@ class KubeVirtCR:
     permitted_pci: tuple[PermittedPCI, ...]
     machine_type: str | None  # spec.configuration.architectureConfiguration.amd64.machineType
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+    # permittedHostDevices.mediatedDevices[] and usb[] resource names: KubeVirt writes those
+    # hostdevs with mode='subsystem' (createMDEVHostDevice, createUSBHostDevice), unlike PCI ones
+    not_pci: tuple[str, ...] = ()
 
 
 @dataclass
@@ -91,17 +94,21 @@ def name_of(obj: Mapping[str, Any]) -> str:
 def kubevirt_cr(obj: Mapping[str, Any]) -> KubeVirtCR:
     spec = _dict(obj.get("spec"))
     conf = _dict(spec.get("configuration"))
-    gates = _dict(conf.get("developerConfiguration")).get("featureGates") or []
+    dev_conf = _dict(conf.get("developerConfiguration"))
+    disabled = set(_strings(dev_conf.get("disabledFeatureGates")))
+    gates = [g for g in _strings(dev_conf.get("featureGates")) if g not in disabled]
     permitted = []
     for entry in _dict(conf.get("permittedHostDevices")).get("pciHostDevices") or []:
         if isinstance(entry, Mapping) and entry.get("resourceName") and entry.get("pciVendorSelector"):
             permitted.append(PermittedPCI(str(entry["resourceName"]), str(entry["pciVendorSelector"]).lower(),
                                           bool(entry.get("externalResourceProvider"))))
+    host_devices = _dict(conf.get("permittedHostDevices"))
+    not_pci = tuple(str(e["resourceName"]) for kind in ("mediatedDevices", "usb") for e in host_devices.get(kind) or []
+                    if isinstance(e, Mapping) and e.get("resourceName"))
     machine = _dict(_dict(conf.get("architectureConfiguration")).get("amd64")).get("machineType")
     version = _dict(obj.get("status")).get("observedKubeVirtVersion")
-    return KubeVirtCR(name_of(obj), str(version) if version else None,
-                      tuple(str(g) for g in gates if isinstance(g, str)), tuple(permitted),
-                      str(machine) if machine else None, obj)
+    return KubeVirtCR(name_of(obj), str(version) if version else None, tuple(gates), tuple(permitted),
+                      str(machine) if machine else None, obj, not_pci)
 
 
 def read_dump(paths: Iterable[str]) -> ClusterDump:
@@ -175,6 +182,10 @@ def _flatten(doc: Any, name: str) -> Iterator[dict]:
         if not isinstance(item, dict) or not isinstance(item.get("kind"), str):
             raise ConfigError(f"cluster dump {name}: an item has no kind (not a Kubernetes object)")
         yield item
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def _dict(value: Any) -> Mapping[str, Any]:

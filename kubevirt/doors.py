@@ -21,6 +21,9 @@ DEFAULT_DOOR = "plugin"
 # that injects the plugin's container matches it too.
 PLUGIN_LABEL = "pcitopo.kubevirt.io/plugin"
 PLUGIN_LABEL_VALUE = "true"
+# The Plugin object deploy/plugin creates: its name is also the folder of its domain hook's socket
+# (/var/run/kubevirt-plugin/<name>/), so a cluster dump names pcitopo's Plugin by it.
+PCITOPO_PLUGIN = "pcitopo"
 
 
 @dataclass(frozen=True)

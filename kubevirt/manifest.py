@@ -2,7 +2,11 @@
 
 - ``kubectl get vmi NAME -o yaml`` as well as ``-o json``; a ``VirtualMachine`` (``kubectl get
   vm``, or the shipped examples) is read as the VMI virt-controller starts from it; any other
-  kind is refused in one line.
+  kind is refused in one line; of a multi-document file (a VM kept with its ConfigMap), the one
+  VM or VMI document is read.
+- label and annotation values must be strings: an unquoted YAML ``true`` is bad input (exit 2),
+  whichever of the two it is on; :func:`label_not_annotation` says where a label put among the
+  annotations belongs.
 - :func:`attachment`: whether a door attaches pcitopo to the VMI, as KubeVirt reads that door
   (``xmlfix --check --vmi`` fails when none does: the VM would boot with KubeVirt's flat
   placement and no error anywhere).
@@ -29,8 +33,9 @@ OUR_PREFIXES = ("pcitopo.kubevirt.io/", "hooks.kubevirt.io/")  # annotations tha
 def vmi_as_json(data: bytes, name: str) -> bytes:
     """The VMI as JSON bytes: a VMI's JSON unchanged, YAML converted (safe loader: plain data
     only), a VirtualMachine turned into its VMI; a list of exactly one object (``kubectl get vmi
-    -o yaml`` without a name) is unwrapped. An empty file (what ``kubectl get vmi missing -o yaml
-    > vmi.yaml`` leaves) is an error, not a VMI without annotations."""
+    -o yaml`` without a name) is unwrapped, and of a multi-document YAML file (a VM kept with its
+    ConfigMap) the one VM or VMI document is taken. An empty file (what ``kubectl get vmi missing
+    -o yaml > vmi.yaml`` leaves) is an error, not a VMI without annotations."""
     if not data.strip():
         raise ConfigError(f"VMI {name} is empty (kubectl writes nothing when the VMI does not exist): "
                           "give `kubectl get vmi NAME -o yaml` of an existing VMI")
@@ -39,7 +44,7 @@ def vmi_as_json(data: bytes, name: str) -> bytes:
         return data  # meant as JSON: parse_vmi judges it, with its own messages
     yaml_input = doc is None
     if yaml_input:
-        doc = _load_yaml(data, name)
+        doc = _the_vm_document(_load_yaml(data, name), name)
     if isinstance(doc, dict) and isinstance(doc.get("items"), list):
         if len(doc["items"]) != 1:
             raise ConfigError(f"VMI {name} is a list of {len(doc['items'])} objects: give one VMI (kubectl get vmi NAME -o yaml)")
@@ -49,14 +54,24 @@ def vmi_as_json(data: bytes, name: str) -> bytes:
             return data  # parse_vmi says what it is
         raise ConfigError(f"VMI {name} is YAML but not an object (got {type(doc).__name__})")
     vmi = as_vmi(doc, name)
-    if yaml_input:
-        _check_annotations(vmi, data, name)
-    elif vmi is doc:
+    _check_strings(vmi, data if yaml_input else None, name)
+    if not yaml_input and vmi is doc:
         return data
     try:
         return json.dumps(vmi, default=str).encode()
     except (TypeError, ValueError) as e:
         raise ConfigError(f"VMI {name}: {e}") from None
+
+
+def label_not_annotation(key: str) -> str | None:
+    """Where ``key`` belongs when it is a label written among the annotations (the Plugin door's
+    label, kubevirt/doors.py), for the unknown-annotation message; None for any other key."""
+    from .doors import PLUGIN_LABEL, PLUGIN_LABEL_VALUE
+
+    if key != PLUGIN_LABEL:
+        return None
+    return (f"{key} is a label, not an annotation: labels go under metadata.labels (for a {VM_KIND}, "
+            f'spec.template.metadata.labels), as {key}: "{PLUGIN_LABEL_VALUE}"')
 
 
 def as_vmi(doc: dict, name: str) -> dict:
@@ -92,6 +107,8 @@ def _ignored_on_the_vm(vm_meta: dict, template_meta: dict, name: str) -> None:
     kept = template_meta.get("annotations") if isinstance(template_meta.get("annotations"), dict) else {}
     for key in own:
         if isinstance(key, str) and key.startswith(OUR_PREFIXES) and key not in kept:
+            if label := label_not_annotation(key):
+                raise ConfigError(f"{name}: annotation {label}")
             raise ConfigError(f"{name}: annotation {key} is on the {VM_KIND}'s own metadata, where KubeVirt ignores it: "
                               "move it to spec.template.metadata.annotations")
 
@@ -103,30 +120,62 @@ def _json_or_none(data: bytes) -> Any:
         return None
 
 
-def _load_yaml(data: bytes, name: str) -> Any:
+def _load_yaml(data: bytes, name: str) -> list[Any]:
+    """Every document of the YAML text (``---`` separates them), empty ones left out."""
     import yaml  # only here: see the module docstring
 
     try:
-        return yaml.safe_load(data)
+        return [d for d in yaml.safe_load_all(data) if d is not None]
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"VMI {name} is neither JSON nor YAML{where}: {getattr(e, 'problem', None) or e}") from None
 
 
-def _check_annotations(doc: dict, data: bytes, name: str) -> None:
-    """Annotation values are strings. YAML reads an unquoted ``off``, ``no``, ``true`` or ``1``
-    as a boolean or a number: say so in YAML's terms, with the line to write instead."""
+def _the_vm_document(docs: list[Any], name: str) -> Any:
+    """The document --vmi stands for: the only one, or, of several (a VM kept in one file with
+    its ConfigMap or Secret, as ``kubectl apply -f`` takes them), the one VM or VMI among them.
+    Several VMs or VMIs: one line, since which of them the domain belongs to is not ours to guess."""
+    if len(docs) <= 1:
+        return docs[0] if docs else None
+    vms = [d for d in docs if isinstance(d, dict) and d.get("kind") in (VMI_KIND, VM_KIND)]
+    if len(vms) == 1:
+        return vms[0]
+    kinds = ", ".join(str(d.get("kind")) if isinstance(d, dict) else type(d).__name__ for d in docs)
+    if not vms:
+        raise ConfigError(f"VMI {name} has {len(docs)} YAML documents ({kinds}) and none is a {VMI_KIND} or a "
+                          f"{VM_KIND}: give the VM's manifest or `kubectl get vmi NAME -o yaml`")
+    names = ", ".join(f"{d.get('kind')} {_meta_name(d)}" for d in vms)
+    raise ConfigError(f"VMI {name} has {len(vms)} {VM_KIND}/{VMI_KIND} documents ({names}): --vmi reads one; "
+                      "give a file with only the VM whose domain this is")
+
+
+def _meta_name(doc: dict) -> str:
     meta = doc.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    if not isinstance(annotations, dict):
+    return str(meta.get("name")) if isinstance(meta, dict) and meta.get("name") is not None else "(no name)"
+
+
+def _check_strings(doc: dict, yaml_text: bytes | None, name: str) -> None:
+    """Label and annotation values are strings (Kubernetes refuses anything else). YAML reads an
+    unquoted ``off``, ``no``, ``true`` or ``1`` as a boolean or a number: say so in YAML's terms,
+    with the line to write instead. One kind of mistake, one exit code: bad input (2), for a
+    label as for an annotation. JSON annotations are judged by parse_vmi, JSON labels here in
+    its words (``yaml_text`` None: the input was JSON)."""
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict):
         return  # parse_vmi judges the shape
-    for key, value in annotations.items():
-        if isinstance(value, (bool, int, float)):
-            raw = _raw_value(data, str(key)) or json.dumps(value)
-            what = "a boolean" if isinstance(value, bool) else "a number"
-            raise ConfigError(f"VMI {name}: YAML reads the unquoted {raw} of annotation {key} as {what}, but "
-                              f'annotations are strings: quote it ({key}: "{raw}")')
+    for what in ("annotation", "label"):
+        values = meta.get(what + "s")
+        if not isinstance(values, dict) or (yaml_text is None and what == "annotation"):
+            continue
+        for key, value in values.items():
+            if yaml_text is None and not isinstance(value, str):
+                raise ConfigError(f"VMI JSON {what} {key} is not a string")
+            if isinstance(value, (bool, int, float)):
+                raw = _raw_value(yaml_text, str(key)) or json.dumps(value)
+                kind = "a boolean" if isinstance(value, bool) else "a number"
+                raise ConfigError(f"VMI {name}: YAML reads the unquoted {raw} of {what} {key} as {kind}, but "
+                                  f'{what}s are strings: quote it ({key}: "{raw}")')
 
 
 def _raw_value(data: bytes, key: str) -> str | None:
@@ -179,12 +228,6 @@ def attachment(vmi: Mapping[str, Any], door: str | None = "hook") -> Attachment:
     if plugin.attached:
         return plugin
     return Attachment(None, f"{hook.why}; nor does the Plugin door: {plugin.why}", hook.then)
-
-
-def attachment_of_json(vmi_json: bytes, door: str | None = "hook") -> Attachment:
-    """:func:`attachment` of a VMI's JSON (as :func:`vmi_as_json` returns it)."""
-    doc = _json_or_none(vmi_json)
-    return attachment(doc if isinstance(doc, dict) else {}, door)
 
 
 def plugin_attachment(labels: Mapping[str, Any]) -> Attachment:

@@ -16,6 +16,7 @@ from pcitopo.topology import __version__
 from pcitopo.topology.errors import ConfigError
 
 from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
+from .preflight import add_preflight_parser, cmd_preflight
 
 
 # -- pcitopo topo ----------------------------------------------------------------------------
@@ -282,6 +283,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
                                    "(exit 1 on any difference)"))
     _add_guest_parsers(sub)
     _add_doctor_parser(sub, default_sysfs())
+    add_preflight_parser(sub)
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     if not argv:  # bare `pcitopo`: the commands, not only "a command is required"
         parser.print_help(sys.stderr)
@@ -289,7 +291,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
                "partitions": _cmd_partitions, "pairs": _cmd_pairs, "guest-tool": _cmd_guest_tool,
-               "guest": lambda a: pcitopo_main(["guest", a.action])}[args.command]
+               "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

@@ -150,8 +150,11 @@ def options_from_annotations(annotations: Mapping[str, Any]) -> HookOptions:
             continue
         suffix = key[len(PREFIX):]
         if suffix not in _SUFFIXES:
+            from pcitopo.kubevirt.manifest import label_not_annotation  # only on this error: the hook's path stays light
+
             known = ", ".join(PREFIX + s for s in _SUFFIXES)
-            raise ConfigError(f"unknown annotation {key} (known: {known})")
+            label = label_not_annotation(key)
+            raise ConfigError(f"unknown annotation {key}: {label}" if label else f"unknown annotation {key} (known: {known})")
         raw[suffix] = value
     if not raw:
         return DEFAULT_OPTIONS

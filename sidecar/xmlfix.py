@@ -1,9 +1,11 @@
 """`xmlfix`: the rewrite on a captured domain XML and a captured (or live) sysfs.
 
     xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
+    xmlfix --check --vmi FILE [--cluster FILE ...] [--kubevirt VERSION] [--door plugin|hook] [--sysfs PATH] DOMAIN.xml|-
 
 Exit 0 on success; 1 when --check finds that the guest will not see what the host has, or (with
---vmi) that no door attaches pcitopo to the VMI (kubevirt/manifest.py); 2 with
+--vmi) that the VMI would not start, or would start without a setting pcitopo writes, on the
+KubeVirt release judged (kubevirt/starts.py; --cluster, --kubevirt, else v1.9.0 assumed); 2 with
 one line on stderr for bad input. A passthrough or off outcome is always named on stderr, and so
 is everything the hook would only log and boot anyway (``xmlfix: warning: ...``: a firmware
 warning, the NVLink verdict under ``nvlink: warn``, the pairing findings under ``pairing:
@@ -79,7 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--door", choices=DOORS, default=None,
                    help=f"the KubeVirt door the VM comes through: plugin, the pcitopo Plugin (KubeVirt v1.9+); hook, the "
                    f"hook sidecar (v1.6-v1.8). --explain says what reaches libvirt through it (default {DEFAULT_DOOR}); "
-                   "--check --vmi checks that the VMI asks for it (default: for either door)")
+                   "--check --vmi checks that the VMI asks for it and, without --cluster, assumes the cluster runs that door "
+                   "(default: the doors the VMI asks for)")
+    p.add_argument("--cluster", metavar="FILE", action="append",
+                   help="with --check --vmi: judge the VMI on this cluster's KubeVirt release, gates and Plugin objects "
+                   "(what `kubectl get kubevirt,plugins.plugin.kubevirt.io,nodes,vmis,vms -A -o yaml` prints; - for stdin; "
+                   "repeatable)")
+    p.add_argument("--kubevirt", metavar="VERSION",
+                   help="with --check --vmi: judge the VMI on this KubeVirt release (e.g. v1.8.0), with the gates and Plugin "
+                   "objects its doors (or --door) imply; with --cluster, overrides the dump's release (default v1.9.0, assumed)")
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
@@ -94,6 +104,10 @@ def xmlfix(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     _one_document(args)
     domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
+    if (args.cluster or args.kubevirt) and not (args.check and args.vmi):
+        raise ConfigError("--cluster and --kubevirt judge a VMI on a KubeVirt release: use them with --check --vmi FILE")
+    if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
+        raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
     vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
     if vmi is not None:  # `kubectl get vmi -o yaml` is what people paste
         from pcitopo.kubevirt.manifest import vmi_as_json
@@ -134,7 +148,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     if result is None:
         print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
     if args.check:
-        return _check(outcome, host, fabric, vmi, args.door)
+        return _check(outcome, host, fabric, vmi, args)
     return EXIT_OK
 
 
@@ -230,25 +244,34 @@ def _one_document(args: argparse.Namespace) -> None:
         raise ConfigError("--dot prints one Graphviz document: use it without --diff and --summary")
 
 
-def _check(outcome, host, fabric=None, vmi: bytes | None = None, door: str | None = None) -> int:
+def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.Namespace | None = None) -> int:
     """--check: exit 0 only if the guest will see what the host has, and, given the VMI's JSON,
-    a door attaches pcitopo to it (kubevirt/manifest.py, :func:`attachment`)."""
+    the VMI starts with every setting on the KubeVirt release judged (kubevirt/starts.py)."""
+    import json
+
     from pcitopo.topology.guest.predict import check_verdict
 
-    from pcitopo.kubevirt.manifest import attachment_of_json
+    from pcitopo.kubevirt.starts import release_check
 
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    attached = attachment_of_json(vmi, door) if vmi is not None else None
-    detached = [attached.line] if attached is not None and not attached.attached else []
+    judged = None
+    if vmi is not None:
+        try:
+            doc = json.loads(vmi)
+        except ValueError:
+            doc = None
+        judged = release_check(doc if isinstance(doc, dict) else {}, getattr(args, "door", None), getattr(args, "cluster", None),
+                               getattr(args, "kubevirt", None), outcome.xml)
+    detached = list(judged.lines) if judged is not None else []
     problems, parts = check_verdict(outcome.result, host, fabric)
     problems = detached + problems
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
-    # the verdict counts pairs and cells; what else fails the check (NVLink, firmware, the
-    # door) joins it by name, its sentence being one of the lines just printed
-    why = "; ".join(parts[:1] + [f"{kind} (above)" for kind in parts[1:]]
+    # the verdict counts pairs and cells and names the release judged; what else fails the check
+    # (NVLink, firmware, the door, the release) joins it by name, its sentence printed above
+    why = "; ".join(parts[:1] + ([judged.on] if judged is not None else []) + [f"{kind} (above)" for kind in parts[1:]]
                     + [f"{line.split(':', 1)[0]} (above)" for line in detached])
     print(f"xmlfix: check: {'failed' if problems else 'ok'}: {why}", file=sys.stderr)
     return EXIT_CHECK_FAILED if problems else EXIT_OK

@@ -47,4 +47,4 @@ def test_one_turns_them_on():
 def test_make_test_slow_sets_the_switch():
     make = (ROOT / "Makefile").read_text()
     recipe = make[make.index("\ntest-slow:"):].split("\n")[2]
-    assert recipe.startswith("\tPCITOPO_E2E_SLOW=1 ") and "-m e2e_slow" in recipe
+    assert recipe.startswith("\tPCITOPO_E2E_SLOW=1 ") and "-m 'e2e_slow or image_slow'" in recipe

@@ -247,7 +247,10 @@ def test_f12_xmlfix_warns_when_the_vmi_is_not_the_domains(tmp_path, capsys):
 
     def warnings(meta: dict) -> list[str]:
         vmi = tmp_path / "vmi.json"
-        vmi.write_text(json.dumps({"metadata": {"labels": {"pcitopo.kubevirt.io/plugin": "true"}, **meta}}))
+        # both doors: on v1.9.0 (what --check assumes) the Plugin label alone would not start
+        both = {"labels": {"pcitopo.kubevirt.io/plugin": "true"},
+                "annotations": {"hooks.kubevirt.io/hookSidecars": '[{"image": "pcitopo"}]'}}
+        vmi.write_text(json.dumps({"metadata": {**both, **meta}}))
         assert xmlfix_main(["--check", "--vmi", str(vmi), "--sysfs", str(src), str(dom)]) == 0
         return [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("xmlfix: warning: vmi: ")]
 

@@ -9,9 +9,11 @@ hook manager does, and every answer must be byte-identical to what ``xmlfix`` pr
 input on the same host. ``Shutdown`` must end the container with status 0 and take the socket
 with it.
 
-The arm64 image is built too (buildah under qemu-user: qemu-user-static and binfmt-support), its
-entrypoint answers ``--version`` and serves one OnDefineDomain under emulation, and both images
-go into one manifest list, the multi-arch name docs/DEPLOY.md pushes.
+The arm64 image is built too, in the slow tier only (``make test-slow``, marker ``image_slow``:
+buildah under qemu-user, about 10 CPU-minutes on a cold container store, which alone would push
+``make test`` past its 30 minutes): its entrypoint answers ``--version`` and serves one
+OnDefineDomain under emulation, and both images go into one manifest list, the multi-arch name
+docs/DEPLOY.md pushes.
 
 What this machine needs to run containers at all is not the image's business and stays out of
 it: ``.ci/containers.conf`` (engine settings) and, when the machine has one, its CA bundle for
@@ -282,6 +284,7 @@ def test_i25_the_image_serves_the_plugins_three_defines_as_kubevirt_runs_it(amd6
             side.remove()
 
 
+@pytest.mark.image_slow
 def test_the_arm64_image_answers_and_serves_under_emulation(arm64, hookclient, tmp_path):
     inspect = json.loads(podman("image", "inspect", arm64["image"]).stdout)[0]
     assert inspect["Architecture"] == "arm64"
@@ -308,6 +311,7 @@ def test_the_arm64_image_answers_and_serves_under_emulation(arm64, hookclient, t
         side.remove()
 
 
+@pytest.mark.image_slow
 def test_both_images_make_one_multi_arch_manifest_list(amd64, arm64):
     r = subprocess.run(["bash", str(REPO / "scripts" / "image.sh"), "--arch", "all", "--manifest"], capture_output=True,
                        text=True, env=engine_env(), cwd=REPO, timeout=900)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..host.names import part_name
+from ..host.names import SWITCH_MANAGEMENT, device_name, part_name
 from ..model.labels import Labeled, label_devices, rdma_name
 from ..model.tree import MELLANOX, Bdf, PciFunction, Role, Topology
 from ..paths.classify import NvlinkOracle, PairClass, classify, nccl_path, pairs
@@ -74,7 +74,7 @@ def device_legend(
 ) -> str:
     lines = ["Device Legend:", ""]
     for r in rows:
-        name = part_name(r.function, live_root) or r.function.ids
+        name = device_name(topo, r.function, live_root)
         vf = f", VF of {r.function.physfn}" if r.function.physfn else ""
         vf += vf_summary(topo, groups.vfs_of(r.function.bdf)) if groups else ""  # VFs: one legend line under their PF
         rdma = rdma_name(topo, r.function)
@@ -231,7 +231,7 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
 
             why = management_reason(topo, f)
             if why:
-                bits.append(f"(NVLink switch management, not a compute NIC: {why})")
+                bits.append(f"({SWITCH_MANAGEMENT}: {why})")
         if f.physfn:
             bits.append(f"VF of {f.physfn}")
         if f.bdf in labels:

@@ -1,0 +1,122 @@
+"""`pcitopo preflight --target NAME [FILE ...]`: the cluster, read before anything is applied.
+
+    kubectl get kubevirt,plugins.plugin.kubevirt.io,nodes,vmis,vms -A -o yaml > cluster.yaml
+    pcitopo preflight --target kubevirt-v1.9.0 cluster.yaml      # or: ... -o yaml | pcitopo preflight --target NAME -
+
+Exit 0 when applying the target harms no VM, 1 when it would (each VM named) or when the target
+is not for the cluster's release, 2 for unreadable input (one line). The judgement is
+kubevirt/preflight.py's; this module only prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .doors import EXIT_CHECK_FAILED, EXIT_OK
+
+
+def add_preflight_parser(sub) -> None:
+    from pcitopo.kubevirt.targets import TARGETS
+
+    p = sub.add_parser(
+        "preflight", help="before deploying: what applying a target (deploy/targets/NAME) would do to this cluster's VMs",
+        description="Reads what `kubectl get kubevirt,plugins.plugin.kubevirt.io,nodes,vmis,vms -A -o yaml` prints (a List, "
+        "or multi-document YAML/JSON; no cluster access) and reports the KubeVirt release and gates and whether the target "
+        "fits them, the Plugin objects, the GPU nodes the DaemonSet runs on and misses, every VM or VMI with a PCI host "
+        "device that would stop starting or lose pcitopo's settings once the target is applied, and the doors each "
+        "opted-in VM needs. Exit 0: no VM harmed; 1: some VM harmed (named) or the target is not for this release; "
+        "2: unreadable input.")
+    p.add_argument("--target", required=True, choices=[t.name for t in TARGETS], metavar="NAME",
+                   help="the deploy target, a folder under deploy/targets/: " + ", ".join(t.name for t in TARGETS))
+    p.add_argument("--json", action="store_true", help="the same facts as one JSON document")
+    p.add_argument("dump", nargs="*", default=["-"], metavar="FILE",
+                   help="cluster dump files, - for standard input (the default)")
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from pcitopo.kubevirt.cluster import read_dump
+    from pcitopo.kubevirt.preflight import as_json, preflight
+    from pcitopo.kubevirt.targets import target
+
+    report = preflight(read_dump(args.dump), target(args.target))
+    if args.json:
+        json.dump(as_json(report), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write("\n".join(text_lines(report, args.dump)) + "\n")
+    return EXIT_CHECK_FAILED if report.fails else EXIT_OK
+
+
+def text_lines(report, sources: list[str]) -> list[str]:
+    t = report.target
+    out = [f"target {t.name}: {t.releases}; doors {', '.join(t.doors)}; gates {', '.join(t.gates)}; "
+           f"Plugin objects {', '.join(t.plugin_objects) or 'none'}  (dump: {', '.join(sources)})"]
+    out += _kubevirt_lines(report)
+    out += _node_lines(report)
+    out += _workload_lines(report)
+    out += [f"note: {n}" for n in report.notes]
+    harmed = report.harmed
+    if harmed:
+        out.append(f"verdict: applying {t.name} harms {len(harmed)} VM(s): " + ", ".join(f"{w.name} ({w.harm})" for w in harmed))
+    elif report.release_fits is False:
+        out.append(f"verdict: {t.name} is not for KubeVirt {report.before.release}: see the kubevirt line above")
+    else:
+        out.append(f"verdict: ok: applying {t.name} harms no VM")
+    return out
+
+
+def _kubevirt_lines(report) -> list[str]:
+    from pcitopo.kubevirt.targets import TARGETS
+
+    b = report.before
+    gates = ", ".join(sorted(b.gates)) or "none"
+    if report.kubevirt is None:
+        head = f"kubevirt: no KubeVirt CR in the dump; judged as {b.release} with no gate"
+    else:
+        head = f"kubevirt: {b.release} ({report.kubevirt}), gates {gates}"
+    if report.release_fits is False:
+        fit = next((x.name for x in TARGETS if x.fits(b.release)), None)
+        head += f"; the target does not fit this release ({report.target.releases})" + (f": use {fit}" if fit else "")
+    elif report.release_fits:
+        head += "; the target fits this release"
+    out = [head]
+    if report.gates_added:
+        out.append(f"  gates: the target's gate patch adds {', '.join(report.gates_added)}")
+    plugins = ", ".join(f"{n} ({'pcitopo' if ours else 'not pcitopo'})" for n, ours in report.plugins) or "none"
+    out.append(f"plugins: {plugins}; after the target: {', '.join(report.after.plugins) or 'none'}"
+               + ("" if report.after.pipeline_runs else " (no Plugin pipeline runs)"))
+    return out
+
+
+def _node_lines(report) -> list[str]:
+    nodes = report.nodes
+    runs = [n for n in nodes if n.daemonset]
+    out = [f"gpu nodes: {len(nodes)}; the DaemonSet runs on {len(runs)}, misses {len(nodes) - len(runs)}"]
+    for n in nodes:
+        what = "runs on" if n.daemonset else "MISSES "
+        fix = "" if n.daemonset else "; label it nvidia.com/gpu.present=true, or as NFD or the GPU Operator would"
+        out.append(f"  {what} {n.name} ({'; '.join(n.why)}{fix})")
+    return out
+
+
+def _workload_lines(report) -> list[str]:
+    loads = report.workloads
+    out = [f"vms with a PCI host device: {len(loads)}; harmed by the target: {len(report.harmed)}"]
+    for w in loads:
+        mark = "HARMED" if w.harm else "down  " if not w.before.starts else "lossy " if w.after.lost else "ok    "
+        state = f"{w.harm}: {w.after.line}" if w.harm else (
+            w.after.line if w.before.start is w.after.start else f"{w.before.start.value}, then {w.after.line}")
+        state = state if w.before.starts else f"already {state}"
+        out.append(f"  {mark} {w.name} ({w.kind}; {', '.join(w.devices)}): {state}")
+    from pcitopo.kubevirt.preflight import DOOR_NAMES
+
+    needs = " and ".join(DOOR_NAMES[d] for d in report.doors())
+    opted = [w for w in loads if w.opted_in]
+    out.append(f"doors on KubeVirt {report.after.release} after the target: {needs} "
+               f"({len(opted)} opted-in VM(s) with PCI host devices)")
+    for w in opted:
+        missing = [d for d in report.doors() if d not in w.has]
+        out.append(f"  {w.name}: has {', '.join(w.has) or 'no door'}" + (f"; add {', '.join(missing)}" if missing else ""))
+    return out
