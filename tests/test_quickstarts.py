@@ -214,6 +214,9 @@ class Cluster:
         out = option(args, "-o")
         if out == "yaml":
             return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": found})
+        if out == "name":
+            return "".join(f"{o['kind'].lower()}.{o['apiVersion'].split('/')[0]}/{o['metadata']['name']}\n"
+                           if "/" in o["apiVersion"] else f"{o['kind'].lower()}/{o['metadata']['name']}\n" for o in found)
         if out and out.startswith("jsonpath="):
             (obj,) = found
             for part in out[len("jsonpath={."):-1].split("."):
