@@ -185,6 +185,9 @@ class Cluster:
     @classmethod
     def start(cls, name: str, workdir: Path) -> "Cluster":
         objects = {key(o): o for o in dump_for(name)}
+        # The namespaces the dump's objects live in exist, and the example VM's (`ml`), as the page asks.
+        for ns in {o["metadata"].get("namespace") for o in objects.values()} - {None, ""} | {"ml"}:
+            objects[f"Namespace//{ns}"] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
         state = workdir / ".cluster.json"
         state.write_text(json.dumps({"target": name, "objects": objects, "before": objects, "workdir": str(workdir)}))
         return cls(state)
@@ -279,13 +282,12 @@ class Cluster:
 
     def do_label(self, args: list[str]) -> str:
         kind, name, *pairs = positional(args)
-        obj = self.objects.setdefault(key({"kind": "Namespace", "metadata": {"name": name}}),
-                                      {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        (obj,) = self.find([KINDS[kind]], "", [name])
         labels = obj["metadata"].setdefault("labels", {})
         for pair in pairs:
             labels.pop(pair[:-1], None) if pair.endswith("-") else labels.update([pair.split("=", 1)])
-        if not labels and key(obj) not in json.loads(self.state.read_text())["before"]:
-            del self.objects[key(obj)]  # the label was all the quick start added
+        if not labels:
+            del obj["metadata"]["labels"]
         return ""
 
     def do_snapshot(self, args: list[str]) -> str:
