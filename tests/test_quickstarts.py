@@ -402,6 +402,8 @@ def test_the_plugin_quick_start_stops_at_its_preflight_on_v1_9_0(tmp_path):
                        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"})
     assert r.returncode == 1, r.stdout + r.stderr
     assert "research/train-0" in r.stdout
+    shown = re.search(r"<!-- preflight-main-on-v1.9.0 -->\n```\n\$ [^\n]*\n(.*?)```", DEPLOY_MD, re.S)[1]
+    assert set(shown.splitlines()) <= set(r.stdout.splitlines()), "DEPLOY.md quotes lines preflight does not print"
 
 
 def test_the_stand_in_refuses_a_vm_the_targets_policy_refuses(tmp_path, monkeypatch):
