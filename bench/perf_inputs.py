@@ -37,8 +37,12 @@ def materialise(name: str) -> Path:
     tarball = ROOT / "fixtures" / name / "sysfs.tar.gz"
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
     dest = CACHE / f"{name}-{digest}"
-    if dest.is_dir():
+    if (dest / "bus" / "pci" / "devices").is_dir():
         return dest
+    if dest.exists():  # a tree cut short (the cache removed under a run that was filling it): again
+        import shutil
+
+        shutil.rmtree(dest, ignore_errors=True)
     tmp = CACHE / f".{name}-{digest}.{os.getpid()}"
     made: set[str] = set()
     with tarfile.open(tarball, mode="r:gz") as tar:

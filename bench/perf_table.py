@@ -52,6 +52,8 @@ def timings(out: list[str], r: dict) -> None:
     row("1b", "  of which sysfs reads (open/read, readlink)", "floor_sysfs")
     row("2", "rewrite in-process, cold host model (hgx-b200)", "rewrite_cold")
     row("2b", "hook handler in-process, warm model + VMI options (what serve runs per call)", "handler_warm")
+    row("2c", "  the same on a plain host model kept across calls (no HostCache; the doctor's findings kept per allocation)",
+        "handler_model")
     row("3", f"OnDefineDomain over the socket, new connection per call (rounds with 1, 4): "
         f"{r['socket']['median'] / r['floor']['median']:.2f}x the floor", "socket")
     row("3n", f"  the same, an allocation the server has not seen (a new one each call; rounds with 1, 3, 4): "

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 DOORS = ("plugin", "hook")
 DEFAULT_DOOR = "plugin"
-# The label a VMI carries to be selected by the pcitopo Plugin's conditions (deploy/plugin/):
+# The label a VMI carries to be selected by the pcitopo Plugin's conditions (deploy/targets/kubevirt-main):
 # virt-controller copies a VMI's labels to its virt-launcher pod, where the admission policy
 # that injects the plugin's container matches it too.
 PLUGIN_LABEL = "pcitopo.kubevirt.io/plugin"
 PLUGIN_LABEL_VALUE = "true"
-# The Plugin object deploy/plugin creates: its name is also the folder of its domain hook's socket
+# The Plugin object deploy/targets/kubevirt-main creates: its name is also the folder of its domain hook's socket
 # (/var/run/kubevirt-plugin/<name>/), so a cluster dump names pcitopo's Plugin by it.
 PCITOPO_PLUGIN = "pcitopo"
 

@@ -231,7 +231,7 @@ def attachment(vmi: Mapping[str, Any], door: str | None = "hook") -> Attachment:
 
 
 def plugin_attachment(labels: Mapping[str, Any]) -> Attachment:
-    """The Plugin door: deploy/plugin's Plugin selects a VMI, and its admission policy injects
+    """The Plugin door: the kubevirt-main target's Plugin selects a VMI, and its admission policy injects
     the container into the VMI's pod, by one label (``pcitopo.kubevirt.doors``)."""
     from .doors import PLUGIN_LABEL, PLUGIN_LABEL_VALUE, plugin_selects
 
@@ -243,7 +243,7 @@ def plugin_attachment(labels: Mapping[str, Any]) -> Attachment:
     else:
         near = [k for k in labels if isinstance(k, str) and _near(k, PLUGIN_LABEL)]
         why = f"no label {want}" + (f" ({near[0]} is not it)" if near else "")
-    return Attachment(None, f"{why}: the pcitopo Plugin's conditions select only VMIs labelled so (deploy/plugin)",
+    return Attachment(None, f"{why}: the pcitopo Plugin's conditions select only VMIs labelled so (deploy/targets/kubevirt-main)",
                       "the VM would boot with KubeVirt's own flat placement (or, on a v1.9 release with the hook "
                       "sidecar alone, without the settings KubeVirt's struct drops; check with --door hook)", kind="plugin")
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from pcitopo.topology.errors import ConfigError
 
 from .cluster import ClusterDump, name_of
+from .sidecar_policy import Refusal, refusal
 from .doors import PCITOPO_PLUGIN
 from .starts import Cluster, Start, Verdict, cluster_of, doors_needed, judge, opted_in, pci_devices
 from .targets import GPU_NODE_TERMS, Target, is_gpu_node
@@ -51,6 +52,16 @@ class Workload:
         return None
 
 
+@dataclass(frozen=True)
+class PolicyHarm:
+    """A VM or VMI whose hooks.kubevirt.io/hookSidecars the target's Sidecar policy refuses: its
+    next VMI is refused at CREATE, whatever devices it has."""
+
+    name: str
+    kind: str
+    refusal: Refusal
+
+
 @dataclass
 class Preflight:
     target: Target
@@ -62,6 +73,7 @@ class Preflight:
     plugins: tuple[tuple[str, bool], ...]  # (name, pcitopo's), as dumped
     nodes: list[GpuNode] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
+    policy: list[PolicyHarm] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -69,14 +81,20 @@ class Preflight:
         return [w for w in self.workloads if w.harm]
 
     @property
+    def refused(self) -> list[PolicyHarm]:
+        """The Sidecar policy surely refuses these (the others hinge on what the dump lacks)."""
+        return [p for p in self.policy if p.refusal.certain]
+
+    @property
     def fails(self) -> bool:
-        return bool(self.harmed) or self.release_fits is False
+        return bool(self.harmed) or bool(self.refused) or self.release_fits is False
 
     def doors(self) -> tuple[str, ...]:
         return doors_needed(self.after)
 
 
-def preflight(dump: ClusterDump, tgt: Target) -> Preflight:
+def preflight(dump: ClusterDump, tgt: Target, image: str | None = None) -> Preflight:
+    """``image``: the image the user pins in the target's PodTemplate (None: not known)."""
     cr = dump.kubevirt
     before = cluster_of(dump)
     notes = []
@@ -95,6 +113,7 @@ def preflight(dump: ClusterDump, tgt: Target) -> Preflight:
     permitted = {p.resource for p in cr.permitted_pci} if cr else set()
     report.nodes = [n for n in (_gpu_node(node, permitted) for node in dump.nodes) if n is not None]
     report.workloads = _workloads(dump, before, after)
+    report.policy = _policy_harms(dump, image) if tgt.sidecar_policy else []
     report.notes += _foreign_plugin_notes(report)
     return report
 
@@ -122,6 +141,32 @@ def _workloads(dump: ClusterDump, before: Cluster, after: Cluster) -> list[Workl
                                      ("plugin", plugin_selects(dict(_dict(meta.get("labels")))))) if yes)
         out.append(Workload(name, str(obj.get("kind")), tuple(devices), opted_in(vmi), judge(vmi, before),
                             judge(vmi, after), has))
+    return out
+
+
+def _policy_harms(dump: ClusterDump, image: str | None) -> list[PolicyHarm]:
+    """Every VM (its template) and lone VMI with hooks.kubevirt.io/hookSidecars that the target's
+    Sidecar policy would refuse at its next start, with or without PCI devices."""
+    from .manifest import HOOK_SIDECARS, as_vmi
+
+    namespaces = {name_of(o): dict(_dict(_dict(o.get("metadata")).get("labels"))) for o in dump.of_kind("Namespace")}
+    vms = {name_of(o) for o in dump.of_kind("VirtualMachine")}
+    out = []
+    for obj in dump.workloads:
+        name = name_of(obj)
+        if obj.get("kind") == "VirtualMachineInstance" and name in vms:
+            continue
+        try:
+            vmi = as_vmi(obj, name)
+        except ConfigError:
+            continue
+        meta = _dict(vmi.get("metadata"))
+        annotations = _dict(meta.get("annotations"))
+        if HOOK_SIDECARS not in annotations:
+            continue
+        why = refusal(annotations[HOOK_SIDECARS], namespaces.get(str(meta.get("namespace"))), image)
+        if why is not None:
+            out.append(PolicyHarm(name, str(obj.get("kind")), why))
     return out
 
 
@@ -167,7 +212,9 @@ def as_json(report: Preflight) -> dict:
                        "doors": {"has": list(w.has), "needs": list(report.doors()) if w.opted_in else []}}
                       for w in report.workloads],
         "doors_needed": list(report.doors()),
-        "harmed": [w.name for w in report.harmed],
+        "sidecar_policy": [{"name": p.name, "kind": p.kind, "why": p.refusal.why, "certain": p.refusal.certain}
+                           for p in report.policy],
+        "harmed": [w.name for w in report.harmed] + [p.name for p in report.refused],
         "notes": list(report.notes),
         "ok": not report.fails,
     }

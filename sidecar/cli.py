@@ -1,4 +1,4 @@
-"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, serve) and ``xmlfix``.
+"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, domain, preflight, serve) and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.
@@ -52,7 +52,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         if args.module_map:
             raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
         table = load_nvlink_table(args.nvlink_table) if args.nvlink_table else None
-        oracle = NvlinkOracle(topo, table)
+        oracle = NvlinkOracle(topo, table, hint="pass --fabric (`fmpm -l`) or --nvlink-table")
     # Named devices in the order given, each once (a repeated BDF is not a second device).
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
@@ -125,10 +125,17 @@ def _fabric_args(p: argparse.ArgumentParser, what: str) -> None:
                    "(default $PCITOPO_MODULE_MAP)")
 
 
+def _phys_bits(text: str) -> int:
+    """--phys-bits: a CPU address width x86 can have (QEMU's phys-bits takes 32 to 64)."""
+    if not text.isdigit() or not 32 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an address width from 32 to 64 bits")
+    return int(text)
+
+
 def _cmd_capture(args: argparse.Namespace) -> int:
     from pcitopo.topology.host.capture import capture
 
-    summary = capture(args.sysfs, args.output, sys.stdout.buffer)  # -o - is stdout
+    summary = capture(args.sysfs, args.output, sys.stdout.buffer, args.phys_bits)  # -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
         f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
@@ -138,6 +145,8 @@ def _cmd_capture(args: argparse.Namespace) -> int:
         print(f"recorded the host CPU's physical-address width: {summary.host_bits} bits", file=sys.stderr)
     for s in summary.skipped:
         print(f"warning: skipped {s}", file=sys.stderr)
+    for line in summary.missing:  # one line per kind of file the source lacks
+        print(f"warning: {line}", file=sys.stderr)
     if summary.config_cut:  # read without CAP_SYS_ADMIN: say what the doctor will not know
         print(f"warning: config space of {summary.config_cut} function(s) cut at 64 bytes (read without "
               "CAP_SYS_ADMIN): the doctor's acs and ats checks will say unknown for this capture; capture as root for them "
@@ -150,7 +159,8 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from pcitopo.topology.checks.doctor import run_checks
     from pcitopo.topology.checks.kubelet import KUBELET_DIR
-    from pcitopo.topology.checks.fleet import doctor_text, nfd_text, pix_facts, prometheus_text, write_atomic
+    from pcitopo.topology.checks.fleet import nfd_text, pix_facts, prometheus_text, write_atomic
+    from pcitopo.topology.checks.screen import report_text
     from pcitopo.topology.model.tree import Bdf, Topology
     from pcitopo.topology.host.sysfs import SysfsReader
     from pcitopo.topology.host.sources import open_source
@@ -166,16 +176,26 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         write_atomic(args.prometheus_out, prometheus_text(report, pix))
     if args.nfd_out:
         write_atomic(args.nfd_out, nfd_text(report, pix))
+    doc = json.dumps(report.as_json(), indent=2) + "\n" if args.json or args.json_out else None
+    if args.json_out:  # what the node hook reads (ACS, ATS: root only) from the doctor DaemonSet
+        write_atomic(args.json_out, doc)
     if args.json:
-        json.dump(report.as_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        sys.stdout.write(doc)
     elif args.prometheus:
         sys.stdout.write(prometheus_text(report, pix))
     elif args.nfd:
         sys.stdout.write(nfd_text(report, pix))
     else:
-        sys.stdout.write(doctor_text(report, args.verbose))
+        sys.stdout.write(report_text(report, args.verbose))
     return EXIT_CHECK_FAILED if report.failed else EXIT_OK
+
+
+def _add_capture_parser(sub, default_sysfs: str) -> None:
+    c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
+    c.add_argument("--sysfs", default=default_sysfs, help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
+    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
+    c.add_argument("--phys-bits", type=_phys_bits, metavar="N", help="the node's CPU physical-address width (`address sizes` "
+                   "in its /proc/cpuinfo), recorded in the capture; without it only a live sysfs records one (this machine's)")
 
 
 def _add_doctor_parser(sub, default_sysfs: str) -> None:
@@ -190,12 +210,15 @@ def _add_doctor_parser(sub, default_sysfs: str) -> None:
     out.add_argument("--nfd", action="store_true", help="Node Feature Discovery local features (key=value) on stdout")
     d.add_argument("--prometheus-out", metavar="FILE.prom", help="also write the metrics to FILE (atomically)")
     d.add_argument("--nfd-out", metavar="FILE", help="also write the NFD features to FILE (atomically)")
+    d.add_argument("--json-out", metavar="FILE", help="also write the --json report to FILE (atomically; the doctor "
+                   "DaemonSet writes /var/run/pcitopo/doctor.json, the node hook reads it)")
     d.add_argument("--kubelet-dir", metavar="DIR", default=os.environ.get("PCITOPO_KUBELET_DIR") or None,
                    help="the node's kubelet directory, for its CPU manager settings (cpu_manager_state, config.yaml); "
                    "default $PCITOPO_KUBELET_DIR, or /var/lib/kubelet when --sysfs is /sys, else not read")
     d.add_argument("--kubelet-config", metavar="FILE", default=None,
                    help="the kubelet's config file when not DIR/config.yaml (the kubelet's --config)")
-    d.add_argument("-v", "--verbose", action="store_true", help="human output: list the checks that passed too")
+    d.add_argument("-v", "--verbose", action="store_true", help="human output: one line per check and device, passed ones "
+                   "too (default: one line per kind of finding, naming the devices it covers)")
     d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")
 
 
@@ -232,6 +255,74 @@ def _add_guest_parsers(sub) -> None:
     g.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write it (e.g. build/pcitopo-guest)")
     g = sub.add_parser("guest", help="in the guest: `pcitopo guest install-nccl-topo` installs the NCCL topology file the host passed")
     g.add_argument("action", choices=["install-nccl-topo"], help="what to do (see `pcitopo guest install-nccl-topo --help`)")
+
+
+# -- pcitopo domain ---------------------------------------------------------------------------
+# The domain XML virt-launcher would hand the hook at the first OnDefineDomain / MutateDomain call,
+# for a VM or VMI manifest on a node, before anything is deployed (pcitopo.kubevirt.launcher). The
+# domain goes to stdout (or -o); what was assumed goes to stderr, one line each, prefixed
+# "pcitopo domain:".
+
+
+def _hook_input(pred, call: int, hook: str, host) -> tuple[bytes, str]:
+    """The hook's input at ``call`` of the boot for the prediction ``pred`` (``allocateHotplugPorts``'s
+    defines, the release's re-parse and libvirt's define between them), with pcitopo's rewrite
+    (``hook`` pcitopo) or nothing (``none``) answering the earlier calls; and the line that says so."""
+    import json
+
+    from pcitopo.kubevirt.launcher.defines import boot_defines, vmi_interfaces
+
+    from .core import handle_define_domain
+
+    vmi_json = json.dumps(pred.vmi).encode()
+    rewrite = (lambda xml: handle_define_domain(xml, vmi_json, host).xml) if hook == "pcitopo" else (lambda xml: xml)
+    boot = boot_defines(pred.xml, rewrite, pred.release, interfaces=vmi_interfaces(pred.vmi))
+    calls = len(boot.hook_inputs)
+    if not 1 <= call <= calls:
+        raise ConfigError(f"--call {call}: KubeVirt {pred.version}'s virt-launcher calls the hook {calls} time(s) for this VM")
+    answered = "pcitopo's rewrite" if hook == "pcitopo" else "no hook"
+    return boot.hook_inputs[call - 1], (f"the hook's input at call {call} of {calls} (the earlier calls answered by "
+                                        f"{answered}, re-parsed as {pred.version} does, libvirt's define simulated)")
+
+
+def _cmd_domain(args: argparse.Namespace) -> int:
+    from pcitopo.kubevirt.launcher.request import predicted_domain
+    from pcitopo.topology.host.sysfs import open_host
+
+    host = open_host(args.sysfs)
+    pred = predicted_domain(args, args.vmi, host)
+    xml, notes = pred.xml, list(pred.notes)
+    if args.call is not None:
+        xml, line = _hook_input(pred, args.call, args.hook, host)
+        notes.append(line)
+    for line in notes:
+        print(f"pcitopo domain: {line}", file=sys.stderr)
+    if args.output and args.output != "-":
+        try:
+            with open(args.output, "wb") as fh:
+                fh.write(xml)
+        except OSError as e:
+            raise ConfigError(f"cannot write {args.output}: {e.strerror or e}") from None
+    else:
+        sys.stdout.buffer.write(xml)
+        sys.stdout.flush()
+    return 0
+
+
+def _add_domain_parser(sub, default_sysfs: str) -> None:
+    from pcitopo.kubevirt.launcher.request import add_prediction_args
+
+    d = sub.add_parser("domain", help="the domain XML virt-launcher would hand the hook for a VM/VMI manifest on a node "
+                       "(before anything is deployed)")
+    d.add_argument("--vmi", metavar="FILE", required=True, help="the VM or VMI manifest (YAML or JSON)")
+    d.add_argument("--sysfs", default=default_sysfs, help="the node: sysfs root, capture .tar.gz or fixture dir")
+    add_prediction_args(d)
+    d.add_argument("--call", metavar="N", type=int, help="instead of the converter's domain, the hook's input at call N "
+                   "of the boot (1-3: with the placeholders and appended root ports of allocateHotplugPorts, after the "
+                   "release's re-parse of the earlier answers)")
+    d.add_argument("--hook", choices=("pcitopo", "none"), default="pcitopo", help="with --call: who answers the earlier "
+                   "calls (default pcitopo, as the VM's hookSidecars annotation or the Plugin attaches it)")
+    d.add_argument("-o", "--output", metavar="FILE", help="write the domain here instead of stdout")
 
 
 def pcitopo_main(argv: Sequence[str] | None = None) -> int:
@@ -274,15 +365,14 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     pr.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     pr.add_argument("--json", action="store_true", help='{"gpus": [{"gpu", "pcie_root", "nic", "nccl", "nvml", "gdr", '
                     '"same_pcie_root_nics", "pcie_root_enough"}], "pcie_root_enough", "pcie_root_not_enough_for"}')
-    c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
-    c.add_argument("--sysfs", default=default_sysfs(), help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
-    c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
+    _add_capture_parser(sub, default_sysfs())
     from .guest import add_verify_args
 
     add_verify_args(sub.add_parser("verify", help="in the guest: compare its PCI tree with `xmlfix --json`'s prediction "
                                    "(exit 1 on any difference)"))
     _add_guest_parsers(sub)
     _add_doctor_parser(sub, default_sysfs())
+    _add_domain_parser(sub, default_sysfs())
     add_preflight_parser(sub)
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     if not argv:  # bare `pcitopo`: the commands, not only "a command is required"
@@ -291,7 +381,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
                "partitions": _cmd_partitions, "pairs": _cmd_pairs, "guest-tool": _cmd_guest_tool,
-               "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight}[args.command]
+               "domain": _cmd_domain, "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
-from pcitopo.topology.checks.doctor import DoctorError, DoctorReport, run_checks
+from pcitopo.topology.checks.doctor import DoctorError, DoctorReport, allocation_checks
 from pcitopo.topology.libvirt.lenient import readable_hostdev_sources, with_hostdev_modes
 from pcitopo.topology.errors import DomainError, FabricError, InternalError, NvlinkError, PairingError, PcitopoError
 from pcitopo.topology.model.tree import Bdf, Topology
@@ -46,9 +46,9 @@ __all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 # The host model, or a callable returning it. A callable that also has ``current(topo, bdfs)``
-# and ``doctor(topo, bdfs, run)`` (the server's sidecar.hooks.HostCache) keeps the model and the
-# doctor's findings across calls: it is asked whether its model is still the host's for the
-# placed devices, and for the findings.
+# (the server's sidecar.hooks.HostCache) keeps the model across calls: it is asked whether its
+# model is still the host's for the placed devices (a rebind, an IOMMU group change: if not, it
+# reads the model again, and the findings kept with the old one go with it).
 HostArg = Union[Topology, Callable[[], Topology]]
 # The NVLink fabric (topology.paths.fabric.Fabric), a callable returning it (read per call, so a
 # refreshed file counts; topology.paths.fabric.FabricFile), or None when the door was started
@@ -115,17 +115,18 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         summary = summarize(result.report)
     except PcitopoError as e:
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, e, vmi, options, topo, fabric, host)
+            return _passthrough(domain_xml, e, vmi, options, topo, fabric)
         raise
     except Exception as e:  # a bug: still one line, still under the operator's on-error policy
         err = InternalError.of(e)
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, err, vmi, options, topo, fabric, host)
+            return _passthrough(domain_xml, err, vmi, options, topo, fabric)
         raise err from e
     summary.update(nvlink_check(result, topo, fabric, options.nvlink))
     summary.update(_pair_counts(result, topo, fabric))
     pairing_check(topo, [d.host for d in result.report.placed], options.pairing, summary, result)
-    doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary, host)
+    # a host cache has just compared the placed devices' driver links with its model (``current``)
+    doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary, drivers_checked=current is not None)
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
 
 
@@ -153,17 +154,19 @@ def _pair_counts(result: RewriteResult, topo: Topology, fabric: FabricArg) -> di
 
 
 def _doctor(topo: Topology, bdfs: list[Bdf], options: HookOptions, summary: dict[str, Any],
-            host: HostArg = None) -> DoctorReport | None:
+            drivers_checked: bool = False) -> DoctorReport | None:
     """Run the host-readiness checks (``pcitopo doctor``) for the VM's devices (``bdfs``, all on
     the host); findings go into the log summary. Under ``doctor: require`` a failed check
     raises DoctorError (the VM does not start). ``unknown`` (the unprivileged sidecar cannot
     read ACS/ATS) never stops a VM, and a doctor that cannot run at all is logged, not fatal.
-    A host cache (``host.doctor``) remembers the findings for its model and these devices."""
+    The findings are kept with the model, per allocation (``allocation_checks``): a boot defines
+    the same devices three times, and only a rebind can change what they say between its
+    defines. ``drivers_checked``: these devices' driver links were compared with the model this
+    call already (a host cache's ``current``), so nothing is left to re-read."""
     if options.doctor == "off":
         return None
     try:
-        remembered = getattr(host, "doctor", None)
-        report = remembered(topo, bdfs, run_checks) if remembered is not None else run_checks(topo, bdfs)
+        report = allocation_checks(topo, bdfs, recheck_drivers=not drivers_checked)
     except PcitopoError as e:
         summary["doctor"] = {"error": f"{e.kind}: {e.reason}"}
         return None
@@ -265,7 +268,7 @@ def nvlink_fields(topo: Topology, fabric: FabricArg, policy: str, bdfs: list[Bdf
 
 
 def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions,
-                 topo: Topology | None, fabric: FabricArg, host: HostArg = None) -> HookOutcome:
+                 topo: Topology | None, fabric: FabricArg) -> HookOutcome:
     """``on-error: passthrough``: the input back unchanged, with the reason. The NVLink, pairing
     and doctor checks still run, on the domain's hostdev sources the host has: their ``require``
     stops the VM whatever ``on-error`` says."""
@@ -293,5 +296,5 @@ def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: H
     else:
         summary.update(nvlink_fields(topo, fabric, options.nvlink, present)[0])
         pairing_check(topo, present, options.pairing, summary)
-        doctor = _doctor(topo, present, options, summary, host)
+        doctor = _doctor(topo, present, options, summary)
     return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options, doctor=doctor)

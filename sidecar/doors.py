@@ -16,6 +16,10 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # xmlfix --check: the domain is not placed as the host requires
 EXIT_BAD_INPUT = 2  # a PcitopoError: the user's input, one line on stderr
 EXIT_INTERNAL = 3  # a bug of ours, one line on stderr
+# xmlfix --check: nothing failed, but something the check needs is missing (BARs that cannot be
+# sized, an IOMMU group, driver or NUMA node sysfs does not give, a CPU width not recorded), so
+# it cannot say ok; a failure wins over it
+EXIT_UNKNOWN = 4
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 
 

@@ -63,11 +63,6 @@ class JsonLog:
 
 # -- the host model and the doctor's findings, reused across calls -----------------------------
 
-# Device sets whose findings are kept per model: a sidecar serves one VM (one set); a few more
-# cover a bench or a shared test server without letting memory grow.
-DOCTOR_ENTRIES = 8
-
-
 class HostCache:
     """Opens the host model once and shares it across calls and threads; an error is retried
     on the next call (the caller gets the same one-line SysfsError until the path becomes
@@ -110,8 +105,11 @@ class HostCache:
 
     def doctor(self, topo: Topology, bdfs: Sequence[Bdf], run: Callable[[Topology, Sequence[Bdf]], object]):
         """``run(topo, bdfs)`` (the doctor's checks), remembered on the model (``Topology.recent``:
-        a new model, after a rebind, an IOMMU group change or a new capture, starts with none)."""
-        return topo.recent("doctor", tuple(bdfs), lambda: run(topo, bdfs), keep=DOCTOR_ENTRIES)
+        a new model, after a rebind, an IOMMU group change or a new capture, starts with none; the
+        hook handler keeps the same findings there, topology/checks/doctor.py ``allocation_checks``)."""
+        from pcitopo.topology.checks.doctor import KEPT_ALLOCATIONS  # not at import: Info does not wait for it
+
+        return topo.recent("doctor", tuple(bdfs), lambda: run(topo, bdfs), keep=KEPT_ALLOCATIONS)
 
 
 # -- the calls -------------------------------------------------------------------------------
@@ -260,7 +258,8 @@ class Hooks:
             reason = one_line(f"{type(e).__name__}: {e}")
             self.log(EXECUTE_NODE_HOOK, level="error", **fields, outcome="failed", error="internal", reason=reason,
                      duration_ms=elapsed_ms(t0))
-            raise CallFailed("INTERNAL", f"pcitopo: internal: {reason}") from None
+            # The exception's text stays in our log: the refusal reaches the VM owner's events.
+            raise CallFailed("INTERNAL", "pcitopo: internal: the node hook failed on this VMI (its log says why)") from None
         refused = verdict.refusal
         found = dict(verdict.fields)
         reason = found.pop("reason", None)

@@ -1,6 +1,6 @@
 """`pcitopo preflight --target NAME [FILE ...]`: the cluster, read before anything is applied.
 
-    kubectl get kubevirt,plugins.plugin.kubevirt.io,nodes,vmis,vms -A -o yaml > cluster.yaml
+    kubectl get kubevirt,plugins.plugin.kubevirt.io,namespaces,nodes,vmis,vms -A -o yaml > cluster.yaml
     pcitopo preflight --target kubevirt-v1.9.0 cluster.yaml      # or: ... -o yaml | pcitopo preflight --target NAME -
 
 Exit 0 when applying the target harms no VM, 1 when it would (each VM named) or when the target
@@ -22,14 +22,17 @@ def add_preflight_parser(sub) -> None:
 
     p = sub.add_parser(
         "preflight", help="before deploying: what applying a target (deploy/targets/NAME) would do to this cluster's VMs",
-        description="Reads what `kubectl get kubevirt,plugins.plugin.kubevirt.io,nodes,vmis,vms -A -o yaml` prints (a List, "
+        description="Reads what `kubectl get kubevirt,plugins.plugin.kubevirt.io,namespaces,nodes,vmis,vms -A -o yaml` prints (a List, "
         "or multi-document YAML/JSON; no cluster access) and reports the KubeVirt release and gates and whether the target "
         "fits them, the Plugin objects, the GPU nodes the DaemonSet runs on and misses, every VM or VMI with a PCI host "
-        "device that would stop starting or lose pcitopo's settings once the target is applied, and the doors each "
+        "device that would stop starting or lose pcitopo's settings once the target is applied, every VM whose "
+        "hooks.kubevirt.io/hookSidecars the target's Sidecar policy would refuse at its next start, and the doors each "
         "opted-in VM needs. Exit 0: no VM harmed; 1: some VM harmed (named) or the target is not for this release; "
         "2: unreadable input.")
     p.add_argument("--target", required=True, choices=[t.name for t in TARGETS], metavar="NAME",
                    help="the deploy target, a folder under deploy/targets/: " + ", ".join(t.name for t in TARGETS))
+    p.add_argument("--image", metavar="REF", help="the image your overlay pins (REPOSITORY@sha256:...): the hook targets' "
+                   "Sidecar policy admits only that one in hooks.kubevirt.io/hookSidecars")
     p.add_argument("--json", action="store_true", help="the same facts as one JSON document")
     p.add_argument("dump", nargs="*", default=["-"], metavar="FILE",
                    help="cluster dump files, - for standard input (the default)")
@@ -40,7 +43,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from pcitopo.kubevirt.preflight import as_json, preflight
     from pcitopo.kubevirt.targets import target
 
-    report = preflight(read_dump(args.dump), target(args.target))
+    report = preflight(read_dump(args.dump), target(args.target), args.image)
     if args.json:
         json.dump(as_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -56,14 +59,26 @@ def text_lines(report, sources: list[str]) -> list[str]:
     out += _kubevirt_lines(report)
     out += _node_lines(report)
     out += _workload_lines(report)
+    out += _policy_lines(report)
     out += [f"note: {n}" for n in report.notes]
-    harmed = report.harmed
+    harmed = [(w.name, w.harm) for w in report.harmed] + [(p.name, "stops starting: Sidecar policy") for p in report.refused]
     if harmed:
-        out.append(f"verdict: applying {t.name} harms {len(harmed)} VM(s): " + ", ".join(f"{w.name} ({w.harm})" for w in harmed))
+        out.append(f"verdict: applying {t.name} harms {len(harmed)} VM(s): " + ", ".join(f"{n} ({h})" for n, h in harmed))
     elif report.release_fits is False:
         out.append(f"verdict: {t.name} is not for KubeVirt {report.before.release}: see the kubevirt line above")
     else:
         out.append(f"verdict: ok: applying {t.name} harms no VM")
+    return out
+
+
+def _policy_lines(report) -> list[str]:
+    if not report.target.sidecar_policy:
+        return []
+    out = [f"vms with hooks.kubevirt.io/hookSidecars the target's Sidecar policy refuses at their next start: "
+           f"{len(report.refused)}" + (f", {len(report.policy) - len(report.refused)} more to check" if
+                                       len(report.policy) > len(report.refused) else "")]
+    for p in report.policy:
+        out.append(f"  {'HARMED' if p.refusal.certain else 'check '} {p.name} ({p.kind}): {p.refusal.why}")
     return out
 
 

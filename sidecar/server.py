@@ -286,7 +286,9 @@ class HookServer:
         if port == 0:
             raise ConfigError(f"cannot bind {self.socket_path}")
         if os.geteuid() == 0 and self.door != "node-hook":  # virt-handler, the node hook's client, is root
-            os.chown(self.socket_path, COMPUTE_UID, COMPUTE_GID)
+            from .plugin.sockets import hand_to
+
+            hand_to(self.socket_path, COMPUTE_UID, COMPUTE_GID)
         server.start()
         self._server = server
         st = os.lstat(self.socket_path)
@@ -376,6 +378,9 @@ def _serve_parser() -> Parser:
                         help="--node-hook: the KubeVirt CR (YAML or JSON), whose permittedHostDevices map a VM's GPU and host "
                         "device resource names to vendor:device (default $PCITOPO_KUBEVIRT_CR; without it: every "
                         "vfio-pci GPU and NIC of the node)")
+    parser.add_argument("--doctor-report", default=None, metavar="FILE",
+                        help="--node-hook: what `pcitopo doctor --json-out FILE` wrote (default /var/run/pcitopo/doctor.json), "
+                        "for the checks an unprivileged node hook cannot make (ACS, ATS); missing or stale: they stay unknown")
     parser.add_argument(
         "--version", nargs="?", const="", metavar="HOOK_API_VERSION",
         help="alone: print pcitopo's version; with a hook API version (KubeVirt's example sidecars pass "
@@ -389,19 +394,17 @@ def _door_of(args) -> tuple[str, str, object]:
     never dial is a one-line error before anything binds."""
     from .plugin import sockets
 
-    if args.permitted_host_devices and not args.node_hook:
-        raise ConfigError("--permitted-host-devices is for --node-hook")
+    for given, flag in ((args.permitted_host_devices, "--permitted-host-devices"), (args.doctor_report, "--doctor-report")):
+        if given and not args.node_hook:
+            raise ConfigError(f"{flag} is for --node-hook")
     if args.plugin is not None:
         path = args.socket or sockets.domain_socket(args.plugin)
         sockets.check_domain_socket(path, args.plugin)
         return "plugin", path, None
     if args.node_hook:
-        permitted = None
-        if args.permitted_host_devices:
-            from .plugin.nodehook import PermittedDevices
+        from .plugin.nodehook import node_settings
 
-            permitted = PermittedDevices.read(args.permitted_host_devices)
-        return "node-hook", args.socket or sockets.NODE_HOOK_SOCKET, permitted
+        return "node-hook", args.socket or sockets.NODE_HOOK_SOCKET, node_settings(args.permitted_host_devices, args.doctor_report)
     return "hook", args.socket or DEFAULT_SOCKET, None
 
 

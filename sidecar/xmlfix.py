@@ -2,11 +2,14 @@
 
     xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
     xmlfix --check --vmi FILE [--cluster FILE ...] [--kubevirt VERSION] [--door plugin|hook] [--sysfs PATH] DOMAIN.xml|-
+    xmlfix --vmi FILE [--sysfs PATH] [--cluster FILE] [--kubevirt VERSION] [--devices BDF,...] [--cpu-policy POLICY] [...]
+        (no domain argument: the domain `pcitopo domain` predicts, kubevirt/launcher/request.py)
 
 Exit 0 on success; 1 when --check finds that the guest will not see what the host has, or (with
 --vmi) that the VMI would not start, or would start without a setting pcitopo writes, on the
 KubeVirt release judged (kubevirt/starts.py; --cluster, --kubevirt, else v1.9.0 assumed); 2 with
-one line on stderr for bad input. A passthrough or off outcome is always named on stderr, and so
+one line on stderr for bad input; 4 (EXIT_UNKNOWN) when --check finds nothing wrong but lacks
+something it needs (topology/guest/predict.py ``check_unknowns``). A passthrough or off outcome is always named on stderr, and so
 is everything the hook would only log and boot anyway (``xmlfix: warning: ...``: a firmware
 warning, the NVLink verdict under ``nvlink: warn``, the pairing findings under ``pairing:
 warn``, failed readiness checks under ``doctor: warn``). ``--fabric`` is read as the hook reads it, when the NVLink check runs: a bad file stops
@@ -25,7 +28,7 @@ from pcitopo.topology.libvirt.document import MAX_DOMAIN_BYTES
 from pcitopo.topology.errors import ConfigError, DomainError
 from pcitopo.topology.host.sources import default_sysfs
 
-from .doors import EXIT_CHECK_FAILED, EXIT_OK, Parser
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, Parser
 from pcitopo.kubevirt.doors import DEFAULT_DOOR, DOORS
 
 MAX_VMI_BYTES = 4 * 1024 * 1024
@@ -58,9 +61,13 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.")
+    p = Parser(prog="xmlfix", description="Mirror the host PCIe topology into a libvirt domain XML.",
+               epilog=f"exit status: {EXIT_OK} ok; {EXIT_CHECK_FAILED} --check failed; {EXIT_BAD_INPUT} bad input (one line on "
+               f"stderr); {EXIT_INTERNAL} internal error; {EXIT_UNKNOWN} --check unknown (nothing failed, but something it "
+               "needs is missing: it says what)")
     p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")
-    p.add_argument("domain", metavar="DOMAIN.xml|-", help="domain XML as KubeVirt hands it to a hook (- for stdin)")
+    p.add_argument("domain", metavar="DOMAIN.xml|-", nargs="?", help="domain XML as KubeVirt hands it to a hook (- for stdin); "
+                   "without it, with --vmi: the domain `pcitopo domain` predicts for that manifest on --sysfs")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
     p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
@@ -71,8 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for a fabric file with placeholder BDFs '
                    "(default $PCITOPO_MODULE_MAP)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the rewritten domain here instead of stdout")
-    p.add_argument("--check", action="store_true", help="exit 1 unless the guest will see what the host has (every pair's class, every device's NUMA cell, "
-                   "no firmware warning, NVLink with --fabric); reasons on stderr")
+    p.add_argument("--check", action="store_true", help="the verdict on stderr, ending in check: ok (exit 0), check: failed: ... (exit 1: a pair's "
+                   "class, a device's NUMA cell, a firmware warning, NVLink with --fabric, or a GPU without a NIC at PIX or PXB "
+                   "in the guest where the node has one for it) or check: unknown: <what is missing> (exit 4: BARs that cannot "
+                   "be sized, an IOMMU group, driver or NUMA node sysfs does not give, a CPU width not recorded)")
+    p.add_argument("--pairing", choices=("off",), metavar="off", help="count GPUDirect RDMA, do not judge it (what the VMI's "
+                   "pcitopo.kubevirt.io/pairing: off also does): --check does not fail a GPU given a worse NIC")
     p.add_argument("--explain", action="store_true", help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
     p.add_argument("--dot", action="store_true", help="the explanation as a Graphviz picture: host and predicted guest trees in DOT (implies --explain; not with --json or --diff)")
     p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
@@ -93,7 +104,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
+    from pcitopo.kubevirt.launcher.request import add_prediction_args
+
+    add_prediction_args(p, shared=False)  # --devices, --cpu-policy: only without a domain argument
     return p
+
+
+def _domain_input(args: argparse.Namespace, host) -> bytes:
+    """The domain to rewrite: the argument's, or without one (and with --vmi) the predicted one,
+    said first, on stderr and as --explain's first line."""
+    if args.domain is not None:
+        for opt in ("devices", "cpu_policy"):
+            if getattr(args, opt) is not None:
+                raise ConfigError(f"--{opt.replace('_', '-')} is for a predicted domain: use it without a domain argument")
+        return _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
+    if not args.vmi:
+        raise ConfigError("no domain: give DOMAIN.xml (or - for stdin), or --vmi FILE to predict the domain")
+    from pcitopo.kubevirt.launcher.request import predicted_domain
+
+    pred = predicted_domain(args, args.vmi, host)
+    first = (f"domain predicted (no domain argument): what KubeVirt {pred.version}'s virt-launcher would hand "
+             f"the hook for {args.vmi} on this node (pcitopo domain)")
+    print(f"xmlfix: {first}", file=sys.stderr)
+    for line in pred.notes:
+        print(f"xmlfix: domain: {line}", file=sys.stderr)
+    if (args.explain or args.summary) and not (args.dot or args.json):
+        sys.stdout.write(first + "\n")
+    args.domain = "predicted.xml"
+    return pred.xml
 
 
 def xmlfix(argv: Sequence[str]) -> int:
@@ -103,8 +141,8 @@ def xmlfix(argv: Sequence[str]) -> int:
 
     args = build_parser().parse_args(list(argv))
     _one_document(args)
-    domain = _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
-    if (args.cluster or args.kubevirt) and not (args.check and args.vmi):
+    predicted = args.domain is None and args.vmi  # they also choose the release the domain is predicted for
+    if (args.cluster or args.kubevirt) and not ((args.check and args.vmi) or predicted):
         raise ConfigError("--cluster and --kubevirt judge a VMI on a KubeVirt release: use them with --check --vmi FILE")
     if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
         raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
@@ -114,6 +152,7 @@ def xmlfix(argv: Sequence[str]) -> int:
 
         vmi = vmi_as_json(vmi, args.vmi)
     host = open_host(args.sysfs)
+    domain = _domain_input(args, host)
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
         from pcitopo.topology.paths.fabric import FabricFile
@@ -125,7 +164,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     fabric = _loaded(fabric_file)
     result = outcome.result
     out = outcome.xml
-    _print_warnings(outcome, fabric, args.check, domain)
+    _print_warnings(outcome, fabric, args.check, domain, host, _judges_gdr(args, outcome))
 
     if args.json:
         _print_prediction(outcome, host, fabric)
@@ -135,7 +174,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     if args.summary and result is not None:
         from pcitopo.topology.views.explain import summary_lines
 
-        sys.stdout.write("\n".join(summary_lines(result, host, fabric, outcome.doctor)) + "\n")
+        sys.stdout.write("\n".join(summary_lines(result, host, fabric, outcome.doctor, _judges_gdr(args, outcome))) + "\n")
     if args.diff:  # only what changed in meaning (both sides serialised alike)
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:
@@ -148,7 +187,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     if result is None:
         print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
     if args.check:
-        return _check(outcome, host, fabric, vmi, args)
+        return _check(outcome, host, fabric, vmi, args, _judges_gdr(args, outcome))
     return EXIT_OK
 
 
@@ -163,7 +202,7 @@ def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
     if args.dot:
         from pcitopo.topology.views.dot import explain_dot
 
-        sys.stdout.write(explain_dot(result, host, outcome.reason, fabric=fabric))
+        sys.stdout.write(explain_dot(result, host, outcome.reason, fabric=fabric, gdr=_judges_gdr(args, outcome)))
     elif args.explain:
         if result is None:
             sys.stdout.write(wrap_text(f"domain left unchanged ({outcome.outcome}): {outcome.reason}") + "\n")
@@ -171,10 +210,10 @@ def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
             sys.stdout.write("\n" + door_text(args.door or DEFAULT_DOOR))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
-                from pcitopo.topology.checks.fleet import doctor_text
+                from pcitopo.topology.checks.screen import report_text
 
                 sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n"
-                                 + wrap_text(doctor_text(outcome.doctor, beside_vm_labels=True)))
+                                 + wrap_text(report_text(outcome.doctor, beside_vm_labels=True)))
 
 
 def _loaded(fabric_file):
@@ -221,14 +260,22 @@ def _warnings(outcome, domain: bytes = b"") -> list[str]:
     return out
 
 
-def _print_warnings(outcome, fabric, check: bool, domain: bytes = b"") -> None:
+def _gdr_lost(outcome, host) -> list:
+    """The GPUs --check fails for GPUDirect RDMA (their pairing warnings say it again)."""
+    from pcitopo.topology.guest.predict import gdr_in_guest
+
+    return [g.host.gpu.bdf for g in gdr_in_guest(outcome.result, host).lost] if outcome.result is not None else []
+
+
+def _print_warnings(outcome, fabric, check: bool, domain: bytes = b"", host=None, judge_gdr: bool = False) -> None:
     """What the hook logs and boots anyway: never silent here. Under --check a line the check
-    prints as a reason (NVLink, firmware) is said there, once."""
+    prints as a reason (NVLink, firmware, a GPU without GPUDirect RDMA) is said there, once."""
     from pcitopo.topology.guest.predict import beyond_pairs
 
     said_by_check = beyond_pairs(outcome.result, fabric) if check and outcome.result is not None else []
+    lost = _gdr_lost(outcome, host) if check and judge_gdr else ()
     for line in _warnings(outcome, domain):
-        if line not in said_by_check:
+        if line not in said_by_check and not (line.startswith("pairing: ") and any(f"({b}) got" in line for b in lost)):
             print(f"xmlfix: warning: {line}", file=sys.stderr)
 
 
@@ -244,9 +291,17 @@ def _one_document(args: argparse.Namespace) -> None:
         raise ConfigError("--dot prints one Graphviz document: use it without --diff and --summary")
 
 
-def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.Namespace | None = None) -> int:
+def _judges_gdr(args: argparse.Namespace, outcome) -> bool:
+    """Whether --check fails a GPU that lost GPUDirect RDMA: unless --pairing off or the VMI's
+    pcitopo.kubevirt.io/pairing: off says not to."""
+    return args.pairing != "off" and getattr(outcome.options, "pairing", "warn") != "off"
+
+
+def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.Namespace | None = None,
+           gdr: bool = True) -> int:
     """--check: exit 0 only if the guest will see what the host has, and, given the VMI's JSON,
-    the VMI starts with every setting on the KubeVirt release judged (kubevirt/starts.py)."""
+    the VMI starts with every setting on the KubeVirt release judged (kubevirt/starts.py); 4
+    when nothing failed but something the check needs is missing."""
     import json
 
     from pcitopo.topology.guest.predict import check_verdict
@@ -265,16 +320,24 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
         judged = release_check(doc if isinstance(doc, dict) else {}, getattr(args, "door", None), getattr(args, "cluster", None),
                                getattr(args, "kubevirt", None), outcome.xml)
     detached = list(judged.lines) if judged is not None else []
-    problems, parts = check_verdict(outcome.result, host, fabric)
-    problems = detached + problems
+    v = check_verdict(outcome.result, host, fabric, gdr)
+    problems = detached + list(v.problems)
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
     # the verdict counts pairs and cells and names the release judged; what else fails the check
     # (NVLink, firmware, the door, the release) joins it by name, its sentence printed above
-    why = "; ".join(parts[:1] + ([judged.on] if judged is not None else []) + [f"{kind} (above)" for kind in parts[1:]]
+    why = "; ".join(list(v.parts[:1]) + ([judged.on] if judged is not None else []) + [f"{kind} (above)" for kind in v.parts[1:]]
                     + [f"{line.split(':', 1)[0]} (above)" for line in detached])
-    print(f"xmlfix: check: {'failed' if problems else 'ok'}: {why}", file=sys.stderr)
-    return EXIT_CHECK_FAILED if problems else EXIT_OK
+    if problems:  # a failure wins over what is unknown, which is still said
+        for line in v.unknowns:
+            print(f"xmlfix: check: unknown: {line}", file=sys.stderr)
+        print(f"xmlfix: check: failed: {why}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    if v.unknowns:
+        print(f"xmlfix: check: unknown: {'; '.join(v.unknowns)}; {why}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    print(f"xmlfix: check: ok: {why}", file=sys.stderr)
+    return EXIT_OK
 
 
 def _print_prediction(outcome, host, fabric=None) -> None:

@@ -1,9 +1,11 @@
 """pcitopo's test kit: support code that ``tests/``, ``bench/`` and ``fixtures/`` share.
 
 - :mod:`testkit.synth`: ``.topo`` host descriptions → sysfs-shaped trees (the fixtures' source);
-- :mod:`testkit.kubevirt_sim`: what KubeVirt and libvirt do to a domain around the hook;
+- :mod:`testkit.kubevirt_sim`: what KubeVirt and libvirt do to a domain around the hook (the
+  first call's shape is the product's, ``pcitopo.kubevirt.launcher``: one model of KubeVirt);
 - :mod:`testkit.kubevirt_releases`: KubeVirt's re-parse between hook calls, per release;
-- :mod:`testkit.kubevirt_vmi`: a VM/VMI manifest → the domain virt-launcher hands the hook;
+- :mod:`testkit.kubevirt_vmi`: the deploy/ examples and their nodes, and the product's
+  prediction (``pcitopo domain``) as the tests call it;
 - :mod:`testkit.strategies`: Hypothesis strategies over generated hosts and domains;
 - :mod:`testkit.hookkit`: VMI JSON, a virt-launcher-like client, the ``xmlfix`` door as a process;
 - :mod:`testkit.server_proc`: ``pcitopo serve`` (or any argv) as a child process.
@@ -13,9 +15,9 @@
 It is part of the development install (``pip install -e '.[test]'``, what ``make setup`` runs;
 its third-party needs, Hypothesis and pytest, come with the ``test`` extra) and is meant to be
 used from a checkout: :data:`REPO` is the checkout this package sits in. The sidecar image does
-not ship it: the Containerfile's build stage copies only ``topology/`` and ``sidecar/``, and
-``tests/sidecar/test_hook_wheel.py`` checks that the wheel built from those paths holds those
-two packages and nothing else.
+not ship it: the Containerfile's build stage copies only the product's folders, and
+``tests/sidecar/test_hook_wheel.py`` checks that the wheel built from them holds them and nothing
+else.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ def _go_env(gopath: Path, cache: Path) -> dict[str, str]:
 
 def _inputs_key() -> str:
     h = hashlib.sha256()
-    for p in [*PROGRAMS.values(), Path(__file__), *sorted(PROTO_DIR.glob("*.proto"))]:
+    programs = [p for main in PROGRAMS.values() for p in sorted(main.parent.glob("*.go"))]
+    for p in [*programs, Path(__file__), *sorted(PROTO_DIR.glob("*.proto"))]:
         h.update(p.name.encode() + b"\0" + p.read_bytes())
     h.update(subprocess.run(["dpkg-query", "-W", *GO_PACKAGES], capture_output=True).stdout)
     for cmd in (["go", "version"], ["protoc", "--version"]):
@@ -99,7 +100,8 @@ def build_client(program: str) -> Path:
         check=True, capture_output=True, cwd=PROTO_DIR,
     )
     (src / "pcitopo" / program).mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(PROGRAMS[program], src / "pcitopo" / program / "main.go")
+    for source in sorted(PROGRAMS[program].parent.glob("*.go")):  # the program is its folder's Go files
+        shutil.copyfile(source, src / "pcitopo" / program / source.name)
     tmp = base / f"{program}.tmp"
     r = subprocess.run(
         ["go", "build", "-o", str(tmp), f"pcitopo/{program}"],

@@ -1,4 +1,6 @@
-"""What KubeVirt and libvirt do to a domain around our hook, written down so tests can do it too.
+"""What KubeVirt and libvirt do to a domain around our hook, written down so tests can do it too
+(the first call's shape is the product's, :mod:`pcitopo.kubevirt.launcher.skeleton`; this is
+test scaffolding around it).
 
 - :func:`kubevirt_domain`: a domain shaped exactly like KubeVirt's first ``OnDefineDomain`` call
   (tabs, double quotes, explicit end tags, ``xmlns:qemu`` on the root, kubevirt metadata,
@@ -25,11 +27,11 @@ from lxml import etree
 from pcitopo.topology.libvirt.domain import ROOT_PORT, parse_cpuset, parse_int
 from pcitopo.topology.model.tree import Bdf, Role, Topology
 
+from pcitopo.kubevirt.launcher.skeleton import (GuestCell, Hostdev, LauncherSpec, OVMF_VARS, QEMU_NS,  # noqa: F401
+                                                 KUBEVIRT_NS, launcher_domain, with_efi as launcher_efi)
+
 from .kubevirt_releases import Release, reparse
 from .libvirt_sim import PORT_MODEL_NAMES, _sub, libvirt_define, to_kubevirt_bytes  # noqa: F401  (re-exported)
-
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
-KUBEVIRT_NS = "http://kubevirt.io"
 
 
 @dataclass(frozen=True)
@@ -51,124 +53,48 @@ def alias_for_hostdev(host: Topology, bdf: Bdf, n: int) -> str:
     return f"ua-hostdevice-dev{n}"
 
 
-def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
-    nsmap = {"qemu": QEMU_NS}
-    root = etree.Element("domain", nsmap=nsmap)
-    root.set("type", "kvm")
-    _sub(root, "name", f"{spec.namespace}_{spec.name}")
-    nodes = sorted({host.numa_of(host.function(b)) for b in spec.devices} - {-1}) or [0]
-    cells = len(nodes) if spec.guest_numa else 1
-    vcpus = spec.vcpus_per_cell * cells
-    mem_per_cell = 4 * 1024**3
-    _sub(root, "memory", str(mem_per_cell * cells), unit="b")
-    os_el = _sub(root, "os")
-    _sub(os_el, "type", "hvm", arch="x86_64", machine="pc-q35-rhel9.6.0")
-    _sub(os_el, "smbios", mode="sysinfo")
-    devices = _sub(root, "devices")
-    iface = _sub(devices, "interface", type="ethernet")
-    _sub(iface, "source")
-    _sub(iface, "target", dev="tap0", managed="no")
-    _sub(iface, "model", type="virtio-non-transitional")
-    _sub(iface, "mac", address="02:00:00:aa:bb:cc")
-    _sub(iface, "mtu", size="1500")
-    _sub(iface, "alias", name="ua-default")
-    _sub(iface, "rom", enabled="no")
-    ch = _sub(devices, "channel", type="unix")
-    _sub(ch, "target", name="org.qemu.guest_agent.0", type="virtio")
-    _sub(devices, "controller", type="usb", index="0", model="none")
-    scsi = _sub(devices, "controller", type="scsi", index="0", model="virtio-non-transitional")
-    _sub(scsi, "driver", iothread="1")
-    _sub(devices, "controller", type="virtio-serial", index="0", model="virtio-non-transitional")
-    video = _sub(devices, "video")
-    _sub(video, "model", type="vga", heads="1", vram="16384")
-    graphics = _sub(devices, "graphics", type="vnc")
-    _sub(graphics, "listen", type="socket", socket="/var/run/kubevirt-private/1234/virt-vnc")
-    balloon = _sub(devices, "memballoon", model="virtio-non-transitional")
-    _sub(balloon, "stats", period="10")
-    disk = _sub(devices, "disk", device="disk", type="file", model="virtio-non-transitional")
-    _sub(disk, "source", file="/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img")
-    _sub(disk, "target", bus="virtio", dev="vda")
-    _sub(disk, "driver", cache="none", error_policy="stop", io="native", name="qemu", type="raw", discard="unmap")
-    _sub(disk, "alias", name="ua-rootdisk")
-    _hostdevs(devices, host, spec.devices)
-    _sub(root, "clock", offset="utc")
-    res = _sub(root, "resource")
-    _sub(res, "partition", "/machine")
-    feats = _sub(root, "features")
-    if spec.acpi:
-        _sub(feats, "acpi")
-    _cpu_and_numa(root, host, spec, nodes, cells, mem_per_cell)
-    mb = _sub(root, "memoryBacking")
-    hp = _sub(mb, "hugepages")
-    _sub(hp, "page", size="1048576", unit="KiB")
-    _sub(root, "vcpu", str(vcpus), placement="static")
-    _sub(root, "iothreads", "1")
-    meta = _sub(root, "metadata")
-    kv = etree.SubElement(meta, f"{{{KUBEVIRT_NS}}}kubevirt", nsmap={None: KUBEVIRT_NS})
-    etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}uid").text = "0b9f0d4e-6f39-4d0b-9c5e-2f1b9a0d7c11"
-    gp = etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}graceperiod")
-    etree.SubElement(gp, f"{{{KUBEVIRT_NS}}}deletionGracePeriodSeconds").text = "30"
-    return to_kubevirt_bytes(root)
-
-
-def _hostdevs(devices: etree._Element, host: Topology, bdfs: tuple[Bdf, ...]) -> None:
-    """One managed='no' PCI hostdev per device, aliased by role."""
+def _hostdevs(host: Topology, bdfs: tuple[Bdf, ...]) -> tuple[Hostdev, ...]:
+    """One hostdev per device, aliased by role and counted per role."""
     counters: dict[str, int] = {}
+    out = []
     for bdf in bdfs:
-        role = host.role(host.function(bdf))
-        key = role.value
+        key = host.role(host.function(bdf)).value
         n = counters.get(key, 0)
         counters[key] = n + 1
-        hd = _sub(devices, "hostdev", type="pci", managed="no")
-        src = _sub(hd, "source")
-        _sub(src, "address", type="pci", domain=f"0x{bdf.domain:04x}", bus=f"0x{bdf.bus:02x}",
-             slot=f"0x{bdf.slot:02x}", function=f"0x{bdf.function:x}")
-        _sub(hd, "alias", name=alias_for_hostdev(host, bdf, n))
+        out.append(Hostdev(bdf, alias_for_hostdev(host, bdf, n)))
+    return tuple(out)
 
 
-def _cpu_and_numa(root: etree._Element, host: Topology, spec: DomainSpec, nodes: list[int], cells: int,
-                  mem_per_cell: int) -> None:
-    """``<cpu>`` with topology and cells, ``<numatune>`` and ``<cputune>`` as
-    ``guestMappingPassthrough`` writes them."""
-    cpu = _sub(root, "cpu", mode="host-passthrough")
-    _sub(cpu, "topology", sockets=str(cells), cores=str(spec.vcpus_per_cell), threads="1")
-    if spec.guest_numa:
-        numa = _sub(cpu, "numa")
-        for i in range(cells):
-            lo = i * spec.vcpus_per_cell
-            _sub(numa, "cell", id=str(i), cpus=f"{lo}-{lo + spec.vcpus_per_cell - 1}", memory=str(mem_per_cell), unit="b")
-        tune = _sub(root, "numatune")
-        _sub(tune, "memory", mode="strict", nodeset=",".join(str(n) for n in nodes))
-        for i, node in enumerate(nodes):
-            _sub(tune, "memnode", cellid=str(i), mode="strict", nodeset=str(node))
-        cputune = _sub(root, "cputune")
-        host_nodes = host.numa_nodes()
-        for i, node in enumerate(nodes):
-            cpus = sorted(parse_cpuset(host_nodes[node].cpulist or "")) if node in host_nodes else []
-            for k in range(spec.vcpus_per_cell):
-                pin = cpus[k + 2] if len(cpus) > k + 2 else k
-                _sub(cputune, "vcpupin", vcpu=str(i * spec.vcpus_per_cell + k), cpuset=str(pin))
+def _cells(host: Topology, spec: DomainSpec) -> tuple[GuestCell, ...]:
+    """A cell per host node of the devices, each vCPU pinned past the node's first two CPUs (a
+    made-up placement: tests that need kubelet's use the product's, pcitopo.kubevirt.launcher.cpus)."""
+    if not spec.guest_numa:
+        return ()
+    nodes = sorted({host.numa_of(host.function(b)) for b in spec.devices} - {-1}) or [0]
+    host_nodes = host.numa_nodes()
+    out = []
+    for node in nodes:
+        cpus = sorted(parse_cpuset(host_nodes[node].cpulist or "")) if node in host_nodes else []
+        out.append(GuestCell(node, tuple(cpus[k + 2] if len(cpus) > k + 2 else k for k in range(spec.vcpus_per_cell))))
+    return tuple(out)
+
+
+def kubevirt_domain(host: Topology, spec: DomainSpec) -> bytes:
+    """KubeVirt's first-call shape (the product's :func:`launcher_domain`) for ``spec``'s devices."""
+    return launcher_domain(LauncherSpec(spec.name, _hostdevs(host, spec.devices), _cells(host, spec),
+                                        vcpus=spec.vcpus_per_cell, acpi=spec.acpi, namespace=spec.namespace))
 
 
 # KubeVirt's OVMF (spec.domain.firmware.bootloader.efi, secure boot off), as virt-launcher writes it:
 # the code as v1.6-v1.8 pick it (v1.9 prefers OVMF_CODE.secboot.fd: Release.ovmf_code).
 KUBEVIRT_OVMF_CODE = Release.V1_7.ovmf_code
-KUBEVIRT_OVMF_VARS = "/usr/share/edk2/ovmf/OVMF_VARS.fd"
+KUBEVIRT_OVMF_VARS = OVMF_VARS
 
 
 def with_efi(xml: bytes, code: str = KUBEVIRT_OVMF_CODE) -> bytes:
     """The same domain booting UEFI, as KubeVirt writes ``<os>`` for an EFI bootloader (issue 11:
     the firmware decides the MMIO settings)."""
-    root = etree.fromstring(xml)
-    os_el = root.find("os")
-    if os_el.find("loader") is None:
-        loader = etree.Element("loader", readonly="yes", secure="no", type="pflash")
-        loader.text = code
-        nvram = etree.Element("nvram", template=KUBEVIRT_OVMF_VARS)
-        nvram.text = "/var/run/kubevirt-private/libvirt/qemu/nvram/default_VARS.fd"
-        os_el.find("type").addnext(loader)
-        loader.addnext(nvram)
-    return to_kubevirt_bytes(root)
+    return launcher_efi(xml, code)
 
 
 def kubevirt_numa_preplace(xml: bytes, host: Topology) -> bytes:

@@ -307,20 +307,24 @@ def test_i27_cells_doctor_reads_the_kubelet_only_on_its_node(capsys):
     assert "kubelet" not in json.loads(out)
 
 
-def test_i27_cells_doctor_daemonset_mounts_the_kubelet_dir_read_only(capsys, tmp_path):
+def test_i27_cells_doctor_daemonset_mounts_the_kubelet_files_read_only(capsys, tmp_path):
     import shlex
 
     from pcitopo.sidecar.cli import pcitopo_main
 
-    ds = list(yaml.safe_load_all((ROOT / "deploy" / "doctor-daemonset.yaml").read_text()))[1]
+    ds = list(yaml.safe_load_all((ROOT / "deploy" / "base" / "doctor.yaml").read_text()))[0]
     pod = ds["spec"]["template"]["spec"]
     c = pod["containers"][0]
     script = c["args"][0]
     argv = shlex.split(" ".join(x.rstrip("\\").strip() for x in script[script.index("pcitopo doctor"):].split("\n")[:3]))
     where = argv[argv.index("--kubelet-dir") + 1]
-    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == where)
-    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
-    assert mount["readOnly"] is True and volume["hostPath"]["path"] == "/var/lib/kubelet"
+    # only the two files the doctor reads, each read-only, never the kubelet's directory (pod secrets)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"] if m["mountPath"].startswith(where)}
+    assert sorted(mounts) == [f"{where}/config.yaml", f"{where}/cpu_manager_state"]
+    for path, mount in mounts.items():
+        assert mount["readOnly"] is True
+        assert volumes[mount["name"]]["hostPath"] == {"path": "/var/lib/kubelet/" + path.rsplit("/", 1)[1], "type": "File"}
     # the same arguments, pointed at a fixture, the packed node's kubelet files and a scratch directory
     real = {"/host/sys": str(B200), where: str(KUBELET / "packed"), "/textfile/pcitopo.prom": str(tmp_path / "p.prom"),
             "/features.d/pcitopo": str(tmp_path / "nfd")}

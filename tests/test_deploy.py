@@ -128,11 +128,10 @@ def test_f8_deploy_md_lists_the_gates_of_every_example():
 # -- finding 8: the doctor's namespace ------------------------------------------------------------
 
 def test_f8_doctor_namespace_admits_a_privileged_pod():
-    """Finding 8: the DaemonSet uses hostPath volumes and adds CAP_SYS_ADMIN, which Pod Security's
+    """Finding 8: the doctor uses hostPath volumes and adds CAP_SYS_ADMIN, which Pod Security's
     "baseline" and "restricted" levels reject; its namespace says "privileged" for all three modes."""
-    docs = list(yaml.safe_load_all((DEPLOY / "doctor-daemonset.yaml").read_text()))
-    ns = next(d for d in docs if d["kind"] == "Namespace")
-    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    ns = next(d for d in yaml.safe_load_all((DEPLOY / "base" / "namespace.yaml").read_text()) if d)
+    ds = next(d for d in yaml.safe_load_all((DEPLOY / "base" / "doctor.yaml").read_text()) if d)
     assert ds["metadata"]["namespace"] == ns["metadata"]["name"]
     pod = ds["spec"]["template"]["spec"]
     assert any("hostPath" in v for v in pod["volumes"])

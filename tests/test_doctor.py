@@ -256,9 +256,11 @@ def test_acs():
 
 def test_ats():
     assert by_check(doctor(pair()), "ats", "0000:19:00.0")[0].status == "ok"
-    for fault in ("ats-off", "no-ats"):
-        bad = by_check(doctor(pair(nic=f"fault={fault}")), "ats", "0000:19:00.0")[0]
-        assert bad.status == "fail" and "ATS_ENABLED=true" in bad.fix
+    hidden = by_check(doctor(pair(nic="fault=no-ats")), "ats", "0000:19:00.0")[0]
+    assert hidden.status == "fail" and "mlxconfig -y -d 0000:19:00.0 set ATS_ENABLED=true" in hidden.fix
+    # the capability is there, so the firmware offers ATS already: the fix is the kernel's side only
+    off = by_check(doctor(pair(nic="fault=ats-off")), "ats", "0000:19:00.0")[0]
+    assert off.status == "fail" and "pci=noats" in off.fix and "mlxconfig" not in off.fix
     assert by_check(doctor(pair(nic="fault=config-short")), "ats", "0000:19:00.0")[0].status == "unknown"
     assert not [f for f in doctor(pair()).findings if f.check == "ats" and f.bdf == "0000:18:00.0"]  # NICs only
 
@@ -308,7 +310,12 @@ def test_exit_codes_and_human_output(capsys):
     assert capsys.readouterr().out.startswith("verdict: ready")
     assert pcitopo_main(["doctor", "--sysfs", str(FIXTURES / "hgx-h100-faults")]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].startswith("verdict: NOT READY") and len(lines) == len(PLANTED) + 2  # + the unknown
+    # one line per kind: the two devices sharing a group and the two without a NUMA node are one
+    # line each; then the unknown and the verdict
+    assert lines[-1].startswith("verdict: NOT READY") and len(lines) == len(PLANTED) - 2 + 2
+    assert any(line.startswith("FAIL    iommu-group 1 GPU, 1 NIC sharing an IOMMU group with other devices (-v names them): "
+                               "GPU3, NIC5  fix: ") for line in lines)
+    assert any(line.startswith("FAIL    numa        1 GPU, 1 NIC with numa_node -1 on a 2-node host") for line in lines)
     assert any(line.startswith("FAIL    bar         GPU6 0000:ba:00.0: ") and "fix: " in line for line in lines)
     assert pcitopo_main(["doctor", "--sysfs", str(FIXTURES / "hgx-b200"), "12:34.5"]) == 2
     assert pcitopo_main(["doctor", "--sysfs", "/nonexistent"]) == 2
@@ -392,7 +399,7 @@ def test_an_unprivileged_read_of_live_config_space_is_unknown_needs_root(tmp_pat
 
 # -- the DaemonSet ---------------------------------------------------------------------------------
 
-DAEMONSET = ROOT / "deploy" / "doctor-daemonset.yaml"
+DAEMONSET = ROOT / "deploy" / "base" / "doctor.yaml"
 
 
 def test_the_daemonset_passes_kubernetes_schema_validation():
@@ -400,10 +407,10 @@ def test_the_daemonset_passes_kubernetes_schema_validation():
     import yaml
 
     docs = [d for d in yaml.safe_load_all(DAEMONSET.read_text()) if d]
-    assert [d["kind"] for d in docs] == ["Namespace", "DaemonSet"]
+    assert [d["kind"] for d in docs] == ["DaemonSet"]
     for doc in docs:
         kv.validate(doc, kv.latest_version(), strict=True)  # raises on a typo or a wrong type
-    bad = json.loads(json.dumps(docs[1]))
+    bad = json.loads(json.dumps(docs[0]))
     bad["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesytem"] = True
     with pytest.raises(kv.ValidationError):
         kv.validate(bad, kv.latest_version(), strict=True)
@@ -414,11 +421,11 @@ def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys
 
     import yaml
 
-    ds = list(yaml.safe_load_all(DAEMONSET.read_text()))[1]
+    ds = list(yaml.safe_load_all(DAEMONSET.read_text()))[0]
     pod = ds["spec"]["template"]["spec"]
     c = pod["containers"][0]
     script = c["args"][0]
-    call = script[script.index("pcitopo doctor"):].split("\n  echo")[0].split("\n")[0:3]
+    call = script[script.index("pcitopo doctor"):].split("\necho")[0].split("\n")  # the command's continued lines
     argv = shlex.split(" ".join(line.rstrip("\\").strip() for line in call))
     assert argv[:2] == ["pcitopo", "doctor"]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -428,8 +435,10 @@ def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys
     assert c["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]  # config space past 64 bytes
     # the same arguments, pointed at a fixture and a scratch directory, work
     real = {"/host/sys": str(FIXTURES / "hgx-b200"), "/textfile/pcitopo.prom": str(tmp_path / "pcitopo.prom"),
-            "/features.d/pcitopo": str(tmp_path / "pcitopo")}
+            "/features.d/pcitopo": str(tmp_path / "pcitopo"), "/var/run/pcitopo/doctor.json": str(tmp_path / "doctor.json")}
+    assert hostpaths[mounts["/var/run/pcitopo"]] == "/var/run/pcitopo"  # where the node hook reads it
     assert pcitopo_main([real.get(a, a) for a in argv[1:]]) == 0
+    assert json.loads((tmp_path / "doctor.json").read_text())["checks"]
     assert (tmp_path / "pcitopo").read_text().count("pcitopo.kubevirt.io/gdr-ready=true") == 1
     assert "pcitopo_gdr_ready 1" in (tmp_path / "pcitopo.prom").read_text()
 
@@ -529,3 +538,196 @@ def test_bad_doctor_keys_in_a_description_name_the_line(key, fragment):
 
     with pytest.raises(TopoError, match=re.escape(f"t.topo line 7: {fragment}")):
         host_of(pair(gpu=key))
+
+
+# -- the report on a screen, and fixes that fit the state they fix ----------------------------------
+
+def iommu_off_h100(tmp_path) -> Path:
+    """fixtures/hgx-h100 as a node with the IOMMU off, captured without root (64 bytes of
+    config space): the node of the trial that printed 154 lines."""
+    from testkit.synth.doctor import iommu_off
+
+    spec = iommu_off(parse_topo((FIXTURES / "hgx-h100" / "host.topo").read_text(), "hgx-h100"))
+    out = tmp_path / "iommu-off.tar.gz"
+    build_tree(spec).write_tarball(out)
+    return out
+
+
+def test_an_iommu_off_node_fits_on_a_screen_and_verbose_lists_every_device(tmp_path, capsys):
+    node = iommu_off_h100(tmp_path)
+    assert pcitopo_main(["doctor", "--sysfs", str(node)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) <= 30, "\n".join(lines)
+    assert lines[0].startswith("FAIL    iommu       host: IOMMU off")
+    driver = next(line for line in lines if " vfio-driver " in line)
+    # every GPU and every NIC a GPU sits at PXB or closer to, on one line, with one fix for all
+    assert "8 GPUs, 8 NICs bound to no driver, not vfio-pci: GPU0-7, NIC0-2,5-8,11  fix: once the IOMMU is on" in driver
+    assert "driver/unbind" not in driver and driver.count("for d in ") == 1
+    assert any(line.startswith("FAIL    iommu-group 8 GPUs, 12 NICs in no IOMMU group") for line in lines)
+    assert any(line.startswith("UNKNOWN acs         10 root ports, 8 upstream ports, 16 downstream ports with ACS control "
+                               "unknown (needs root): above GPU0-7, NIC0-11") for line in lines)
+    report = run_checks(open_host(node))
+    assert len(report.failed) > 30  # the findings are all still there, per device: in --json and -v
+    assert pcitopo_main(["doctor", "-v", "--sysfs", str(node)]) == 1
+    assert len(capsys.readouterr().out.splitlines()) == len(report.findings) + 1
+
+
+def _device_dir(tree: MemoryTree, bdf: str) -> str:
+    return resolve(tree, f"bus/pci/devices/{bdf}")
+
+
+def fix_problems(tree: MemoryTree, f) -> list[str]:
+    """What in ``f``'s fix commands does not fit the tree they are meant for: a sysfs path the
+    kernel would not have there, a tool pointed at a device without what it sets."""
+    from pcitopo.topology.host.configspace import ConfigSpace
+
+    run = f.remedy.run if f.remedy else ""
+    out = []
+    for path in re.findall(r"/sys/\S+", run):
+        rel = path.removeprefix("/sys/").rstrip(";")
+        if rel == "bus/pci/drivers_probe":
+            continue  # the PCI bus always has it
+        m = re.fullmatch(r"bus/pci/devices/([0-9a-f:.]+)/(.+)", rel)
+        if m is None:
+            out.append(f"{path}: not a device file")
+            continue
+        d = _device_dir(tree, m.group(1))
+        if m.group(2) == "driver/unbind":  # a driver's own file: there only when a driver holds the device
+            if tree.readlink(f"{d}/driver") is None:
+                out.append(f"{path}: no driver holds {m.group(1)}")
+        elif not isinstance(tree.read(f"{d}/{m.group(2)}"), bytes):
+            out.append(f"{path}: no such file")
+    for bdf in re.findall(r"setpci -s (\S+) ECAP_ACS", run):
+        if ConfigSpace(tree.read(f"{_device_dir(tree, bdf)}/config")).acs_control() is None:
+            out.append(f"setpci: {bdf} has no ACS capability")
+    for bdf in re.findall(r"mlxconfig -y -d (\S+) ", run):
+        if tree.read(f"{_device_dir(tree, bdf)}/vendor") != b"0x15b3\n":
+            out.append(f"mlxconfig: {bdf} is not a Mellanox/NVIDIA NIC")
+    return out
+
+
+# (what the tree is, the .topo keys on the GPU/NIC/bridge, the finding checked, what its fix must say)
+FIX_STATES = [
+    ("bound to a host driver", {"gpu": "driver=nvidia"}, ("vfio-driver", "0000:18:00.0"), "driver/unbind"),
+    ("bound to no driver", {"gpu": "driver=none"}, ("vfio-driver", "0000:18:00.0"), "drivers_probe"),
+    ("no driver and no IOMMU group", {"gpu": "driver=none omit=iommu_group"}, ("vfio-driver", "0000:18:00.0"), "once the IOMMU is on"),
+    ("override set, another driver holds it", {"gpu": "driver=nvidia override=vfio-pci"}, ("vfio-driver", "0000:18:00.0"),
+     "driver/unbind"),
+    ("ACS DT off", {"ds0": "fault=acs-dt-off"}, ("acs", "0000:17:00.0"), "ECAP_ACS+0x6.w=0x005d"),
+    ("ACS RR off", {"rp": "fault=acs-rr-off"}, ("acs", "0000:15:01.0"), "ECAP_ACS+0x6.w="),
+    ("no ATS capability", {"nic": "fault=no-ats"}, ("ats", "0000:19:00.0"), "ATS_ENABLED=true"),
+    ("ATS present, disabled", {"nic": "fault=ats-off"}, ("ats", "0000:19:00.0"), "pci=noats"),
+    ("numa_node -1 below a bridge that has one", {"gpu": "numa=-1"}, ("numa", "0000:18:00.0"), "/numa_node"),
+    ("numa_node -1 everywhere", {}, ("numa", "0000:18:00.0"), "BIOS"),
+    ("config space cut at 64 bytes", {"ds0": "fault=config-short"}, ("acs", "0000:17:00.0"), "as root"),
+    ("link trained narrow", {"gpu": "cur-width=8"}, ("link", "0000:18:00.0"), "reseat"),
+    ("BAR unassigned", {"gpu": "fault=bar-unassigned"}, ("bar", "0000:18:00.0"), "pci=realloc"),
+    ("group shared", {"gpu": "iommu=50", "nic": "iommu=50"}, ("iommu-group", "0000:18:00.0"), "ACS"),
+]
+
+
+@pytest.mark.parametrize("state, keys, which, says", FIX_STATES, ids=[s[0] for s in FIX_STATES])
+def test_each_fix_fits_the_state_it_fixes(state, keys, which, says):
+    text = pair(**keys)
+    if state == "numa_node -1 everywhere":
+        text = text.replace("rc 0000:15 numa=0", "rc 0000:15 numa=-1")
+    tree = build_tree(parse_topo(textwrap.dedent(text), "t.topo"))
+    report = run_checks(Topology(SysfsReader(tree)))
+    f = by_check(report, *which)[0]
+    assert f.status in ("fail", "warn", "unknown") and f.fix and says in f.fix, f
+    assert fix_problems(tree, f) == []
+    # and no other fix on that host names what is not there
+    assert [p for g in report.findings if g.status != "ok" for p in fix_problems(tree, g)] == []
+
+
+def test_the_fix_checker_sees_a_wrong_fix():
+    """The old fix for an unbound device (``driver/unbind`` with no driver) is refused."""
+    from pcitopo.topology.checks.findings import Finding, Fix
+
+    tree = build_tree(parse_topo(textwrap.dedent(pair(gpu="driver=none")), "t.topo"))
+    wrong = Fix(run="echo 0000:18:00.0 > /sys/bus/pci/devices/0000:18:00.0/driver/unbind")
+    assert fix_problems(tree, Finding("vfio-driver", "fail", "0000:18:00.0", "x", wrong.text(), remedy=wrong))
+
+
+def test_one_line_for_many_devices_runs_each_devices_own_fix(tmp_path):
+    """The loop of a grouped line, expanded, is every device's own commands."""
+    from pcitopo.topology.checks.screen import group_fix
+
+    report = run_checks(open_host(iommu_off_h100(tmp_path)))
+    failed = [f for f in report.failed if f.check == "vfio-driver"]
+    line = group_fix(failed)
+    body = line[line.index("; do ") + 5: line.rindex("; done")]
+    assert line.split(" for d in ")[1].split(";")[0].split() == [f.bdf for f in failed]
+    assert [body.replace("$d", f.bdf) for f in failed] == [f.remedy.run for f in failed]
+
+
+def test_labels_compact_into_ranges():
+    from pcitopo.topology.checks.screen import compact
+
+    assert compact(["GPU0", "GPU1", "GPU2", "NIC0", "NIC2", "NIC3", "GPU7"]) == "GPU0-2,7, NIC0,2-3"
+    assert compact(["NIC@0000:17:00.2", "GPU0", "NIC@0000:17:00.2"]) == "NIC@0000:17:00.2, GPU0"
+
+
+def test_json_out_writes_the_json_report_atomically(tmp_path, capsys):
+    out = tmp_path / "doctor.json"
+    assert pcitopo_main(["doctor", "--json", "--json-out", str(out), "--sysfs", str(FIXTURES / "hgx-h100-faults")]) == 1
+    shown = capsys.readouterr().out
+    assert out.read_text() == shown and json.loads(shown)["summary"]["fail"] == len(PLANTED)
+    assert pcitopo_main(["doctor", "--json-out", str(out), "--sysfs", str(FIXTURES / "hgx-b200")]) == 0
+    assert capsys.readouterr().out.startswith("verdict: ready")  # the human report on stdout, the JSON in the file
+    assert json.loads(out.read_text())["summary"]["fail"] == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["doctor.json"]  # no temporary left
+    assert pcitopo_main(["doctor", "--json-out", str(tmp_path / "no" / "such" / "dir.json"), "--sysfs", str(FIXTURES / "hgx-b200")]) == 2
+
+
+def test_summary_does_not_call_a_vm_on_a_host_that_is_not_ready_ok(capsys):
+    from pcitopo.sidecar.cli import xmlfix_main
+
+    domain = str(FIXTURES / "hgx-h100" / "domain.xml")
+    xmlfix_main(["--summary", "--sysfs", str(FIXTURES / "hgx-h100-faults"), domain])
+    lines = capsys.readouterr().out.splitlines()
+    verdict, doctor_line = lines[2], lines[3]
+    assert doctor_line.startswith("doctor:  NOT READY")
+    assert verdict.startswith("verdict: not ok: host not ready (15 doctor check(s) failed); ") and "check ok" not in verdict.split(";")[0]
+    xmlfix_main(["--summary", "--sysfs", str(FIXTURES / "hgx-h100"), domain])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("verdict: check ok: ") and lines[3].startswith("doctor:  ready")
+
+
+def test_a_finding_changed_after_the_doctor_made_it_is_shown_by_its_own_words(tmp_path):
+    """The node hook puts the doctor report's status, message and fix on its own findings
+    (dataclasses.replace): those are shown as they are, never under the kind or fix they had."""
+    from dataclasses import replace
+
+    from pcitopo.topology.checks.findings import DoctorReport
+    from pcitopo.topology.checks.screen import report_text
+
+    report = run_checks(open_host(iommu_off_h100(tmp_path)))
+    acs = [f for f in report.findings if f.check == "acs"]
+    changed = [replace(f, status="fail", message="ACS control 0x1d (the doctor's report)", fix="setpci from the report")
+               if i == 0 else f for i, f in enumerate(acs)]
+    text = report_text(DoctorReport(report.host, tuple(changed)))
+    first = acs[0]
+    assert f"FAIL    acs         {first.label} {first.bdf}: ACS control 0x1d (the doctor's report)  fix: setpci from the report" \
+        in text.splitlines()
+    assert first.label.startswith("root-port above")  # the others keep their line, one root port fewer
+    assert "UNKNOWN acs         8 upstream ports, 16 downstream ports, 9 root ports with ACS control unknown (needs root)" in text
+
+
+def test_the_json_out_file_is_what_the_unprivileged_node_hook_reads(tmp_path):
+    """The contract between the doctor DaemonSet and the node hook: the root doctor's
+    --json-out file fills in the acs/ats checks an unprivileged read leaves unknown."""
+    from pcitopo.sidecar.plugin.doctorfile import DoctorFile, with_doctor_file
+
+    out = tmp_path / "doctor.json"
+    assert pcitopo_main(["doctor", "--json-out", str(out), "--sysfs", str(FIXTURES / "hgx-h100-faults")]) == 1
+    tree = MemoryTree.from_tarball(FIXTURES / "hgx-h100-faults" / "sysfs.tar.gz")
+    for bdf in tree.listdir("bus/pci/devices") or []:  # the node hook's view: 64 bytes of config space
+        rel = f"{_device_dir(tree, bdf)}/config"
+        tree.add_file(rel, tree.read(rel)[:64])
+    unprivileged = run_checks(Topology(SysfsReader(tree)))
+    assert {f.status for f in unprivileged.findings if f.check in ("acs", "ats")} == {"unknown"}
+    merged, note = with_doctor_file(unprivileged, DoctorFile(str(out)))
+    assert note and note.endswith(str(out))
+    assert {(f.check, f.bdf) for f in merged.failed if f.check in ("acs", "ats")} == {
+        (c, b) for c, b in PLANTED if c in ("acs", "ats")}

@@ -80,7 +80,8 @@ def test_i27_cloud_init_virtio_disk_is_a_second_disk():
 def test_i27_dra_hostdevs_come_from_kep_5304_metadata():
     root = _first("vm-pairs.yaml")
     aliases = [hd.find("alias").get("name") for hd in root.findall("devices/hostdev")]
-    assert aliases == ["ua-dra-gpu-gpu0", "ua-dra-gpu-gpu1", "ua-dra-hostdevice-nic0", "ua-dra-hostdevice-nic1"]
+    # host devices before GPUs: compute/host_device.go NewHostDeviceDomainConfigurator(generic, GPUs, SR-IOV)
+    assert aliases == ["ua-dra-hostdevice-nic0", "ua-dra-hostdevice-nic1", "ua-dra-gpu-gpu0", "ua-dra-gpu-gpu1"]
 
 
 def _by_source(xml: bytes) -> dict:

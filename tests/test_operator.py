@@ -140,7 +140,7 @@ def test_f3_explain_verdict_and_grouped_reasons():
     out = r.stdout.decode()
     first = " ".join(x.strip() for x in out.split("\n\n")[0].splitlines())  # folded at 100 columns (issue 22)
     assert first == ("Verdict: NCCL: 190/190 pairs as on the host; nvidia-smi: 178/190 pairs as on the host, "
-                     "12 PXB→PIX by design (Broadcom flattening)")
+                     "12 PXB→PIX by design (Broadcom flattening); GPUDirect RDMA: 8/8 GPUs have a NIC at PIX or PXB in the guest")
     assert out.count("Broadcom two-level complex collapsed") == 1
     diffs = out.split("Differences")[1].split("NUMA map")[0]
     assert "GPU0-GPU1" not in diffs and "NIC0-GPU1" in diffs
@@ -166,7 +166,8 @@ def test_f5_json_is_the_predicted_guest():
     r = run("xmlfix", "--json", "--sysfs", str(H100), str(H100 / "domain.xml"))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc) == {"devices", "pairs", "notes", "pairing"}  # pairing: issue 20
+    assert set(doc) == {"devices", "pairs", "notes", "pairing", "nvlink_source", "nvlink_reason"}  # pairing: issue 20
+    assert doc["nvlink_source"] == "inferred from the SXM board table"
     assert doc["pairing"] == {"policy": "warn", "status": "ok", "gpus_checked": 8, "findings": []}
     # issue 19: NCCL's bandwidth on the host, per GPU path
     assert set(doc["devices"][0]) == {"host_bdf", "guest_bdf", "kind", "label", "numa", "nccl_cpu_gbps"}

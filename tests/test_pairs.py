@@ -266,8 +266,15 @@ def _xmlfix(tmp_path: Path, capsys, policy: str | None, *args: str) -> tuple[int
     return rc, cap.out, cap.err
 
 
-def test_xmlfix_check_passes_under_warn_with_the_line(tmp_path, capsys):
+def test_xmlfix_check_fails_a_gpu_without_gdr_under_warn_and_passes_under_pairing_off(tmp_path, capsys):
+    """``pairing: warn`` boots the VM; ``--check`` asks whether the VM is what the user wants: a
+    GPU without GPUDirect RDMA where the node has it is not. ``--pairing off`` keeps the warning."""
     rc, _, err = _xmlfix(tmp_path, capsys, None, "--check")
+    assert rc == 1
+    assert ("xmlfix: check: GPUDirect RDMA: host GPU0 (0000:1a:00.0) has no NIC at PIX or PXB in the guest (its nearest: "
+            "host NIC1 (0000:39:00.0), PHB in the guest); the node has host NIC0 (0000:17:00.0) at PXB for it") in err.splitlines()
+    assert "xmlfix: check: failed: " in err and "GPUDirect RDMA: 0/1 GPUs have a NIC at PIX or PXB in the guest" in err
+    rc, _, err = _xmlfix(tmp_path, capsys, None, "--check", "--pairing", "off")
     assert rc == 0
     assert ("xmlfix: warning: pairing: host GPU0 (0000:1a:00.0) got host NIC1 (0000:39:00.0) at PHB (nvidia-smi NODE); "
             "host NIC0 (0000:17:00.0) would be PXB") in err.splitlines()

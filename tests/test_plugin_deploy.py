@@ -1,4 +1,4 @@
-"""deploy/plugin/: pcitopo as a KubeVirt Plugin (issue 25, "Deploy").
+"""deploy/targets/kubevirt-main: pcitopo as a KubeVirt Plugin (issue 25, "Deploy").
 
 What is checked, and how:
 
@@ -9,9 +9,12 @@ What is checked, and how:
 - the hooks' conditions with cel-python: the node hook's as virt-handler evaluates it (the VMI
   through its json names), the domain hook's on a model of what virt-launcher's environment
   gives it (the VMI's Go field names; ``go_view``);
-- every Kubernetes object against Kubernetes 1.34's strict schemas (kubernetes-validate). 1.34
-  serves MutatingAdmissionPolicy only as v1beta1 (and v1alpha1): the v1beta1 form that
-  deploy/plugin-k8s-1.34 builds is validated against 1.34, the shipped v1 form against 1.36;
+- every Kubernetes object against Kubernetes' strict schemas (kubernetes-validate): in
+  tests/test_targets.py, the v1beta1 form (component map-v1beta1) against 1.34, the shipped v1
+  form against 1.36; here, the pod the injector patches;
+- the node hooks as virt-handler calls them (testkit/admission/cluster.py, from KubeVirt's
+  ``CallNodeHooks``): which VMs wait on the node hook, and what a ``require`` VM does on a node
+  where the node hook does not run;
 - the MutatingAdmissionPolicy evaluated with cel-python (testkit/admission) against a
   virt-launcher pod as KubeVirt v1.9.0 renders it (``tests/data/virt-launcher-pod.json``:
   labels from ``podLabels``, the pod security context from ``computePodSecurityContext`` in
@@ -25,21 +28,20 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from testkit import REPO as ROOT
 
 celpy = pytest.importorskip("celpy")
-from testkit.admission.manifests import kind, kustomize, load  # noqa: E402
+from testkit.admission.cluster import call_node_hooks  # noqa: E402
+from testkit.admission.manifests import kind, load  # noqa: E402
+from testkit.admission.plugin_api import PLUGIN_API, structure_errors  # noqa: E402
 from testkit.admission.policy import Admission, evaluate  # noqa: E402  (needs cel-python)
 
-PLUGIN = ROOT / "deploy" / "plugin"
+PLUGIN = ROOT / "deploy" / "targets" / "kubevirt-main"
 DATA = ROOT / "tests" / "data"
 K8S = "1.34.0"
 LABEL = "pcitopo.kubevirt.io/plugin"
@@ -56,9 +58,20 @@ def injector() -> dict:
     return kind(load(PLUGIN / "injector.yaml"), "MutatingAdmissionPolicy")
 
 
+PINNED = "registry.example.com/pcitopo@sha256:" + "5e" * 32
+
+
+def image_params(image: str) -> dict:
+    """The PodTemplate pcitopo/pcitopo-image (deploy/base/image.yaml) with this image, as an
+    overlay's `images:` entry leaves it."""
+    pt = copy.deepcopy(kind(load(ROOT / "deploy" / "base" / "image.yaml"), "PodTemplate"))
+    pt["template"]["spec"]["containers"][0]["image"] = image
+    return pt
+
+
 @pytest.fixture(scope="module")
 def params() -> dict:
-    return kind(load(PLUGIN / "params" / "params.yaml"), "ConfigMap")
+    return image_params(PINNED)
 
 
 @pytest.fixture()
@@ -71,44 +84,6 @@ def kubevirt_policy(name: str) -> dict:
 
 
 # -- the Plugin CR ---------------------------------------------------------------------------------
-
-# types.go, v1.9.0: field -> (type, required); a dict type is a nested struct, a list of one dict a
-# list of structs; enums by name.
-HOOK_POINTS = {"PreVMStart", "PostVMStart", "PreVMStop", "PostVMStop", "PreMigrationSource", "PreMigrationTarget",
-               "PostMigrationTarget"}
-STRATEGY = {"Fail", "Ignore"}
-ADMISSION_REF = {"name": (str, True)}
-DOMAIN_HOOK = {"cel": ({"expression": (str, True)}, False), "sidecar": ({"socketPath": (str, True)}, False),
-               "condition": (str, False), "failureStrategy": (STRATEGY, False), "timeout": ("duration", False)}
-NODE_HOOK = {"socket": (str, True), "permittedHooks": ([HOOK_POINTS], True), "condition": (str, False),
-             "failureStrategy": (STRATEGY, False), "timeout": ("duration", False)}
-PLUGIN_API = {
-    "condition": (str, False), "failureStrategy": (STRATEGY, False),
-    "domainHooks": ([DOMAIN_HOOK], False), "nodeHooks": ([NODE_HOOK], False),
-    "mutatingAdmissionPolicies": ([ADMISSION_REF], False), "validatingAdmissionPolicies": ([ADMISSION_REF], False),
-    "mutatingAdmissionWebhooks": ([ADMISSION_REF], False), "validatingAdmissionWebhooks": ([ADMISSION_REF], False),
-}
-# metav1.Duration: Go's time.ParseDuration
-DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+")
-
-
-def structure_errors(value, typ, path: str) -> list[str]:
-    if isinstance(typ, dict):
-        if not isinstance(value, dict):
-            return [f"{path}: not an object"]
-        errs = [f"{path}.{k}: unknown field" for k in value if k not in typ]
-        errs += [f"{path}.{k}: missing" for k, (_, req) in typ.items() if req and k not in value]
-        return errs + [e for k, v in value.items() if k in typ for e in structure_errors(v, typ[k][0], f"{path}.{k}")]
-    if isinstance(typ, list):
-        if not isinstance(value, list) or not value:
-            return [f"{path}: not a non-empty list"]
-        return [e for i, v in enumerate(value) for e in structure_errors(v, typ[0], f"{path}[{i}]")]
-    if isinstance(typ, set):
-        return [] if value in typ else [f"{path}: {value!r} not one of {sorted(typ)}"]
-    if typ == "duration":
-        return [] if isinstance(value, str) and DURATION.fullmatch(value) else [f"{path}: {value!r} not a duration"]
-    return [] if isinstance(value, typ) and value else [f"{path}: not a non-empty {typ.__name__}"]
-
 
 def test_i25_deploy_plugin_cr_has_kubevirt_v1_9_0_structure(plugin):
     assert plugin["apiVersion"] == "plugin.kubevirt.io/v1alpha1" and plugin["kind"] == "Plugin"
@@ -124,16 +99,19 @@ def test_i25_deploy_plugin_cr_has_kubevirt_v1_9_0_structure(plugin):
 
 
 def test_i25_deploy_plugin_cr_hooks_as_asked(plugin):
-    """A sidecar domain hook and a PreVMStart node hook, each with its own condition, Fail and a
-    timeout; no plugin-level condition (v1.9.0 and main disagree on where it applies)."""
+    """A sidecar domain hook (Fail) and one PreVMStart node hook per doctor policy on the same
+    socket: require under Fail, warn under Ignore; each with its own condition and a timeout; no
+    plugin-level condition (v1.9.0 and main disagree on where it applies)."""
     spec = plugin["spec"]
     assert "condition" not in spec
     (dh,) = spec["domainHooks"]
-    (nh,) = spec["nodeHooks"]
+    require, warn = spec["nodeHooks"]
     assert dh["sidecar"]["socketPath"] == f"/var/run/kubevirt-plugin/{plugin['metadata']['name']}/domain.sock"
-    assert nh["socket"] == "/var/run/kubevirt/plugins/pcitopo.sock" and nh["permittedHooks"] == ["PreVMStart"]
-    for hook in (dh, nh):
-        assert hook["failureStrategy"] == "Fail" and hook["condition"] and hook["timeout"]
+    assert dh["failureStrategy"] == "Fail" and dh["condition"] and dh["timeout"]
+    for nh in (require, warn):
+        assert nh["socket"] == "/var/run/kubevirt/plugins/pcitopo.sock" and nh["permittedHooks"] == ["PreVMStart"]
+        assert nh["condition"] and nh["timeout"]
+    assert (require["failureStrategy"], warn["failureStrategy"]) == ("Fail", "Ignore")
     assert spec["mutatingAdmissionPolicies"] == [{"name": "pcitopo-plugin-injector"}]
 
 
@@ -171,18 +149,19 @@ OPTED = [({LABEL: "true"}, True), ({LABEL: "false"}, False), ({"app": "x"}, Fals
 
 @pytest.mark.parametrize("labels,expected", OPTED)
 def test_i25_deploy_plugin_conditions_select_opted_in_vmis(plugin, labels, expected):
-    """The node hook's condition on the VMI's JSON (virt-handler: json names); the domain hook's
-    on the Go-name view. Both select exactly the VMIs labelled pcitopo.kubevirt.io/plugin: "true"."""
-    node = plugin["spec"]["nodeHooks"][0]["condition"]
+    """The node hooks' conditions on the VMI's JSON (virt-handler: json names); the domain hook's
+    on the Go-name view. Both select exactly the VMIs labelled pcitopo.kubevirt.io/plugin: "true"
+    (a VMI without a doctor annotation: the warn hook)."""
+    node = [h["condition"] for h in plugin["spec"]["nodeHooks"]]
     domain = plugin["spec"]["domainHooks"][0]["condition"]
-    assert evaluate(node, {"vmi": vmi(labels)}) is expected
+    assert [evaluate(c, {"vmi": vmi(labels)}) for c in node] == [False, expected]
     assert evaluate(domain, {"vmi": go_view(vmi(labels))}) is expected
 
 
 def test_i25_deploy_plugin_conditions_use_each_environments_names(plugin):
     """The two spellings are not interchangeable: a Go name under the json view is an error (a
     hard error for KubeVirt), which is why each hook carries its own."""
-    node = plugin["spec"]["nodeHooks"][0]["condition"]
+    node = " ".join(h["condition"] for h in plugin["spec"]["nodeHooks"])
     domain = plugin["spec"]["domainHooks"][0]["condition"]
     assert "vmi.metadata.labels" in node and "vmi.Labels" not in node
     assert "vmi.Labels" in domain and "metadata" not in domain
@@ -209,54 +188,6 @@ def test_i25_deploy_kubernetes_1_34_serves_map_as_v1beta1_only():
     assert versions("1.34.0") == {"v1alpha1", "v1beta1"}
     assert versions("1.35.0") == {"v1alpha1", "v1beta1"}
     assert "v1" in versions("1.36.0")
-
-
-def test_i25_deploy_objects_are_valid_kubernetes_1_34():
-    """deploy/plugin-k8s-1.34 (the v1beta1 form) against 1.34 strict; the Plugin CR is a CRD
-    (checked structurally above)."""
-    kv = _kv()
-    docs = kustomize(ROOT / "deploy" / "plugin-k8s-1.34")
-    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
-                                              "Plugin"]
-    for doc in docs:
-        if doc["kind"] != "Plugin":
-            kv.validate(doc, K8S, strict=True)
-    bad = copy.deepcopy(kind(docs, "MutatingAdmissionPolicy"))
-    bad["spec"]["mutations"][0]["jsonpatch"] = bad["spec"]["mutations"][0].pop("jsonPatch")
-    with pytest.raises(kv.ValidationError):
-        kv.validate(bad, K8S, strict=True)
-
-
-def test_i25_deploy_v1_objects_are_valid_kubernetes_1_36():
-    kv = _kv()
-    docs = kustomize(PLUGIN)
-    v1 = [d for d in docs if d["apiVersion"] == "admissionregistration.k8s.io/v1"]
-    assert len(v1) == 2
-    for doc in v1:
-        kv.validate(doc, "1.36.0", strict=True)
-        with pytest.raises(kv.utils.SchemaNotFoundError):  # 1.34 has no v1
-            kv.validate(doc, K8S, strict=True)
-
-
-def pin_overlay(image: str, digest: str) -> dict:
-    """The overlay docs/DEPLOY.md gives for pinning the image (kustomize's `images:` does not
-    reach ConfigMap data)."""
-    text = (ROOT / "docs" / "DEPLOY.md").read_text()
-    block = re.search(r"^( *)```yaml\n(\1# overlay/kustomization\.yaml: pin the image\n.*?)^\1```", text, re.S | re.M)
-    assert block, "DEPLOY.md shows no image-pinning overlay for deploy/plugin"
-    return yaml.safe_load(textwrap.dedent(block[2]).replace("registry.example.com/pcitopo@sha256:<digest>", image)
-                          .replace("sha256:<digest>", digest))
-
-
-def test_i25_deploy_kustomize_overlay_pins_the_image_by_digest(tmp_path):
-    """The documented overlay sets the ConfigMap both policies read (image and digest)."""
-    digest = "sha256:" + "5e" * 32
-    overlay = pin_overlay(f"reg.example.org/ml/pcitopo@{digest}", digest)
-    overlay["resources"] = [os.path.relpath(PLUGIN, tmp_path)]
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
-    cm = kind(kustomize(tmp_path), "ConfigMap")
-    assert cm["data"]["image"] == f"reg.example.org/ml/pcitopo@{digest}"
-    assert cm["data"]["digest"] == digest and cm["data"]["legacyHook"] == "false"
 
 
 # -- the injector: its CEL on a virt-launcher pod ---------------------------------------------------
@@ -287,6 +218,21 @@ def test_i25_deploy_injector_is_idempotent_and_needs_the_plugin_volume(pod, inje
     assert injected(pod, injector, params)[1] is None
 
 
+@pytest.mark.parametrize("image", [
+    "registry.example.com/pcitopo@sha256:" + "0" * 64,  # the shipped placeholder
+    "registry.example.com/pcitopo:0.1.0",  # a tag
+    "registry.example.com/pcitopo@sha256:" + "5e" * 31,  # a short digest
+    "registry.example.com/pcitopo@sha256:" + "5E" * 32,  # not lower-case hex
+])
+def test_injector_injects_nothing_from_an_unpinned_image(pod, injector, image):
+    """Until the PodTemplate names an image by digest (64 lower-case hex, not all zeros) the
+    injector adds no container; the Plugin's domain hook (Fail) then keeps the VM from starting
+    rather than let it run an unpinned image or run without pcitopo."""
+    a, out = injected(pod, injector, image_params(image))
+    assert out is None and a.trace["matchConditions.image-pinned"] is False
+    assert injected(pod, injector, image_params(PINNED))[1] is not None
+
+
 def container(pod: dict, name: str) -> dict:
     (c,) = [c for c in pod["spec"]["containers"] if c["name"] == name]
     return c
@@ -296,7 +242,7 @@ def test_i25_deploy_injected_container_is_what_the_plugin_needs(pod, injector, p
     _, out = injected(pod, injector, params)
     c = container(out, "pcitopo")
     assert out["spec"]["containers"][:-1] == pod["spec"]["containers"]  # appended, nothing else changed
-    assert c["image"] == params["data"]["image"] and "command" not in c
+    assert c["image"] == PINNED and "command" not in c
     entry = json.loads(re.search(r"^ENTRYPOINT (.*)$", (ROOT / "Containerfile").read_text(), re.M)[1])
     assert entry + c["args"] == ["pcitopo", "serve", "--plugin", "pcitopo", "--sysfs", "/sys"]
     sc = c["securityContext"]
@@ -360,22 +306,100 @@ def test_i25_deploy_injector_mounts_the_fabric_like_the_hook_sidecar(pod, inject
 
 def test_i25_deploy_node_hook_container_serves_where_virt_handler_dials(plugin):
     kv = _kv()
-    docs = load(ROOT / "deploy" / "doctor-daemonset.yaml")
+    docs = load(PLUGIN / "node-hook.yaml")
     ds = kind(docs, "DaemonSet")
-    kv.validate(ds, K8S, strict=True)
+    kv.validate(ds, "1.30.0", strict=True)
     pod = ds["spec"]["template"]["spec"]
-    assert [c["name"] for c in pod["containers"]] == ["doctor", "node-hook"]
-    c = pod["containers"][1]
+    (c,) = pod["containers"]
     script = c["args"][0]
     assert "exec pcitopo serve \"$@\"" in script and "--node-hook --sysfs /host/sys" in script
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]}
-    socket = plugin["spec"]["nodeHooks"][0]["socket"]
-    folder = socket.rsplit("/", 1)[0]
-    # bound on the host at the path the Plugin names: the same folder, at the same path
-    assert mounts[folder]["hostPath"] == {"path": folder, "type": "DirectoryOrCreate"}
+    for hook in plugin["spec"]["nodeHooks"]:
+        folder = hook["socket"].rsplit("/", 1)[0]
+        # bound on the host at the path the Plugin names: the same folder, at the same path
+        assert mounts[folder]["hostPath"] == {"path": folder, "type": "DirectoryOrCreate"}
     assert mounts["/host/sys"]["hostPath"]["path"] == "/sys"
     cr = mounts["/etc/pcitopo/kubevirt"]["configMap"]
     assert cr == {"name": "pcitopo-kubevirt-cr", "optional": True}
     assert "--permitted-host-devices /etc/pcitopo/kubevirt/kubevirt.yaml" in script
-    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+# -- which VMs wait on the node hook ------------------------------------------------------------------
+
+SOCKET = "/var/run/kubevirt/plugins/pcitopo.sock"
+
+
+def doctor_vmi(policy: str | None, opted: bool = True) -> dict:
+    doc = vmi({LABEL: "true"} if opted else {"app": "x"})
+    if policy is not None:
+        doc["metadata"]["annotations"] = {"pcitopo.kubevirt.io/doctor": policy}
+    return doc
+
+
+@pytest.mark.parametrize("policy,strategies", [("require", ["Fail"]), ("warn", ["Ignore"]), (None, ["Ignore"]),
+                                               ("off", [])])
+def test_each_doctor_policy_calls_the_node_hook_under_its_own_strategy(plugin, policy, strategies):
+    err, calls = call_node_hooks([plugin], "PreVMStart", doctor_vmi(policy), {SOCKET})
+    assert err is None and [c.failure_strategy for c in calls] == strategies
+    assert all(c.socket == SOCKET for c in calls)
+    assert call_node_hooks([plugin], "PreVMStart", doctor_vmi(policy, opted=False), {SOCKET}) == (None, [])
+    assert call_node_hooks([plugin], "PostVMStop", doctor_vmi(policy), {SOCKET}) == (None, [])
+
+
+@pytest.mark.parametrize("policy", ["warn", None, "off"])
+def test_a_vm_that_did_not_ask_for_require_never_waits_on_the_node_hook(plugin, policy):
+    """On a node where the node hook does not run (no pcitopo-node-hook pod: the socket is not
+    there), a VM without doctor: require starts: its hook is Ignore, or not called at all."""
+    err, _ = call_node_hooks([plugin], "PreVMStart", doctor_vmi(policy), serving=set())
+    assert err is None
+
+
+def test_a_require_vm_on_a_node_without_the_node_hook_does_not_start(plugin):
+    """What the quick start says: a VM with pcitopo.kubevirt.io/doctor: require, on a node where
+    the DaemonSet pcitopo-node-hook has no pod, does not start there. virt-handler cannot dial the
+    socket, the require hook is Fail, so PreVMStart returns an error; virt-handler returns before
+    it defines the domain (KubeVirt pkg/virt-handler/vm.go, PreVMStart before
+    syncVirtualMachine), the VMI stays Scheduled, not Running, and the sync is retried until the
+    node hook serves or the VMI is deleted. Other vendors' Plugins sort by name, before or after."""
+    err, calls = call_node_hooks([plugin], "PreVMStart", doctor_vmi("require"), serving=set())
+    assert err == f"node hook PreVMStart from plugin pcitopo failed: failed to dial plugin pcitopo at {SOCKET}"
+    assert [c.failure_strategy for c in calls] == ["Fail"]
+    other = {"metadata": {"name": "acme"}, "spec": {"nodeHooks": [
+        {"socket": "/var/run/kubevirt/plugins/acme.sock", "permittedHooks": ["PreVMStart"], "failureStrategy": "Ignore"}]}}
+    err, calls = call_node_hooks([plugin, other], "PreVMStart", doctor_vmi("require"), serving={SOCKET})
+    assert err is None and [c.plugin for c in calls] == ["acme", "pcitopo"]
+
+
+def test_the_node_hook_container_runs_its_real_command(tmp_path):
+    """The node-hook container's script, run by /bin/sh as the container runs it, with the host
+    paths pointed at a fixture and a scratch folder (and the socket there): `pcitopo serve
+    --node-hook` starts and serves, reading the doctor's report from where the doctor writes it."""
+    import shutil
+    import tempfile
+
+    from testkit.server_proc import BIN, ServerProcess
+
+    ds = kind(load(PLUGIN / "node-hook.yaml"), "DaemonSet")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["/bin/sh", "-c"]
+    short = Path(tempfile.mkdtemp(prefix="pcitopo-nh-"))  # AF_UNIX paths are short
+    try:
+        sock = short / "pcitopo.sock"
+        script = (c["args"][0].replace("/host/sys", str(ROOT / "fixtures" / "hgx-b200"))
+                  .replace("/var/run/pcitopo/doctor.json", str(tmp_path / "doctor.json"))
+                  .replace("/etc/pcitopo/kubevirt/kubevirt.yaml", str(tmp_path / "kubevirt.yaml"))
+                  .replace('exec pcitopo serve "$@"', f'exec {BIN}/pcitopo serve "$@" --socket {sock}'))
+        with ServerProcess(["/bin/sh", "-c", script], tmp_path / "log", socket=sock) as server:
+            server.wait_for_socket()
+            # the socket is bound before the "serving" line is written: give the line a moment
+            import time
+
+            deadline = time.monotonic() + 10
+            while not (lines := [x for x in server.log_lines() if x.get("event") == "serving"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (serving,) = lines
+            assert serving["door"] == "node-hook"
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

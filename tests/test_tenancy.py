@@ -1,12 +1,16 @@
-"""deploy/tenancy/: multi-tenant clusters (issue 26, finding 9).
+"""Multi-tenant clusters: the policies that make the `Sidecar` gate safe
+(deploy/components/hook-sidecars-policy, in every target that turns the gate on), and the
+components that attach pcitopo to every GPU VMI (attach-hook, attach-plugin).
 
-- hook-sidecars-policy.yaml, a ValidatingAdmissionPolicy: hooks.kubevirt.io/hookSidecars only in
-  namespaces an admin labels, and only with pcitopo's image by digest;
-- attach-gpu-vmis.yaml, a MutatingAdmissionPolicy: every GPU VMI opts into the pcitopo Plugin.
+- hook-sidecars.yaml (no params): hooks.kubevirt.io/hookSidecars only in namespaces an admin
+  labels, only in the form pcitopo documents (image by digest, documented args and paths);
+- hook-sidecars-image.yaml (params: the PodTemplate pcitopo/pcitopo-image): only pcitopo's
+  exact image, registry included;
+- attach-hook.yaml, attach-plugin.yaml: MutatingAdmissionPolicies.
 
-Both are validated against Kubernetes 1.34's strict schemas (the MutatingAdmissionPolicy as the
-v1beta1 that 1.34 serves, from deploy/tenancy-k8s-1.34) and their CEL is evaluated with
-cel-python (testkit/admission) on VMIs and VMs an owner could write.
+Their CEL is evaluated with cel-python (testkit/admission) on VMIs and VMs an owner could write,
+in kube-apiserver's order (params before matchConditions); their schemas are checked in
+tests/test_targets.py.
 """
 
 from __future__ import annotations
@@ -19,30 +23,45 @@ import pytest
 from testkit import REPO as ROOT
 
 pytest.importorskip("celpy")
-from testkit.admission.policy import Admission  # noqa: E402  (needs cel-python)
-from testkit.admission.manifests import kind, kustomize, load  # noqa: E402
+from testkit.admission.manifests import kind, load  # noqa: E402
+from testkit.admission.policy import Admission, admit  # noqa: E402  (needs cel-python)
 
-TENANCY = ROOT / "deploy" / "tenancy"
-K8S = "1.34.0"
+COMPONENTS = ROOT / "deploy" / "components"
+POLICY = COMPONENTS / "hook-sidecars-policy"
 LABEL = "pcitopo.kubevirt.io/plugin"
 HOOKS = "hooks.kubevirt.io/hookSidecars"
 NS_LABEL = "pcitopo.kubevirt.io/hook-sidecars"
 DIGEST = "sha256:" + "ab" * 32
 IMAGE = f"registry.example.com/pcitopo@{DIGEST}"
-PARAMS = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "pcitopo-admission", "namespace": "pcitopo"},
-          "data": {"image": IMAGE, "digest": DIGEST, "legacyHook": "false"}}
 ALLOWED_NS = {"metadata": {"name": "ml", "labels": {NS_LABEL: "allowed"}}}
 OTHER_NS = {"metadata": {"name": "team-b", "labels": {"kubernetes.io/metadata.name": "team-b"}}}
 
 
-@pytest.fixture(scope="module")
-def vap() -> dict:
-    return kind(load(TENANCY / "hook-sidecars-policy.yaml"), "ValidatingAdmissionPolicy")
+def image_params(image: str = IMAGE) -> dict:
+    pt = copy.deepcopy(kind(load(ROOT / "deploy" / "base" / "image.yaml"), "PodTemplate"))
+    pt["template"]["spec"]["containers"][0]["image"] = image
+    return pt
 
 
-@pytest.fixture(scope="module")
-def attach() -> dict:
-    return kind(load(TENANCY / "attach-gpu-vmis.yaml"), "MutatingAdmissionPolicy")
+PARAMS = image_params()
+STORE = {("pcitopo", "pcitopo-image"): PARAMS}
+
+
+def policy_and_binding(path, name: str) -> tuple[dict, dict]:
+    docs = load(path)
+    (policy,) = [d for d in docs if d["kind"].endswith("Policy") and d["metadata"]["name"] == name]
+    (binding,) = [d for d in docs if d["kind"].endswith("PolicyBinding") and d["spec"]["policyName"] == name]
+    return policy, binding
+
+
+SHAPE = policy_and_binding(POLICY / "hook-sidecars.yaml", "pcitopo-hook-sidecars")
+PINNED_IMAGE = policy_and_binding(POLICY / "hook-sidecars-image.yaml", "pcitopo-hook-sidecars-image")
+
+
+def refusals(obj: dict, namespace: dict, *, store=STORE, old: dict | None = None, operation: str = "CREATE") -> list[str]:
+    """Both hook-sidecars policies on one request, as kube-apiserver runs every bound policy."""
+    return [r for policy, binding in (SHAPE, PINNED_IMAGE)
+            for r in admit(policy, binding, obj, params_store=store, namespace=namespace, old=old, operation=operation)]
 
 
 def gpu_vmi(annotation: str | None = None) -> dict:
@@ -59,82 +78,120 @@ def sidecars(*entries: dict) -> str:
 
 
 OURS = {"image": IMAGE, "imagePullPolicy": "IfNotPresent"}
+FABRIC = {"image": IMAGE, "args": ["--fabric", "/etc/pcitopo/fabric.json"],
+          "configMap": {"name": "pcitopo-fabric-node-a", "key": "fabric.json", "hookPath": "/etc/pcitopo/fabric.json"}}
 ALLOWED = {
     "pcitopo by digest": sidecars(OURS),
-    "the same digest from a mirror": sidecars({"image": f"mirror.local:5000/pcitopo@{DIGEST}"}),
-    "with the fabric ConfigMap": sidecars({"image": IMAGE, "args": ["--fabric", "/etc/pcitopo/fabric.json"],
-                                           "configMap": {"name": "pcitopo-fabric-node-a", "key": "fabric.json",
-                                                         "hookPath": "/etc/pcitopo/fabric.json"}}),
+    "with the fabric ConfigMap": sidecars(FABRIC),
+    "with the fabric and a module map": sidecars({**FABRIC, "args": ["--fabric", "/etc/pcitopo/fabric.json",
+                                                                     "--module-map", "/etc/pcitopo/module-map.json"]}),
     "two entries, compact JSON": json.dumps([OURS, {"image": IMAGE}], separators=(",", ":")),
 }
-DENIED = {
+# Refused by the shape policy (no params needed)
+MALFORMED = {
     "a tag, not a digest": sidecars({"image": "registry.example.com/pcitopo:0.1.0"}),
-    "another digest": sidecars({"image": "registry.example.com/pcitopo@sha256:" + "cd" * 32}),
+    "the all-zero placeholder": sidecars({"image": "registry.example.com/pcitopo@sha256:" + "0" * 64}),
     "no image (KubeVirt's sidecar-shim runs the owner's script)": sidecars({"args": ["--version", "v1alpha2"]}),
     "a command in our image": sidecars({"image": IMAGE, "command": ["/bin/sh", "-c", "id"]}),
+    "an undocumented arg": sidecars({"image": IMAGE, "args": ["--sysfs", "/etc/pcitopo/fake"]}),
+    "a fake topology under /etc/pcitopo": sidecars({"image": IMAGE, "args": ["--fabric", "/etc/pcitopo/mine.json"]}),
     "a ConfigMap over the entrypoint": sidecars({"image": IMAGE, "configMap": {
         "name": "x", "key": "run", "hookPath": "/opt/pcitopo/bin/pcitopo"}}),
     "a hookPath that climbs out": sidecars({"image": IMAGE, "configMap": {
         "name": "x", "key": "run", "hookPath": "/etc/pcitopo/../../opt/pcitopo/bin/pcitopo"}}),
     "a pvc": sidecars({"image": IMAGE, "pvc": {"name": "data", "volumePath": "/data", "sharedComputePath": "/x"}}),
-    "a second entry of another image": sidecars(OURS, {"image": "evil.example/x:latest"}),
+    "a second entry by tag": sidecars(OURS, {"image": "evil.example/x:latest"}),
     "Go's case-insensitive key": '[{"image": "%s", "Image": "evil.example/x:latest"}]' % IMAGE,
     "an escaped key": '[{"image": "%s", "\\u0069mage": "evil.example/x:latest"}]' % IMAGE,
     "image not the first key": sidecars({"imagePullPolicy": "Always", "image": IMAGE}),
     "not JSON": "[{image: %s}]" % IMAGE,
 }
+# Well-formed, refused by the image policy (pcitopo's exact image, from the PodTemplate)
+OTHER_IMAGE = {
+    "another digest": sidecars({"image": "registry.example.com/pcitopo@sha256:" + "cd" * 32}),
+    "our digest from another registry": sidecars({"image": f"mirror.local:5000/pcitopo@{DIGEST}"}),
+    "our image with a suffix": sidecars({"image": f"registry.example.com/pcitopo@{DIGEST}"[:-1] + "c"}),
+    "a second entry of another image": sidecars(OURS, {"image": "evil.example/x@sha256:" + "ef" * 32}),
+}
 
 
 @pytest.mark.parametrize("name", sorted(ALLOWED))
-def test_f9_vap_allows_pcitopo_by_digest_in_named_namespaces(vap, name):
-    a = Admission(vap, gpu_vmi(ALLOWED[name]), params=PARAMS, namespace=ALLOWED_NS)
-    assert a.denials() == []
-    assert a.trace["variables.checked"] is True and a.trace["variables.namespaceAllowed"] is True
+def test_pcitopos_hook_sidecar_is_admitted_in_allowed_namespaces(name):
+    assert refusals(gpu_vmi(ALLOWED[name]), ALLOWED_NS) == []
 
 
-@pytest.mark.parametrize("name", sorted(DENIED))
-def test_f9_vap_denies_other_sidecars(vap, name):
-    (message,) = Admission(vap, gpu_vmi(DENIED[name]), params=PARAMS, namespace=ALLOWED_NS).denials()
-    assert message.startswith("hooks.kubevirt.io/hookSidecars may only run pcitopo's image by digest (sha256:abab")
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_sidecars_outside_the_documented_form_are_refused_without_params(name):
+    """The shape policy refuses these on its own: it reads no params, so it holds whatever
+    happens to the PodTemplate."""
+    policy, binding = SHAPE
+    (message,) = admit(policy, binding, gpu_vmi(MALFORMED[name]), params_store={}, namespace=ALLOWED_NS)
+    assert message.startswith("hooks.kubevirt.io/hookSidecars may only run pcitopo's image by digest (@sha256:<64 hex>)")
 
 
-def test_f9_vap_denies_hook_sidecars_outside_named_namespaces(vap):
-    (message,) = Admission(vap, gpu_vmi(ALLOWED["pcitopo by digest"]), params=PARAMS, namespace=OTHER_NS).denials()
+@pytest.mark.parametrize("name", sorted(OTHER_IMAGE))
+def test_any_image_but_pcitopos_exact_one_is_refused(name):
+    (message,) = refusals(gpu_vmi(OTHER_IMAGE[name]), ALLOWED_NS)
+    assert message == f"hooks.kubevirt.io/hookSidecars may only run {IMAGE} (the PodTemplate pcitopo/pcitopo-image)"
+
+
+def test_hook_sidecars_are_refused_outside_allowed_namespaces():
+    (message,) = refusals(gpu_vmi(ALLOWED["pcitopo by digest"]), OTHER_NS)
     assert message.startswith("hooks.kubevirt.io/hookSidecars is not allowed in namespace team-b")
 
 
-def test_f9_vap_leaves_vmis_without_hook_sidecars_alone(vap):
-    a = Admission(vap, gpu_vmi(None), params=PARAMS, namespace=OTHER_NS)
-    assert a.denials() == [] and a.trace["variables.checked"] is False
+def test_vmis_without_hook_sidecars_are_never_evaluated():
+    for ns in (ALLOWED_NS, OTHER_NS):
+        for policy, _ in (SHAPE, PINNED_IMAGE):
+            a = Admission(policy, gpu_vmi(None), params=PARAMS, namespace=ns)
+            assert a.matches() is False and a.trace["matchConditions.has-hook-sidecars"] is False
 
 
-def test_f9_vap_checks_a_vms_template(vap):
+def test_losing_the_params_refuses_only_in_namespaces_that_allow_hook_sidecars():
+    """kube-apiserver looks up the params before the matchConditions: without the PodTemplate,
+    the image policy refuses every VM/VMI write its namespaceSelector selects. That is the
+    namespaces that allow hook sidecars; everywhere else nothing changes, and the shape policy
+    (no params) still refuses what it refuses."""
+    plain = gpu_vmi(None)
+    assert refusals(plain, OTHER_NS, store={}) == []
+    assert refusals(gpu_vmi(ALLOWED["pcitopo by digest"]), OTHER_NS, store={}) == \
+        refusals(gpu_vmi(ALLOWED["pcitopo by digest"]), OTHER_NS)
+    (lost,) = refusals(plain, ALLOWED_NS, store={})
+    assert "no params found" in lost
+    assert refusals(gpu_vmi(MALFORMED["a pvc"]), OTHER_NS, store={}) != []
+
+
+@pytest.mark.parametrize("image", ["registry.example.com/pcitopo@sha256:" + "0" * 64, "registry.example.com/pcitopo:0.1.0"])
+def test_an_unpinned_podtemplate_refuses_every_annotation_and_says_so(image):
+    store = {("pcitopo", "pcitopo-image"): image_params(image)}
+    denials = refusals(gpu_vmi(ALLOWED["pcitopo by digest"]), ALLOWED_NS, store=store)
+    assert any(d.startswith("the PodTemplate pcitopo/pcitopo-image must name one container \"pcitopo\"") for d in denials)
+
+
+def test_a_vms_template_is_checked():
     vm = kind(load(ROOT / "deploy" / "vm-gpu.yaml"), "VirtualMachine")  # a tag, not a digest
-    assert Admission(vap, vm, params=PARAMS, namespace=ALLOWED_NS).denials() != []
+    assert refusals(vm, ALLOWED_NS) != []
     pinned = copy.deepcopy(vm)
     pinned["spec"]["template"]["metadata"]["annotations"][HOOKS] = ALLOWED["pcitopo by digest"]
-    assert Admission(vap, pinned, params=PARAMS, namespace=ALLOWED_NS).denials() == []
+    assert refusals(pinned, ALLOWED_NS) == []
 
 
-def test_f9_vap_lets_running_vmis_be_updated(vap):
+def test_running_vmis_can_be_updated():
     """A VMI created before the policy keeps running: updates that leave the annotation as it
-    was are not checked (virt-controller updates VMIs all the time)."""
-    old = gpu_vmi(DENIED["a tag, not a digest"])
+    was are not evaluated (virt-controller updates VMIs all the time); a changed one is."""
+    old = gpu_vmi(MALFORMED["a tag, not a digest"])
     new = copy.deepcopy(old)
     new["metadata"].setdefault("labels", {})["kubevirt.io/nodeName"] = "node-a"
-    assert Admission(vap, new, old=old, params=PARAMS, namespace=OTHER_NS, operation="UPDATE").denials() == []
-    new["metadata"]["annotations"][HOOKS] = DENIED["a command in our image"]
-    assert Admission(vap, new, old=old, params=PARAMS, namespace=ALLOWED_NS, operation="UPDATE").denials() != []
-
-
-def test_f9_vap_refuses_an_inconsistent_params_configmap(vap):
-    params = copy.deepcopy(PARAMS)
-    params["data"]["image"] = "registry.example.com/pcitopo:0.1.0"
-    denials = Admission(vap, gpu_vmi(ALLOWED["pcitopo by digest"]), params=params, namespace=ALLOWED_NS).denials()
-    assert any("needs digest: sha256:<64 hex> and an image ending in @<that digest>" in d for d in denials)
+    assert refusals(new, OTHER_NS, old=old, operation="UPDATE") == []
+    new["metadata"]["annotations"][HOOKS] = MALFORMED["a command in our image"]
+    assert refusals(new, ALLOWED_NS, old=old, operation="UPDATE") != []
 
 
 # -- attach pcitopo to every GPU VMI ------------------------------------------------------------------
+
+ATTACH_HOOK = kind(load(COMPONENTS / "attach-hook" / "attach-hook.yaml"), "MutatingAdmissionPolicy")
+ATTACH_PLUGIN = kind(load(COMPONENTS / "attach-plugin" / "attach-plugin.yaml"), "MutatingAdmissionPolicy")
+
 
 def no_gpu_vmi() -> dict:
     doc = gpu_vmi(None)
@@ -142,59 +199,53 @@ def no_gpu_vmi() -> dict:
     return doc
 
 
-def test_f9_map_opts_every_gpu_vmi_into_the_plugin(attach):
-    a = Admission(attach, gpu_vmi(None), params=PARAMS, namespace=OTHER_NS)
-    out = a.mutated()
+def test_attach_plugin_opts_every_gpu_vmi_into_the_plugin():
+    out = Admission(ATTACH_PLUGIN, gpu_vmi(None), namespace=OTHER_NS).mutated()
     assert out["metadata"]["labels"] == {LABEL: "true"}
-    assert HOOKS not in out["metadata"]["annotations"]  # legacyHook off: no hook sidecar
     assert out["metadata"]["annotations"] == gpu_vmi(None)["metadata"]["annotations"]
     host_devices = no_gpu_vmi()
     host_devices["spec"]["domain"]["devices"]["hostDevices"] = [{"name": "nic0", "deviceName": "mellanox.com/cx7"}]
     host_devices["metadata"]["labels"] = {"app": "train"}
-    out = Admission(attach, host_devices, params=PARAMS, namespace=OTHER_NS).mutated()
+    out = Admission(ATTACH_PLUGIN, host_devices, namespace=OTHER_NS).mutated()
     assert out["metadata"]["labels"] == {"app": "train", LABEL: "true"}
+    assert "paramKind" not in ATTACH_PLUGIN["spec"]
 
 
-def test_f9_map_leaves_other_vmis_and_owners_choice_alone(attach):
-    assert Admission(attach, no_gpu_vmi(), params=PARAMS, namespace=OTHER_NS).mutated() is None
+def test_attach_plugin_leaves_other_vmis_and_owners_choice_alone():
+    assert Admission(ATTACH_PLUGIN, no_gpu_vmi(), namespace=OTHER_NS).mutated() is None
     opted_out = gpu_vmi(None)
     opted_out["metadata"]["labels"] = {LABEL: "false"}
-    assert Admission(attach, opted_out, params=PARAMS, namespace=OTHER_NS).mutated() is None
+    assert Admission(ATTACH_PLUGIN, opted_out, namespace=OTHER_NS).mutated() is None
 
 
-def test_f9_map_adds_the_legacy_hook_only_where_asked_and_allowed(attach, vap):
-    """KubeVirt v1.9.0 (kubevirt#18861): legacyHook: "true" also adds pcitopo's hook sidecar,
-    in namespaces where hook-sidecars-policy.yaml allows it; the result passes that policy."""
-    params = copy.deepcopy(PARAMS)
-    params["data"]["legacyHook"] = "true"
-    out = Admission(attach, gpu_vmi(None), params=params, namespace=ALLOWED_NS).mutated()
-    assert json.loads(out["metadata"]["annotations"][HOOKS]) == [{"image": IMAGE, "imagePullPolicy": "IfNotPresent"}]
-    assert Admission(vap, out, params=params, namespace=ALLOWED_NS).denials() == []
-    out = Admission(attach, gpu_vmi(None), params=params, namespace=OTHER_NS).mutated()
-    assert HOOKS not in out["metadata"]["annotations"]
+def test_attach_hook_adds_pcitopos_pinned_hook_that_the_policies_admit():
+    out = Admission(ATTACH_HOOK, gpu_vmi(None), params=PARAMS, namespace=ALLOWED_NS).mutated()
+    assert json.loads(out["metadata"]["annotations"][HOOKS]) == [OURS]
+    assert refusals(out, ALLOWED_NS) == []
     bare = gpu_vmi(None)
     del bare["metadata"]["annotations"]
-    out = Admission(attach, bare, params=params, namespace=ALLOWED_NS).mutated()
-    assert set(out["metadata"]["annotations"]) == {HOOKS} and out["metadata"]["labels"] == {LABEL: "true"}
+    out = Admission(ATTACH_HOOK, bare, params=PARAMS, namespace=ALLOWED_NS).mutated()
+    assert set(out["metadata"]["annotations"]) == {HOOKS}
+    assert refusals(out, ALLOWED_NS) == []
 
 
-def test_f9_policies_are_valid_kubernetes_1_34():
-    kv = pytest.importorskip("kubernetes_validate")
-    docs = kustomize(ROOT / "deploy" / "tenancy-k8s-1.34")
-    assert sorted(d["kind"] for d in docs) == ["ConfigMap", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
-                                              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
-    for doc in docs:
-        kv.validate(doc, K8S, strict=True)
-    for doc in kustomize(TENANCY):
-        if doc["kind"].startswith("Mutating"):
-            assert doc["apiVersion"] == "admissionregistration.k8s.io/v1"
-            kv.validate(doc, "1.36.0", strict=True)
+def test_attach_hook_only_where_allowed_only_if_pinned_and_never_over_the_owners():
+    hook, binding = policy_and_binding(COMPONENTS / "attach-hook" / "attach-hook.yaml", "pcitopo-attach-hook")
+    assert hook["spec"]["matchConstraints"]["namespaceSelector"] == {"matchLabels": {NS_LABEL: "allowed"}}
+    assert binding["spec"]["paramRef"]["name"] == "pcitopo-image"
+    assert Admission(ATTACH_HOOK, no_gpu_vmi(), params=PARAMS, namespace=ALLOWED_NS).mutated() is None
+    owners = gpu_vmi(ALLOWED["with the fabric ConfigMap"])
+    assert Admission(ATTACH_HOOK, owners, params=PARAMS, namespace=ALLOWED_NS).mutated() is None
+    for image in ("registry.example.com/pcitopo@sha256:" + "0" * 64, "registry.example.com/pcitopo:0.1.0"):
+        assert Admission(ATTACH_HOOK, gpu_vmi(None), params=image_params(image), namespace=ALLOWED_NS).mutated() is None
 
 
-def test_f9_security_md_says_what_each_policy_protects_against():
+def test_security_md_says_what_each_policy_protects_against():
     text = (ROOT / "docs" / "SECURITY.md").read_text()
     section = text[text.index("## Multi-tenant clusters"):text.index("## Resource bounds")]
     assert "The trust model" in section and "the admin chooses the container" in section
-    for policy in ("hook-sidecars-policy.yaml", "attach-gpu-vmis.yaml"):
+    for policy in ("hook-sidecars.yaml", "hook-sidecars-image.yaml", "attach-hook.yaml", "attach-plugin.yaml"):
         part = section[section.index(f"`{policy}`"):]
         assert part.index("*Protects against:*") < part.index("*Does not protect against:*"), policy
+    who = text[text.index("### Who may change the image"):]
+    assert "podtemplates" in who and "pcitopo" in who

@@ -1,43 +1,32 @@
 """The node hook (VEP 190 ``NodeHookService``): before virt-handler starts a VM on this node
 (``PreVMStart``), is the node able to give the VM's GPUs and NICs GPUDirect RDMA?
 
-Which devices the VM gets is decided inside its pod, which the node hook cannot see, so it works
-out the candidates from the VMI, most precise first:
-1. DRA (KubeVirt ``GPUsWithDRA``/``HostDevicesWithDRA``): virt-controller writes each claimed
-   device's PCI address into the VMI's status (``status.deviceStatus.gpuStatuses[]`` and
-   ``hostDeviceStatuses[]``, ``deviceResourceClaimStatus.attributes.pciAddress``; KubeVirt
-   v1.9.0 ``pkg/virt-launcher/virtwrap/device/hostdevice/dra``): exactly those devices;
-2. device plugins: the ``deviceName`` of ``spec.domain.devices.gpus[]`` and ``hostDevices[]``,
-   mapped through the KubeVirt CR's ``permittedHostDevices.pciHostDevices`` (resource name ->
-   ``pciVendorSelector``) to every vfio-bound device of that vendor:device on the node (the pod
-   gets some of them; any of them may be the one);
-3. otherwise every vfio-bound GPU and NIC of the node.
-Then it runs ``pcitopo doctor``'s checks on them, as the hook does with ``doctor: warn|require``
-(the VMI's annotation ``pcitopo.kubevirt.io/doctor``): ``require`` refuses the start in one
-line naming the check, the device and its fix; ``warn`` logs and lets it start. Hook points fire
-again while the VM is not running, so this is a pure function of the node and the VMI.
+Which devices the VM gets is decided for its pod, which the node hook cannot see; what it can
+know from the VMI virt-handler sends is ``sidecar.plugin.devices``' rule (device-plugin
+resources through the KubeVirt CR's ``permittedHostDevices``; DRA devices only as "one of this
+node's vfio-pci GPUs or NICs"). It runs ``pcitopo doctor``'s checks on every candidate, takes
+the checks it cannot make unprivileged (ACS, ATS) from the doctor's report
+(``sidecar.plugin.doctorfile``), and, with ``doctor: require`` (the VMI's annotation
+``pcitopo.kubevirt.io/doctor``), refuses the start in one line only for what is surely the
+VM's: a host-wide check, a failing device of a request whose candidates are all the VM's, or a
+request more of whose candidates fail than the VM can avoid (named by its resource, never by
+another VM's device). ``warn`` logs and lets it start. Hook points fire again while the VM is
+not running, so this is a pure function of the node, the doctor's report and the VMI.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-from pcitopo.topology.checks.doctor import VFIO, DoctorReport
+from pcitopo.topology.checks.doctor import DoctorReport, Finding
 from pcitopo.topology.errors import ConfigError, DoctorError, VmiError
-from pcitopo.topology.model.labels import default_devices
-from pcitopo.topology.model.tree import Bdf, Topology
+from pcitopo.topology.model.tree import Topology
 
-
-
-@dataclass(frozen=True)
-class Request:
-    """The devices a VMI asks for on this node, and how they were found."""
-
-    devices: tuple[Bdf, ...]
-    source: str  # dra | device-plugin | all-vfio
-    unmatched: tuple[str, ...] = ()  # resource names no permittedHostDevices entry names
+from .devices import Request, failing_candidates, listed, paths_of, requested_devices
+from .doctorfile import DoctorFile, with_doctor_file
 
 
 @dataclass(frozen=True)
@@ -80,109 +69,135 @@ class PermittedDevices:
         return cls({k: tuple(v) for k, v in out.items()})
 
 
+# The largest VMI JSON the node hook reads. Kubernetes keeps objects in etcd, whose default
+# request limit (--max-request-bytes) is 1.5 MiB, so no VMI virt-handler sends is larger; twice
+# that leaves room for an etcd configured higher, and keeps one call's parse to about 20 MiB
+# (measured: tests/sidecar/test_plugin_nodehook.py, the memory test).
+MAX_VMI_BYTES = 3 * 1024 * 1024
+_ADDRESS = re.compile(r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What ``pcitopo serve --node-hook`` is told besides the host: the KubeVirt CR's
+    permittedHostDevices and the doctor's report."""
+
+    permitted: PermittedDevices | None = None
+    doctor: DoctorFile | None = None
+
+
+def node_settings(permitted_path: str | None, doctor_report: str | None) -> NodeSettings:
+    """``serve --node-hook``'s settings from its arguments (the doctor's report at its default
+    path unless another is named)."""
+    from .doctorfile import DEFAULT_DOCTOR_REPORT
+
+    permitted = PermittedDevices.read(permitted_path) if permitted_path else None
+    return NodeSettings(permitted, DoctorFile(doctor_report or DEFAULT_DOCTOR_REPORT))
+
+
 def _vmi_doc(vmi_json: bytes) -> dict:
     try:
         doc = json.loads(vmi_json) if vmi_json else {}
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise VmiError(f"VMI JSON is malformed: {e}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise VmiError("VMI JSON is malformed") from None
     if not isinstance(doc, dict):
         raise VmiError("VMI JSON is not an object")
     return doc
 
 
-def _dig(doc: Any, *keys: str) -> Any:
-    for k in keys:
-        doc = doc.get(k) if isinstance(doc, dict) else None
-    return doc
-
-
-def requested_devices(doc: dict, topo: Topology, permitted: PermittedDevices | None) -> Request:
-    """The devices the VMI ``doc`` (parsed JSON) asks for on ``topo``, most precise source first."""
-    dra = []
-    for kind in ("gpuStatuses", "hostDeviceStatuses"):
-        for st in _dig(doc, "status", "deviceStatus", kind) or []:
-            address = _dig(st, "deviceResourceClaimStatus", "attributes", "pciAddress")
-            if isinstance(address, str):
-                dra.append(Bdf.parse(address))
-    if dra:
-        return Request(tuple(dict.fromkeys(dra)), "dra")
-    vfio = [b for b in default_devices(topo) if topo.function(b).driver == VFIO]
-    names = [d.get("deviceName") for kind in ("gpus", "hostDevices")
-             for d in _dig(doc, "spec", "domain", "devices", kind) or [] if isinstance(d, dict)]
-    names = [n for n in names if isinstance(n, str)]
-    if not names or permitted is None:
-        return Request(tuple(vfio), "all-vfio")
-    chosen, unmatched = [], []
-    for n in dict.fromkeys(names):
-        selectors = permitted.selectors.get(n)
-        if not selectors:
-            unmatched.append(n)
+def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[str]:
+    """What is surely the VM's among the failures, each in one line for its owner: host-wide
+    checks, failing devices of a certain group, and groups more of whose candidates fail than
+    the VM can avoid."""
+    failed = report.failed
+    out = [_finding_text(f) for f in failed if f.bdf is None]
+    failed_at = {f.bdf for f in failed if f.bdf}
+    for g in req.groups:
+        if g.certain:
+            mine = paths_of(topo, g.candidates)
+            out += [_finding_text(f, mine) for f in failed if f.bdf in mine]
             continue
-        chosen += [f.bdf for f in topo.functions() if f.driver == VFIO and f.ids in selectors]
-    if unmatched and not chosen:
-        return Request(tuple(vfio), "all-vfio", tuple(unmatched))
-    return Request(tuple(dict.fromkeys(chosen)), "device-plugin", tuple(unmatched))
+        bad = failing_candidates(topo, g, failed_at)
+        if len(bad) > len(g.candidates) - g.count:
+            checks = sorted({f.check for f in failed if f.bdf in paths_of(topo, bad)})
+            out.append(f"{g.what}: {len(bad)} of the {len(g.candidates)} devices it can be given on this node "
+                       f"fail {', '.join(checks)}, so at least one of this VM's {g.count} does")
+    return list(dict.fromkeys(out))
 
 
-def refusal(report: DoctorReport, node: str, policy_note: str) -> DoctorError:
-    """One line: the first failing check, its device, its fix, and how many more."""
-    first = report.failed[0]
-    more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
-    fix = f"; fix: {first.fix}" if first.fix else ""
-    where = f"{first.label} {first.bdf}" if first.bdf else "the host"
-    return DoctorError(f"{node or 'this node'} cannot give this VM GPUDirect RDMA ({policy_note}): {first.check} "
-                       f"{where}: {first.message}{fix}{more}")
+def _finding_text(f: Finding, mine: set[str] = frozenset()) -> str:
+    """The finding in one line, with any address that is not on the VM's own paths (an IOMMU
+    group's other member, say) shown as "another device": the refusal reaches the VM's owner."""
+    where = f"{f.label} {f.bdf}" if f.bdf else "the host"
+    text = f"{f.check} {where}: {f.message}" + (f"; fix: {f.fix}" if f.fix else "")
+    return _ADDRESS.sub(lambda m: m.group(0) if m.group(0) in mine else "another device", text)
+
+
+def refusal(blames: list[str], req: Request, node: str, policy_note: str) -> DoctorError:
+    """One line: the first sure failure, how many more, and what the hook could not know."""
+    more = f" (and {len(blames) - 1} more)" if len(blames) > 1 else ""
+    unknown = f"; could not tell which devices are the VM's for {listed(req.unknown)}" if req.unknown else ""
+    return DoctorError(f"{node or 'this node'} cannot give this VM GPUDirect RDMA ({policy_note}): {blames[0]}{more}{unknown}")
 
 
 def findings_summary(report: DoctorReport) -> list[str]:
-    return [f"{f.status} {f.check} {f.bdf or 'host'}: {f.message}" for f in report.findings if f.status in ("fail", "warn")]
-
-
-def known_devices(topo: Topology, devices: Sequence[Bdf]) -> tuple[list[Bdf], list[Bdf]]:
-    """(devices this node has, devices it does not): a DRA address from another node's claim
-    cannot be checked here."""
-    have = [b for b in devices if topo.find(b) is not None]
-    return have, [b for b in devices if topo.find(b) is None]
+    return [f"{f.status} {f.check} {f.bdf or 'host'}: {f.message}" for f in report.findings if f.status in ("fail", "warn")][:64]
 
 
 @dataclass(frozen=True)
 class NodeVerdict:
     """What one ExecuteNodeHook call found: the log line's fields, and the refusal (under
-    ``doctor: require``, a failed check) or None."""
+    ``doctor: require``, a failure that is surely the VM's) or None."""
 
     outcome: str  # ready | not-ready | skipped
     fields: dict[str, Any]
     refusal: DoctorError | None = None
 
 
-def check_node(vmi_json: bytes, node: str, host: Any, permitted: PermittedDevices | None) -> NodeVerdict:
-    """The doctor's checks for the devices this VMI asks for on this node. ``host`` is the
+def _request(doc: dict, host: Any, settings: NodeSettings) -> tuple[Topology, Request]:
+    """The host model (fresh for the candidates: re-read after a rebind) and the request on it."""
+    selectors = settings.permitted.selectors if settings.permitted is not None else None
+    topo = host()
+    req = requested_devices(doc, topo, selectors)
+    fresh = host.current(topo, req.devices)
+    if fresh is not topo:  # a device was rebound since the model was read
+        topo, req = fresh, requested_devices(doc, fresh, selectors)
+    return topo, req
+
+
+def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | None) -> NodeVerdict:
+    """The doctor's checks for the devices this VMI can have on this node. ``host`` is the
     server's HostCache (the model, kept fresh for these devices, and the findings per model).
     Raises PcitopoError for a malformed VMI or annotation, or a node that cannot be read."""
     from pcitopo.topology.checks.doctor import run_checks
 
     from ..config import annotation, options_from_vmi
 
+    settings = settings or NodeSettings()
+    if len(vmi_json) > MAX_VMI_BYTES:  # answered before parsing: a parse is ~10x the bytes in memory
+        return NodeVerdict("not-ready", {"vmi_bytes": len(vmi_json)}, VmiError(
+            f"the VMI is {len(vmi_json)} bytes, over the node hook's {MAX_VMI_BYTES} (twice etcd's default object "
+            f"limit): not a VMI virt-handler sends"))
     vmi, options = options_from_vmi(vmi_json)
     fields: dict[str, Any] = {"vmi": vmi.ref}
     if options.doctor == "off":
         return NodeVerdict("skipped", {**fields, "reason": f"annotation {annotation('doctor')} is off"})
-    doc = _vmi_doc(vmi_json)
-    topo = host()
-    req = requested_devices(doc, topo, permitted)
-    fresh = host.current(topo, [b for b in req.devices if topo.find(b) is not None])
-    if fresh is not topo:  # a device was rebound since the model was read
-        topo, req = fresh, requested_devices(doc, fresh, permitted)
-    have, missing = known_devices(topo, req.devices)
-    fields.update(devices=len(have), device_source=req.source, unmatched_resources=list(req.unmatched) or None,
-                  not_on_node=[str(b) for b in missing] or None)
-    if not have:
+    topo, req = _request(_vmi_doc(vmi_json), host, settings)
+    fields.update(device_source=req.source, vm_devices={g.what: g.count for g in req.groups[:16]} or None,
+                  devices=len(req.devices), could_not_know=list(req.unknown[:16]) or None)
+    if not req.devices:
         fields["reason"] = "no vfio-pci GPU or NIC on this node for this VM: nothing to check"
         return NodeVerdict("skipped", fields)
-    report = host.doctor(topo, have, run_checks)
-    fields.update(doctor=report.summary(), doctor_findings=findings_summary(report) or None)
-    if not report.failed:
-        return NodeVerdict("ready", fields)
+    report, doctor_report = with_doctor_file(host.doctor(topo, req.devices, run_checks), settings.doctor)
+    blames = _blames(report, topo, req)
+    fields.update(doctor=report.summary(), doctor_findings=findings_summary(report) or None,
+                  doctor_report=doctor_report, sure_failures=len(blames))
+    if not blames:
+        if not report.failed:
+            return NodeVerdict("ready", fields)
+        fields["reason"] = ("no failing check is surely this VM's: it may get other devices than the failing ones"
+                            + (f" (could not tell which devices are the VM's for {listed(req.unknown)})" if req.unknown else ""))
+        return NodeVerdict("not-ready", fields)
     if options.doctor == "require":
-        return NodeVerdict("not-ready", fields, refusal(report, node, f"annotation {annotation('doctor')} is require"))
+        return NodeVerdict("not-ready", fields, refusal(blames, req, node, f"annotation {annotation('doctor')} is require"))
     return NodeVerdict("not-ready", fields)

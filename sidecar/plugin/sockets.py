@@ -59,3 +59,16 @@ def check_domain_socket(path: str, plugin: str) -> None:
     if why:
         raise ConfigError(f"plugin socket {path} {why}: virt-launcher (KubeVirt v1.9) only dials sockets "
                           f"under {folder}, e.g. {domain_socket(plugin)}")
+
+
+def hand_to(path: str, uid: int, gid: int) -> None:
+    """Give the socket we just bound to ``uid``:``gid`` (virt-launcher's compute container)
+    without following a symlink: the folder is shared with other containers, so ``path`` is
+    checked to be a socket and chowned itself (lchown), never what a link there points to."""
+    import stat
+
+    st = os.lstat(path)
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"{path} is no longer our socket (now {'a symlink' if stat.S_ISLNK(st.st_mode) else 'not a socket'}); "
+                          f"refusing to change its owner")
+    os.chown(path, uid, gid, follow_symlinks=False)

@@ -6,7 +6,10 @@ What kube-apiserver gives a policy's expressions, and how it is given here:
   ``variables`` (each variable sees the ones before it): as JSON values;
 - ``matchConditions`` all true, else the policy does not apply; ``validations`` each true;
 - the CEL standard library and its macros (``has``, ``exists``, ``all``, ``filter``, ``in``,
-  ``matches``, raw strings, ternaries): cel-python's own.
+  ``matches``, raw strings, ternaries): cel-python's own;
+- of the Kubernetes CEL libraries, the one string function our policies call:
+  ``<string>.replace(old, new)`` (cel-go's strings extension, which kube-apiserver loads), every
+  occurrence replaced, as ``EXTENSIONS`` below does.
 
 What cel-python cannot do, and how it is covered:
 - Kubernetes' typed object construction in mutations, ``Object.spec.containers{...}`` and
@@ -67,10 +70,17 @@ def to_json(value: Any) -> Any:
     raise TypeError(f"unexpected CEL value {value!r}")
 
 
+def _replace(s: Any, old: Any, new: Any) -> celtypes.StringType:
+    return celtypes.StringType(str(s).replace(str(old), str(new)))
+
+
+EXTENSIONS = {"replace": _replace}
+
+
 def evaluate(expression: str, activation: dict[str, Any]) -> Any:
     """Evaluate one CEL expression; ``activation`` holds JSON values (and ``variables``)."""
     env = celpy.Environment()
-    program = env.program(env.compile(expression))
+    program = env.program(env.compile(expression), functions=EXTENSIONS)
     cel_vars = {k: (v if isinstance(v, celtypes.MapType) else celpy.json_to_cel(v)) for k, v in activation.items()}
     cel_vars["Object"] = _TypeName("Object")
     cel_vars["JSONPatch"] = _TypeName("JSONPatch")
@@ -192,3 +202,42 @@ def apply_patch(doc: dict, patch: list[dict]) -> dict:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True)
+
+
+# -- kube-apiserver's order for one policy and its binding -----------------------------------------
+
+RESOURCES = {"VirtualMachineInstance": "virtualmachineinstances", "VirtualMachine": "virtualmachines", "Pod": "pods"}
+
+
+def _selected(policy: dict, obj: dict, namespace: dict | None, operation: str) -> bool:
+    """The policy's matchConstraints: a resource rule for the object's group, resource and
+    operation, and its namespaceSelector (matchLabels) on the object's namespace."""
+    constraints = policy["spec"]["matchConstraints"]
+    group, resource = _group(obj), RESOURCES[obj["kind"]]
+    if not any(group in r["apiGroups"] and resource in r["resources"] and operation in r["operations"]
+               for r in constraints["resourceRules"]):
+        return False
+    wanted = ((constraints.get("namespaceSelector") or {}).get("matchLabels")) or {}
+    labels = ((namespace or {}).get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def admit(policy: dict, binding: dict, obj: dict, *, params_store: dict[tuple[str, str], dict],
+          namespace: dict | None = None, old: dict | None = None, operation: str = "CREATE") -> list[str]:
+    """A ValidatingAdmissionPolicy and its binding on one request, in kube-apiserver's order
+    (k8s.io/apiserver admission/plugin/policy/validating dispatcher.go, then validator.go): the
+    matchConstraints; then the binding's params, looked up by name (``params_store``: (namespace,
+    name) -> object), a missing one under parameterNotFoundAction Deny refusing the request
+    (failurePolicy Fail) before anything else is evaluated; then matchConditions and
+    validations. Returns the refusals (empty: admitted)."""
+    if not _selected(policy, obj, namespace, operation):
+        return []
+    params = None
+    ref = binding["spec"].get("paramRef")
+    if ref is not None:
+        params = params_store.get((ref.get("namespace", ""), ref["name"]))
+        if params is None:
+            if ref.get("parameterNotFoundAction") == "Deny" and policy["spec"].get("failurePolicy", "Fail") == "Fail":
+                return ["failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction"]
+            return []
+    return Admission(policy, obj, old=old, params=params, namespace=namespace, operation=operation).denials()

@@ -15,7 +15,7 @@ NIC has ACS control SV|RR|CR|UF|DT (0x5d), every other one the kernel's default 
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 from pcitopo.topology.host.configspace import (
     ACS_CR,
@@ -61,6 +61,13 @@ class DeviceSpec(Protocol):
 
     @property
     def children(self) -> Sequence["DeviceSpec"]: ...
+
+
+class HostSpec(Protocol):
+    """What :func:`iommu_off` reads of a :class:`testkit.synth.HostSpec`."""
+
+    def devices(self) -> Iterator[Any]: ...
+
 
 FAULTS = {
     "acs-dt-off": "ACS control 0x1d, the kernel's default: Direct Translated P2P off",
@@ -198,3 +205,21 @@ def build_config(vendor: int, device: int, class_code: int, *, bridge: bool,
         data[off:off + 4] = (cap_id | 1 << 16 | nxt << 20).to_bytes(4, "little")
         data[off + 4:off + 4 + len(body)] = body
     return bytes(data)
+
+
+def iommu_off(spec: HostSpec, unprivileged: bool = True) -> HostSpec:
+    """The same host as a node with the IOMMU off, captured as the trial user captured it:
+    no IOMMU groups or units (the kernel makes none without an IOMMU), GPUs and NICs bound to no
+    driver (vfio-pci refuses a device in no group; the vendor drivers were kept off), and, with
+    ``unprivileged``, config space cut at 64 bytes (a capture without CAP_SYS_ADMIN). Changes
+    ``spec`` in place and returns it."""
+    from dataclasses import replace
+
+    for d in spec.devices():
+        look = replace(d.look, omit=d.look.omit | {"iommu_group"})
+        if _is_gdr_endpoint(look):
+            look = replace(look, driver=None)
+        if unprivileged:
+            look = replace(look, faults=look.faults | {"config-short"})
+        d.look = look
+    return spec

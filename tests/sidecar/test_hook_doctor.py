@@ -135,16 +135,105 @@ def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
 
 
 def test_xmlfix_check_names_failed_doctor_checks_on_stderr(capsys):
-    """doctor: warn (the default): --check stays about the topology (exit 0) but says, in one
-    warning line, that checks failed and which."""
+    """doctor: warn (the default): --check stays about the topology (not failed) but says, in one
+    warning line, that checks failed and which. The fixture's two devices without a NUMA node
+    make it unknown (exit 4), not ok."""
     from pcitopo.sidecar.cli import xmlfix_main
 
     domain = REPO / "fixtures" / "hgx-h100" / "domain.xml"
-    assert xmlfix_main(["--check", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0
+    assert xmlfix_main(["--check", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 4
     err = capsys.readouterr().err.splitlines()
-    assert err[-1].startswith("xmlfix: check: ok: ")
+    assert err[-1].startswith("xmlfix: check: unknown: sysfs gives no NUMA node for 2 device(s) (0000:aa:00.0, 0000:ab:00.0); ")
     doctor = [line for line in err if "doctor" in line]
     failed = handle_define_domain(DOMAIN, None, open_host(fixture_sysfs("hgx-h100-faults"))).doctor.failed
     first = failed[0]
     assert len(doctor) == 1 and doctor[0].startswith(f"xmlfix: warning: doctor: {len(failed)} fail ({first.check} {first.bdf}, ")
     assert f"and {len(failed) - 3} more" in doctor[0]
+
+
+# -- once per allocation ---------------------------------------------------------------------------
+
+class CountingTree(MemoryTree):
+    """The fixture's tree, counting the reads of each file and link (what the doctor costs)."""
+
+    def __init__(self, tree: MemoryTree):
+        self.__dict__.update(tree.__dict__)
+        self.reads: dict[str, int] = {}
+
+    def read(self, rel):
+        self.reads[rel] = self.reads.get(rel, 0) + 1
+        return super().read(rel)
+
+    def readlink(self, rel):
+        self.reads[rel] = self.reads.get(rel, 0) + 1
+        return super().readlink(rel)
+
+    def count(self, suffix: str) -> int:
+        return sum(n for p, n in self.reads.items() if p.endswith(suffix))
+
+
+def counting_host(name: str) -> tuple[CountingTree, Topology]:
+    tree = CountingTree(MemoryTree.from_tarball(f"{fixture_sysfs(name)}/sysfs.tar.gz"))
+    return tree, Topology(SysfsReader(tree))
+
+
+def test_the_checks_run_once_per_allocation_and_read_only_the_driver_links_again():
+    """A boot defines the same devices three times: config space, IOMMU groups and
+    driver_override are read at the first define only; each later one reads the devices'
+    driver links (a rebind is what can change) and nothing else the doctor reads."""
+    tree, host = counting_host("hgx-h100")
+    first = handle_define_domain(DOMAIN, vmi_json(DOMAIN), host)
+    assert tree.count("/config") > 0
+    before = dict(tree.reads)
+    for _ in range(2):
+        again = handle_define_domain(DOMAIN, vmi_json(DOMAIN), host)
+    assert again.doctor == first.doctor and again.summary["doctor"] == first.summary["doctor"]
+    read_again = {p: n - before.get(p, 0) for p, n in tree.reads.items() if n != before.get(p, 0)}
+    assert read_again and all(p.endswith("/driver") for p in read_again), read_again
+    assert len(read_again) == len(first.result.report.placed)
+
+
+def test_a_rebind_between_defines_is_seen_and_undone():
+    tree, host = counting_host("hgx-h100")
+    gpu0 = f"{resolve(tree, 'bus/pci/devices/0000:18:00.0')}/driver"
+    on_vfio = tree.readlink(gpu0)
+    assert handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR), host).summary["doctor"]["fail"] == 0
+    tree.add_link(gpu0, on_vfio.replace("vfio-pci", "nvidia"))  # the host driver took GPU0 back
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR), host)
+    failed = [f for f in out.doctor.failed]
+    assert [(f.check, f.bdf) for f in failed] == [("vfio-driver", "0000:18:00.0")]
+    assert "bound to nvidia" in failed[0].message and "/0000:18:00.0/driver/unbind" in failed[0].fix
+    assert tree.count("/config") and out.summary["doctor_findings"][0].startswith("fail vfio-driver 0000:18:00.0: bound to nvidia")
+    tree.add_link(gpu0, on_vfio)  # and back to vfio-pci
+    assert handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR), host).summary["doctor"]["fail"] == 0
+
+
+def test_a_new_allocation_is_checked_afresh():
+    tree, host = counting_host("hgx-h100")
+    handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR), host)
+    one_pair = tree.count("/config")
+    out = handle_define_domain(DOMAIN, vmi_json(DOMAIN), host)
+    assert tree.count("/config") > one_pair
+    assert {f.bdf for f in out.doctor.findings if f.check == "bar"} == {str(d.host) for d in out.result.report.placed}
+
+
+def test_under_passthrough_a_host_cache_still_sees_a_rebind(tmp_path):
+    """A domain the rewrite refuses (not q35) goes back unchanged under on-error: passthrough,
+    and the doctor still checks its devices; no host cache compared their drivers on that path,
+    so the doctor reads the driver links itself."""
+    import os
+
+    from pcitopo.sidecar.hooks import HostCache
+
+    root = tmp_path / "sys"
+    MemoryTree.from_tarball(f"{fixture_sysfs('hgx-h100')}/sysfs.tar.gz").write_dir(root)
+    cache = HostCache(str(root))
+    pc = ONE_PAIR.replace(b'machine="pc-q35-rhel9.6.0"', b'machine="pc-i440fx-rhel7.6.0"')
+    vmi = vmi_json(pc, {f"{PREFIX}on-error": "passthrough"})
+    first = handle_define_domain(pc, vmi, cache)
+    assert first.outcome == "passthrough" and first.summary["doctor"]["fail"] == 0
+    dev = os.path.realpath(root / "bus/pci/devices/0000:18:00.0")
+    os.unlink(f"{dev}/driver")
+    os.symlink(os.path.relpath(root / "bus/pci/drivers/nvidia", dev), f"{dev}/driver")
+    second = handle_define_domain(pc, vmi, cache)
+    assert [(f.check, f.bdf, f.status) for f in second.doctor.failed] == [("vfio-driver", "0000:18:00.0", "fail")]

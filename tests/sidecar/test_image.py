@@ -124,7 +124,7 @@ class Sidecar:
 
     def __init__(self, image: str, fixture: str, arch: str = "amd64", plugin: str | None = None):
         """``plugin``: run as the Plugin's domain hook (``--plugin NAME``), the emptyDir's subPath
-        mounted at /var/run/kubevirt-plugin/NAME, as deploy/plugin's admission policy does."""
+        mounted at /var/run/kubevirt-plugin/NAME, as deploy/targets/kubevirt-main's admission policy does."""
         self.dir = Path(tempfile.mkdtemp(prefix="pcitopo-img-"))
         os.chmod(self.dir, 0o777)  # an emptyDir: writable by the sidecar's uid
         self.socket = self.dir / ("domain.sock" if plugin else "pcitopo.sock")

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -134,59 +133,4 @@ def test_i25_the_plugin_refuses_a_socket_virt_launcher_would_never_dial(tmp_path
     assert "is not directly in /var/run/kubevirt-plugin/pcitopo/" in r.stderr and "/var/run/kubevirt-plugin/pcitopo/domain.sock" in r.stderr
 
 
-# -- the node hook -----------------------------------------------------------------------------
-
-@pytest.fixture()
-def node_hook(tmp_path):
-    def start(fixture: str) -> ServerProcess:
-        d = Path(tempfile.mkdtemp(prefix="pcitopo-node-"))
-        sock = d / "pcitopo.sock"
-        srv = ServerProcess([*serve_argv(sock, fixture_sysfs(fixture)), "--node-hook"], tmp_path / f"{fixture}.log", socket=sock)
-        started.append((srv, d))
-        srv.wait_for_socket()
-        return srv
-
-    started: list = []
-    yield start
-    for srv, d in started:
-        srv.stop()
-        shutil.rmtree(d, ignore_errors=True)
-
-
-def node_call(client: Path, srv: ServerProcess, tmp: Path, annotations: dict[str, str] | None, hook: str = "PreVMStart") -> dict:
-    (tmp / "vmi.json").write_bytes(vmi_json(fixture_domain("hgx-h100"), annotations))
-    return call(client, srv.socket, "node", "-hook", hook, "-vmi", str(tmp / "vmi.json"), "-node", "gpu-node-7")
-
-
-def test_i25_node_hook_refuses_a_node_that_cannot_give_gpudirect_rdma(client, node_hook, tmp_path):
-    srv = node_hook("hgx-h100-faults")
-    rep = node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "require"})
-    assert not rep["ok"] and rep["code"] == "FailedPrecondition", rep
-    msg = rep["message"]
-    assert "\n" not in msg and msg.startswith("pcitopo: doctor: gpu-node-7 cannot give this VM GPUDirect RDMA")
-    assert "; fix: " in msg and "(and " in msg
-    rec = [r for r in srv.log_lines() if r.get("event") == "ExecuteNodeHook"][-1]
-    assert rec["outcome"] == "refused" and rec["door"] == "node-hook" and rec["doctor"]["fail"] > 0
-    again = node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "require"})
-    assert again == rep  # hook points fire again while the VM is not running: the same answer
-
-
-def test_i25_node_hook_passes_a_ready_node(client, node_hook, tmp_path):
-    srv = node_hook("hgx-b200")
-    assert node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "require"})["ok"]
-    rec = [r for r in srv.log_lines() if r.get("event") == "ExecuteNodeHook"][-1]
-    assert rec["outcome"] == "ready" and rec["devices"] > 0 and rec["doctor"]["fail"] == 0
-
-
-def test_i25_node_hook_with_warn_passes_and_logs(client, node_hook, tmp_path):
-    srv = node_hook("hgx-h100-faults")
-    assert node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "warn"})["ok"]
-    rec = [r for r in srv.log_lines() if r.get("event") == "ExecuteNodeHook"][-1]
-    assert rec["outcome"] == "not-ready" and rec["level"] == "warning" and rec["doctor_findings"]
-
-
-def test_i25_node_hook_ignores_other_hook_points(client, node_hook, tmp_path):
-    srv = node_hook("hgx-h100-faults")
-    assert node_call(client, srv, tmp_path, {"pcitopo.kubevirt.io/doctor": "require"}, hook="PostVMStop")["ok"]
-    rec = [r for r in srv.log_lines() if r.get("event") == "ExecuteNodeHook"][-1]
-    assert rec["outcome"] == "ignored"
+# The node hook's tests, through the same client: tests/sidecar/test_plugin_nodehook.py.

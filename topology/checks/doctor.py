@@ -14,7 +14,7 @@ a fixture), so a captured host can be doctored offline.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 from ..errors import DoctorError, SysfsError
@@ -33,55 +33,17 @@ from ..host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
 from ..model.labels import Labeled, default_devices, host_labels, label_devices
 from ..model.tree import MELLANOX, Bdf, PciFunction, Role, Topology, is_bdf
 from ..paths.classify import Nccl, classify
-from .kubelet import KubeletFacts, read_kubelet
+from .findings import CHECKS, STATUSES, DoctorReport, Finding, Fix, Target
+from .kubelet import read_kubelet
 
-CHECKS = ("iommu", "vfio-driver", "iommu-group", "acs", "ats", "link", "numa", "bar")
-STATUSES = ("ok", "warn", "fail", "unknown")
 VFIO = "vfio-pci"
 TRANSLATED_GROUP_TYPES = ("DMA", "DMA-FQ")
 BAR_SLOTS = range(6)  # BAR0-5; the ROM and SR-IOV BARs are not the device's working BARs
-_ROOT_FIX = "run pcitopo doctor as root (config space past 64 bytes needs CAP_SYS_ADMIN)"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One check on one device (``bdf`` None for host-wide checks)."""
-
-    check: str
-    status: str
-    bdf: str | None
-    message: str
-    fix: str | None = None
-    label: str | None = None  # GPU0, NIC3, downstream-port, ...: for people and metrics only
-
-    def as_json(self) -> dict:
-        """The fixed contract: exactly these five keys."""
-        return {"check": self.check, "status": self.status, "bdf": self.bdf, "message": self.message, "fix": self.fix}
-
-
-@dataclass(frozen=True)
-class DoctorReport:
-    host: str
-    findings: tuple[Finding, ...]
-    targets: tuple["Target", ...] = ()  # the devices checked (for the fleet outputs)
-    # the node's kubelet CPU manager settings, when the doctor was asked to read them (on a node)
-    kubelet: KubeletFacts | None = None
-
-    def summary(self) -> dict[str, int]:
-        counts = dict.fromkeys(STATUSES, 0)
-        for f in self.findings:
-            counts[f.status] += 1
-        return counts
-
-    @property
-    def failed(self) -> list[Finding]:
-        return [f for f in self.findings if f.status == "fail"]
-
-    def as_json(self) -> dict:
-        doc = {"checks": [f.as_json() for f in self.findings], "summary": self.summary()}
-        if self.kubelet is not None:
-            doc["kubelet"] = self.kubelet.as_json()
-        return doc
+_ROOT_FIX = Fix(first="run pcitopo doctor as root", after="config space past 64 bytes needs CAP_SYS_ADMIN")
+DEVICES = "/sys/bus/pci/devices"
+# Writing a device's address here makes the kernel probe it again (drivers/pci/pci-driver.c,
+# drivers_probe_store): with driver_override set, only that driver may take it.
+DRIVERS_PROBE = "/sys/bus/pci/drivers_probe"
 
 
 # -- reading what the model does not hold -----------------------------------------------------
@@ -144,50 +106,59 @@ def host_source(topo: Topology) -> Source:
 
 # -- the checks ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A device the doctor checks, with how strict the driver check is."""
-
-    function: PciFunction
-    label: str
-    role: Role
-    must_be_vfio: bool
+def _f(check: str, status: str, t_bdf: Bdf | None, label: str | None, message: str, fix: Fix | None = None,
+       kind: str | None = None) -> Finding:
+    return Finding(check, status, str(t_bdf) if t_bdf is not None else None, message, fix.text() if fix is not None else None,
+                   label, kind, remedy=fix)
 
 
-def _f(check: str, status: str, t_bdf: Bdf | None, label: str | None, message: str, fix: str | None = None) -> Finding:
-    return Finding(check, status, str(t_bdf) if t_bdf is not None else None, message, fix, label)
+_MODEL = object()  # check_vfio_driver: the driver the host model read
 
 
-def check_vfio_driver(files: HostFiles, t: Target) -> Finding:
+def rebind_fix(bdf: str, driver: str | None, in_group: bool) -> Fix:
+    """Bind a device to vfio-pci from the state it is in: unbind only a device some driver
+    holds (``driver/unbind`` exists only then); vfio-pci takes no device outside an IOMMU group,
+    so with none the IOMMU comes first."""
+    dev = f"{DEVICES}/{bdf}"
+    unbind = f"echo {bdf} > {dev}/driver/unbind; " if driver else ""
+    return Fix(run=f"echo {VFIO} > {dev}/driver_override; {unbind}echo {bdf} > {DRIVERS_PROBE}",
+               setup=f"modprobe {VFIO}", first="" if in_group else "once the IOMMU is on (see iommu)")
+
+
+def check_vfio_driver(files: HostFiles, t: Target, driver: object = _MODEL) -> Finding:
+    """``driver``: the device's driver as read afresh (the hook's rebind check); by default the
+    model's."""
     f = t.function
+    held_by = f.driver if driver is _MODEL else driver
     override = files.driver_override(f.bdf)
     bdf = str(f.bdf)
-    rebind = (f"echo {VFIO} > /sys/bus/pci/devices/{bdf}/driver_override; "
-              f"echo {bdf} > /sys/bus/pci/devices/{bdf}/driver/unbind; echo {bdf} > /sys/bus/pci/drivers_probe")
-    if f.driver == VFIO:
+    if held_by == VFIO:
         return _f("vfio-driver", "ok", f.bdf, t.label, f"bound to {VFIO}")
     if override == VFIO:
-        if f.driver is None:
+        if held_by is None:
             return _f("vfio-driver", "ok", f.bdf, t.label, f"unbound, driver_override={VFIO}: binds to {VFIO} on the next probe")
         return _f("vfio-driver", "warn", f.bdf, t.label,
-                  f"driver_override says {VFIO} but {f.driver} still holds it: KubeVirt cannot pass it through until it is rebound",
-                  f"echo {bdf} > /sys/bus/pci/devices/{bdf}/driver/unbind; echo {bdf} > /sys/bus/pci/drivers_probe")
-    held = f"bound to {f.driver}" if f.driver else "bound to no driver"
+                  f"driver_override says {VFIO} but {held_by} still holds it: KubeVirt cannot pass it through until it is rebound",
+                  rebind_fix(bdf, held_by, f.iommu_group is not None),
+                  f"held by {held_by} although driver_override is {VFIO}")
+    held = f"bound to {held_by}" if held_by else "bound to no driver"
     if not t.must_be_vfio:
         return _f("vfio-driver", "ok", f.bdf, t.label,
                   f"{held}: a host NIC (no GPU at PXB or closer), not one for GPUDirect RDMA in a VM")
     return _f("vfio-driver", "fail", f.bdf, t.label,
-              f"{held}, not {VFIO}: KubeVirt passes only vfio-pci devices to a VM", rebind)
+              f"{held}, not {VFIO}: KubeVirt passes only vfio-pci devices to a VM",
+              rebind_fix(bdf, held_by, f.iommu_group is not None), f"{held}, not {VFIO}")
 
 
 def check_iommu_group(files: HostFiles, t: Target, labels: dict[Bdf, str]) -> Finding:
     f = t.function
     if f.iommu_group is None:
         return _f("iommu-group", "fail", f.bdf, t.label, "in no IOMMU group: VFIO cannot pass it through",
-                  "enable the IOMMU (see the iommu check)")
+                  Fix(first="enable the IOMMU (see iommu)"), "in no IOMMU group (VFIO cannot pass them through)")
     members = files.group_members(f.iommu_group)
     if members is None:
-        return _f("iommu-group", "unknown", f.bdf, t.label, f"members of IOMMU group {f.iommu_group} are not readable")
+        return _f("iommu-group", "unknown", f.bdf, t.label, f"members of IOMMU group {f.iommu_group} are not readable",
+                  kind="IOMMU group members not readable")
     allowed = {a.bdf for a in files.topo.ancestry(f)}
     others = []
     for m in sorted(members):
@@ -199,26 +170,32 @@ def check_iommu_group(files: HostFiles, t: Target, labels: dict[Bdf, str]) -> Fi
     return _f("iommu-group", "fail", f.bdf, t.label,
               f"IOMMU group {f.iommu_group} also holds {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}: "
               "a group goes to one VM whole, so these devices cannot go to different VMs",
-              "enable ACS on the bridge above the devices (BIOS setting), or move a card; never pcie_acs_override in production")
+              Fix(first="enable ACS on the bridge above the devices (BIOS setting), or move a card; "
+                        "never pcie_acs_override in production"),
+              "sharing an IOMMU group with other devices (-v names them)")
 
 
 def check_acs(files: HostFiles, bridge: PciFunction, label: str) -> Finding:
     try:
         ctrl = files.config(bridge.bdf).acs_control()
     except ConfigUnknown as e:
-        return _f("acs", "unknown", bridge.bdf, label, f"ACS control unknown ({e.why})", _ROOT_FIX if e.why == NEEDS_ROOT else None)
+        return _f("acs", "unknown", bridge.bdf, label, f"ACS control unknown ({e.why})",
+                  _ROOT_FIX if e.why == NEEDS_ROOT else None, f"with ACS control unknown ({e.why})")
     if ctrl is None:
         return _f("acs", "ok", bridge.bdf, label, "no ACS capability: nothing to set on this bridge")
     want = (ctrl | ACS_DT | ACS_RR | ACS_CR) & 0xFFFF
-    fix = f"setpci -s {bridge.bdf} ECAP_ACS+0x6.w=0x{want:04x} (not persistent: reapply at every boot)"
+    # setpci names the ACS capability ECAP_ACS (pciutils); the check ran only where it exists
+    fix = Fix(run=f"setpci -s {bridge.bdf} ECAP_ACS+0x6.w=0x{want:04x}", after="not persistent: reapply at every boot")
     shown = f"ACS control 0x{ctrl:02x} ({acs_flags(ctrl)})"
     if ctrl & (ACS_RR | ACS_CR) != ACS_RR | ACS_CR:
         return _f("acs", "fail", bridge.bdf, label,
-                  f"{shown}: RR/CR cleared, so peer requests skip the IOMMU and the devices below merge into one IOMMU group", fix)
+                  f"{shown}: RR/CR cleared, so peer requests skip the IOMMU and the devices below merge into one IOMMU group",
+                  fix, f"with ACS RR/CR cleared, 0x{ctrl:02x} (peer requests skip the IOMMU)")
     if not ctrl & ACS_DT:
         return _f("acs", "fail", bridge.bdf, label,
                   f"{shown}: Direct Translated P2P off, so ATS-translated GPU-NIC traffic still detours through the root complex "
-                  "(GPUDirect RDMA far below bare metal)", fix)
+                  "(GPUDirect RDMA far below bare metal)", fix,
+                  f"with ACS Direct Translated P2P off, 0x{ctrl:02x} (GPU-NIC traffic detours through the root complex)")
     return _f("acs", "ok", bridge.bdf, label, f"{shown}: translated peer traffic goes direct, RR/CR kept")
 
 
@@ -226,21 +203,26 @@ def check_ats(files: HostFiles, t: Target) -> Finding:
     f = t.function
     bdf = f.bdf
     mlx = f.vendor == MELLANOX
-    fw_fix = f"mlxconfig -d {bdf} set ATS_ENABLED=true, then reboot the host" if mlx else "enable ATS in the NIC's firmware"
     try:
         ctrl = files.config(bdf).ats_control()
     except ConfigUnknown as e:
-        return _f("ats", "unknown", bdf, t.label, f"ATS state unknown ({e.why})", _ROOT_FIX if e.why == NEEDS_ROOT else None)
+        return _f("ats", "unknown", bdf, t.label, f"ATS state unknown ({e.why})", _ROOT_FIX if e.why == NEEDS_ROOT else None,
+                  f"with ATS state unknown ({e.why})")
     if ctrl is None:
         why = "the firmware hides it (ATS_ENABLED=false)" if mlx else "the NIC does not offer it"
+        # mlxconfig takes the PCI address for -d; -y answers its "Apply new configuration?" prompt
+        fix = Fix(run=f"mlxconfig -y -d {bdf} set ATS_ENABLED=true", after="then reboot the host") if mlx else \
+            Fix(first="enable ATS in the NIC's firmware")
         return _f("ats", "fail" if mlx else "warn", bdf, t.label,
-                  f"no ATS capability, {why}: GPU-NIC peer traffic cannot go direct in a VM", fw_fix)
+                  f"no ATS capability, {why}: GPU-NIC peer traffic cannot go direct in a VM", fix, f"with no ATS capability ({why})")
     if ctrl & ATS_ENABLE:
         return _f("ats", "ok", bdf, t.label, "ATS enabled")
+    # The capability is there, so the firmware offers ATS: what is left is the kernel's side.
     return _f("ats", "fail", bdf, t.label,
               "ATS capability present but disabled (ATSCtl Enable-): the IOMMU driver did not turn it on "
               "(identity/passthrough domain, or pci=noats); GPU-NIC traffic detours through the root complex",
-              "boot without pci=noats and with a translated IOMMU domain; " + fw_fix)
+              Fix(first="boot without pci=noats and without iommu=pt (a translated IOMMU domain)"),
+              "with ATS present but disabled (ATSCtl Enable-)")
 
 
 def _speed(text: str | None) -> float | None:
@@ -254,16 +236,18 @@ def check_link(f: PciFunction, label: str, role: Role) -> Finding:
     ln = f.link
     cur_s, max_s = _speed(ln.current_speed), _speed(ln.max_speed)
     if cur_s is None or max_s is None or not ln.max_width or ln.current_width is None:
-        return _f("link", "unknown", f.bdf, label, "link speed or width not readable")
+        return _f("link", "unknown", f.bdf, label, "link speed or width not readable", kind="with link speed or width not readable")
     shown = f"{ln.current_speed} x{ln.current_width}, capable of {ln.max_speed} x{ln.max_width}"
-    fix = "reseat the card or its cable/riser, check the slot's BIOS link settings, then check again"
+    fix = Fix(first="reseat the card or its cable/riser, check the slot's BIOS link settings, then check again")
+    cut = "a fraction of the bandwidth NCCL counts on"
     if ln.current_width < ln.max_width:
-        return _f("link", "fail", f.bdf, label, f"trained at {shown}: a fraction of the bandwidth NCCL counts on", fix)
+        return _f("link", "fail", f.bdf, label, f"trained at {shown}: {cut}", fix, f"trained narrower than they can ({cut})")
     if cur_s < max_s:
         if role == Role.GPU:
             return _f("link", "warn", f.bdf, label,
-                      f"trained at {shown}: GPUs lower their link speed when idle; check again under load", fix)
-        return _f("link", "fail", f.bdf, label, f"trained at {shown}: a fraction of the bandwidth NCCL counts on", fix)
+                      f"trained at {shown}: GPUs lower their link speed when idle; check again under load", fix,
+                      "trained slower than they can (GPUs lower their link speed when idle; check again under load)")
+        return _f("link", "fail", f.bdf, label, f"trained at {shown}: {cut}", fix, f"trained slower than they can ({cut})")
     return _f("link", "ok", f.bdf, label, f"trained at {shown}")
 
 
@@ -274,13 +258,17 @@ def check_numa(topo: Topology, t: Target) -> Finding:
         return _f("numa", "ok", f.bdf, t.label, "single NUMA node host")
     if f.numa_node >= 0:
         return _f("numa", "ok", f.bdf, t.label, f"NUMA node {f.numa_node}")
-    fix = f"enable NUMA/proximity (ACPI _PXM) reporting in the BIOS; meanwhile: echo N > /sys/bus/pci/devices/{f.bdf}/numa_node"
+    bios = "enable NUMA/proximity (ACPI _PXM) reporting in the BIOS"
     inherited = topo.numa_of(f)
     if inherited >= 0:
-        return _f("numa", "warn", f.bdf, t.label, f"numa_node -1 on the device; node {inherited} taken from the bridge above", fix)
+        # until then the node the bridge above has is the device's too: say so to the kernel
+        return _f("numa", "warn", f.bdf, t.label, f"numa_node -1 on the device; node {inherited} taken from the bridge above",
+                  Fix(run=f"echo {inherited} > {DEVICES}/{f.bdf}/numa_node", first=f"{bios}; meanwhile"),
+                  "with numa_node -1, their node taken from the bridge above")
     return _f("numa", "fail", f.bdf, t.label,
               f"numa_node -1 on a {nodes}-node host: its expander bus cannot go on the right guest NUMA cell and NCCL picks "
-              "CPUs and memory on the wrong socket", fix)
+              "CPUs and memory on the wrong socket", Fix(first=bios),
+              f"with numa_node -1 on a {nodes}-node host, and none above (NCCL picks CPUs and memory on the wrong socket)")
 
 
 def check_bar(topo: Topology, t: Target) -> Finding:
@@ -290,13 +278,15 @@ def check_bar(topo: Topology, t: Target) -> Finding:
         # The reader said why in a warning on that file; without one, there was no file.
         tag = f"/{f.bdf}/resource: "
         why = next((w.split(tag, 1)[1].removesuffix(", ignored") for w in topo.warnings if tag in w), None)
-        return _f("bar", "unknown", f.bdf, t.label, f"resource file not usable ({why})" if why else "resource file missing")
+        return _f("bar", "unknown", f.bdf, t.label, f"resource file not usable ({why})" if why else "resource file missing",
+                  kind="with a resource file missing or not usable (BARs unknown)")
     bad = [b for b in bars if b.index in BAR_SLOTS and not b.assigned]
     if bad:
         what = ", ".join(f"BAR{b.index} ({_size(b.size)}{', 64-bit' if b.is_64bit else ''}"
                          f"{', prefetchable' if b.prefetchable else ''})" for b in bad)
         return _f("bar", "fail", f.bdf, t.label, f"{what} unassigned: the driver cannot map it, the device is unusable",
-                  "enable Above 4G Decoding / large MMIO in the BIOS, or boot with pci=realloc")
+                  Fix(first="enable Above 4G Decoding / large MMIO in the BIOS, or boot with pci=realloc"),
+                  "with BARs unassigned (the driver cannot map them: unusable)")
     used = sum(1 for b in bars if b.index in BAR_SLOTS and b.size)
     return _f("bar", "ok", f.bdf, t.label, f"{used} BAR{'s' if used != 1 else ''} assigned")
 
@@ -311,7 +301,7 @@ def _size(n: int) -> str:
 def check_iommu(files: HostFiles, targets: Sequence[Target]) -> Finding:
     units = files.iommu_units() or []
     groups = sorted({t.function.iommu_group for t in targets if t.function.iommu_group is not None})
-    fix = "enable VT-d / AMD-Vi in the BIOS and boot with intel_iommu=on (AMD: on by default), without iommu=pt"
+    fix = Fix(first="enable VT-d / AMD-Vi in the BIOS and boot with intel_iommu=on (AMD: on by default), without iommu=pt")
     if not units and not groups:
         return _f("iommu", "fail", None, None, "IOMMU off: no IOMMU units and no IOMMU groups; VFIO passthrough needs it", fix)
     types: dict[str, list[int]] = {}
@@ -365,17 +355,17 @@ def _outside_label(lab: Labeled) -> str:
     return f"{lab.label.rstrip('0123456789')}@{lab.function.bdf}"
 
 
-def path_bridges(topo: Topology, targets: Sequence[Target]) -> list[tuple[PciFunction, str]]:
-    """Every bridge above a target, once, in address order, labelled with its role and the
-    devices below it (``downstream-port above GPU0``)."""
+def path_bridges(topo: Topology, targets: Sequence[Target]) -> list[tuple[PciFunction, str, tuple[str, ...]]]:
+    """Every bridge above a target, once, in address order, with its label (its role and the
+    devices below it: ``downstream-port above GPU0``) and the labels of every target below it."""
     below: dict[Bdf, list[str]] = {}
     funcs: dict[Bdf, PciFunction] = {}
     for t in targets:
         for a in topo.ancestry(t.function):
             funcs[a.bdf] = a
             below.setdefault(a.bdf, []).append(t.label)
-    return [(funcs[b], f"{topo.role(funcs[b]).value} above {','.join(below[b][:3])}{',...' if len(below[b]) > 3 else ''}")
-            for b in sorted(funcs)]
+    return [(funcs[b], f"{topo.role(funcs[b]).value} above {','.join(below[b][:3])}{',...' if len(below[b]) > 3 else ''}",
+             tuple(below[b])) for b in sorted(funcs)]
 
 
 def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source | None = None,
@@ -394,12 +384,45 @@ def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source
         out.append(check_link(t.function, t.label, t.role))
         out.append(check_numa(topo, t))
         out.append(check_bar(topo, t))
-    for bridge, label in path_bridges(topo, targets):
-        out.append(check_acs(files, bridge, label))
-        out.append(check_link(bridge, label, topo.role(bridge)))
+    for bridge, label, above in path_bridges(topo, targets):
+        out += [replace(check_acs(files, bridge, label), above=above), replace(check_link(bridge, label, topo.role(bridge)), above=above)]
     kubelet = read_kubelet(kubelet_dir, kubelet_config, topo.numa_nodes()) if kubelet_dir else None
     return DoctorReport(topo.name, tuple(out), tuple(targets), kubelet)
 
 
-__all__ = ["CHECKS", "STATUSES", "DoctorError", "DoctorReport", "Finding", "HostFiles", "Target",
-           "run_checks", "select_targets"]
+# -- the hook: once per allocation ----------------------------------------------------------------
+
+# Allocations whose findings a model keeps: a sidecar serves one VM (one allocation); a few more
+# cover a shared test server or a bench without letting memory grow.
+KEPT_ALLOCATIONS = 8
+
+
+def allocation_checks(topo: Topology, bdfs: Sequence[Bdf], recheck_drivers: bool = True) -> DoctorReport:
+    """The checks for one VM's devices as the hook runs them at every define of a boot: computed
+    once per model and allocation (kept with the model's other per-allocation work,
+    ``Topology.recent``), so config space, IOMMU groups, links and BARs are read once. What can
+    change between the defines of one boot is a rebind: each device's ``driver`` link is read
+    again at every call, and a device whose driver is not the one its findings were made with is
+    checked again (with its ``driver_override``). ``recheck_drivers`` False: the caller has just
+    compared these devices' driver links with the model (``topology.host.freshness``)."""
+    kept = topo.recent("doctor", tuple(bdfs), lambda: run_checks(topo, bdfs), keep=KEPT_ALLOCATIONS)
+    source = getattr(topo.loader, "source", None)
+    if source is None or not recheck_drivers:  # a model built in memory: nothing can be rebound under it
+        return kept
+    files = HostFiles(topo, source)
+    fresh: dict[str, Finding] = {}
+    for t in kept.targets:
+        driver = _link_name(source.readlink(f"{files.dir_of(t.function.bdf)}/driver"))
+        if driver != t.function.driver:
+            fresh[str(t.function.bdf)] = check_vfio_driver(files, t, driver)
+    if not fresh:
+        return kept
+    return replace(kept, findings=tuple(fresh.get(f.bdf, f) if f.check == "vfio-driver" else f for f in kept.findings))
+
+
+def _link_name(target: str | None) -> str | None:
+    return target.rstrip("/").rsplit("/", 1)[-1] if target else None
+
+
+__all__ = ["CHECKS", "STATUSES", "DoctorError", "DoctorReport", "Finding", "Fix", "HostFiles", "Target",
+           "allocation_checks", "rebind_fix", "run_checks", "select_targets"]

@@ -38,17 +38,8 @@ from lxml import etree
 
 from ..errors import FirmwareWarning, MmioError, PcitopoError
 from ..libvirt.domain import DOWNSTREAM, OUR_ALIAS_PREFIX, PciController, ROOT_PORT, UPSTREAM
-from ..libvirt.machine import (
-    FEATURE_OFF_POLICIES,
-    cpu_feature_policies,
-    cpu_has_model,
-    cpu_mode_of,
-    ensure_cpu,
-    firmware_of,
-    guest_ram,
-    require_cpu_feature,
-    set_maxphysaddr,
-)
+from ..libvirt.machine import (FEATURE_OFF_POLICIES, cpu_feature_policies, cpu_has_model, cpu_mode_of, ensure_cpu,
+                               firmware_of, guest_ram, require_cpu_feature, set_maxphysaddr)
 from ..libvirt.overrides import Property, set_properties
 from ..model.bars import GiB, bits_for, device_bars, fmt_size, pow2ceil
 from ..model.cpuinfo import HostWidth, local_width
@@ -111,6 +102,20 @@ class MmioBudget:
     applied: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[PcitopoError] = field(default_factory=list)
+    # devices whose BARs sysfs does not give (no ``resource`` file): left out of the sums above
+    unsized: tuple[Bdf, ...] = ()
+
+    @property
+    def unknown(self) -> list[str]:
+        """What the budget cannot know (``xmlfix --check`` says unknown): BARs it cannot size, a
+        host width not recorded where the guest asks for a width of its own."""
+        n, shown = len(self.unsized), ", ".join(str(b) for b in self.unsized[:3])
+        out = [f"MMIO: the BARs of {n} device(s) cannot be sized (no resource file in sysfs: {shown}"
+               f"{f', and {n - 3} more' if n > 3 else ''})"] if n else []
+        if self.bits is not None and self.host_bits is None:
+            out.append(f"MMIO: the host CPU address width is unknown ({self.host_bits_from}); the guest asks for "
+                       f"{self.bits} bits (`pcitopo capture --phys-bits N` records it)")
+        return out
 
     @property
     def total(self) -> int:
@@ -201,8 +206,7 @@ def port_budgets(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf
     other = 0
     for bdf, bus in hostdevs:
         bars = host.function(bdf).bars
-        if bars is None:
-            notes.append(f"{bdf}: no BARs in sysfs (resource file absent); not counted in the MMIO budget")
+        if bars is None:  # MmioBudget.unsized: one line for all of them, and --check unknown
             continue
         mine = [b for b in device_bars(bars) if b.is_mem64_pref]
         sizes = [b.size for b in mine]
@@ -323,6 +327,7 @@ def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int |
     ports, b.other, notes, b.seabios = host.recent("mmio_budget", key, lambda: _sizing(host, ctrls, hostdevs, added_ports,
                                                                                      b.ram, b.cpu_mode, width.bits))
     b.ports, b.notes = list(ports), list(notes)
+    b.unsized = tuple(bdf for bdf, _ in hostdevs if host.function(bdf).bars is None)
     b.ovmf_bits = ovmf_bits(b.total)
     return b
 
@@ -351,9 +356,7 @@ def check_host(b: MmioBudget) -> None:
     need = b.bits
     if need is None:
         return
-    if b.host_bits is None:
-        b.notes.append(f"host CPU address width unknown ({b.host_bits_from}): "
-                       f"asking for {need} bits unchecked")
+    if b.host_bits is None:  # said once, by MmioBudget.unknown (xmlfix --check: unknown)
         return
     if need > b.host_bits:
         raise MmioError(

@@ -16,7 +16,7 @@ from ..model.labels import label_devices
 from ..model.tree import MELLANOX, Bdf, Role, Topology
 from ..paths.classify import NvlinkOracle
 from ..paths.ncclprice import nccl_tree, path_bandwidth
-from ..paths.pairing import GDR_CLASSES
+from ..paths.pairing import GDR_CLASSES, GdrVerdict, gdr_verdict
 
 from .rewrite import Why
 
@@ -157,6 +157,9 @@ def verdict(result: RewriteResult, host: Topology, fabric=None) -> str:
         return "no PCI hostdevs: nothing to mirror, the guest sees no host device"
     views = pair_views(result, host, fabric)
     parts = [_view_summary(views, "nccl", "NCCL"), _view_summary(views, "nvml", "nvidia-smi")]
+    gdr = gdr_in_guest(result, host).summary
+    if gdr:
+        parts.append(gdr)
     if not result.report.numa_map and result.report.placed:
         parts.append("NUMA: no guest cells")
     if result.report.missing_cells is not None:
@@ -179,12 +182,21 @@ def pairing_summary(result: RewriteResult) -> str | None:
     return f"pairing: {len(findings)} GPU(s) given a worse NIC than the host offers ({who})"
 
 
-def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[str]:
+def gdr_in_guest(result: RewriteResult, host: Topology) -> GdrVerdict:
+    """GPUDirect RDMA of the VM's GPUs in the predicted guest (topology/paths/pairing.py
+    :func:`gdr_verdict`), from the guest classes the rewrite judged."""
+    guest = {frozenset((p.a, p.b)): p.guest.nccl for p in result.report.pairs if p.guest is not None}
+    return gdr_verdict(host, [d.host for d in result.report.placed], lambda a, b: guest.get(frozenset((a, b))))
+
+
+def check_problems(result: RewriteResult, host: Topology, fabric=None, gdr: bool = True) -> list[str]:
     """Everything that keeps the guest from seeing what the host has, one line each; empty
     when it will. The only accepted difference is the documented Broadcom flattening
     (nvidia-smi PXB → PIX where NCCL already says PIX on the host). A firmware warning (a GPU
     whose BARs the guest firmware will not assign) and, with a fabric file, GPUs that will not
-    get NVLink (the NVLink check's verdict) are problems too (:func:`beyond_pairs`)."""
+    get NVLink (the NVLink check's verdict) are problems too (:func:`beyond_pairs`), and so is,
+    unless ``gdr`` is False (``pcitopo.kubevirt.io/pairing: off``), a GPU without GPUDirect RDMA
+    in the guest where the node has a NIC at PXB or closer for it."""
     views = pair_views(result, host, fabric)
     groups: dict[str, list[PairView]] = {}
     for v in views:
@@ -199,15 +211,49 @@ def check_problems(result: RewriteResult, host: Topology, fabric=None) -> list[s
         out.append(result.report.missing_cells.line)
     if not result.report.numa_map and len({d.host_node for d in result.report.placed if d.host_node >= 0}) > 1:
         out.append(KUBEVIRT_NUMA_ADVICE)
+    if gdr:
+        out += gdr_in_guest(result, host).lines
     return out + beyond_pairs(result, fabric)
 
 
-def check_verdict(result: RewriteResult, host: Topology, fabric=None) -> tuple[list[str], list[str]]:
+def check_unknowns(result: RewriteResult, host: Topology) -> list[str]:
+    """What the check cannot know, one line each: the MMIO budget's gaps (BARs that cannot be
+    sized, a host CPU width not recorded: ``MmioBudget.unknown``), and placed devices whose IOMMU
+    group, driver or (on a host of several NUMA nodes) NUMA node sysfs does not give."""
+    out = list(result.report.mmio.unknown) if result.report.mmio is not None else []
+    fs = [host.function(d.host) for d in result.report.placed]
+    several_nodes = len(host.numa_nodes()) > 1
+    for what, lacking in (("IOMMU group", [f for f in fs if f.iommu_group is None]),
+                          ("driver", [f for f in fs if f.driver is None]),
+                          ("NUMA node", [f for f in fs if several_nodes and host.numa_of(f) < 0])):
+        if lacking:
+            shown = ", ".join(str(f.bdf) for f in lacking[:3]) + (f", and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+            out.append(f"sysfs gives no {what} for {len(lacking)} device(s) ({shown})")
+    return out
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
     """What ``xmlfix --check`` decides and says, for each door that shows it (``--check``, the
-    ``--dot`` title): its problems (none: the check passes), and the verdict's parts: the
-    pairs-and-cells line (:func:`verdict`), then each other problem's kind (firmware, NVLink)."""
-    problems = check_problems(result, host, fabric)
-    return problems, [verdict(result, host, fabric)] + [line.split(":", 1)[0] for line in beyond_pairs(result, fabric)]
+    ``--dot`` title, ``--summary``): ``failed`` when there are problems, else ``unknown`` when
+    something it needs is missing, else ``ok``. ``parts``: the verdict line (:func:`verdict`),
+    then each other problem's kind (firmware, NVLink)."""
+
+    problems: tuple[str, ...]
+    unknowns: tuple[str, ...]
+    parts: tuple[str, ...]
+
+    @property
+    def state(self) -> str:
+        return "failed" if self.problems else "unknown" if self.unknowns else "ok"
+
+
+def check_verdict(result: RewriteResult, host: Topology, fabric=None, gdr: bool = True) -> CheckVerdict:
+    """The one judgement behind every door that shows ``--check``'s outcome (:class:`CheckVerdict`);
+    ``gdr`` False: GPUDirect RDMA is counted, not judged (``pcitopo.kubevirt.io/pairing: off``)."""
+    problems = check_problems(result, host, fabric, gdr)
+    kinds = [line.split(":", 1)[0] for line in beyond_pairs(result, fabric)]
+    return CheckVerdict(tuple(problems), tuple(check_unknowns(result, host)), (verdict(result, host, fabric), *kinds))
 
 
 def firmware_warnings(result: RewriteResult) -> list[str]:
@@ -262,6 +308,9 @@ def prediction(result: RewriteResult, host: Topology, fabric=None) -> dict:
         for p in report.pairs
     ]
     doc = {"devices": devices, "pairs": pairs, "notes": list(report.notes) + firmware_warnings(result)}
+    if fabric is None:  # the board table's NV# (with a fabric, the NVLink check's verdict is in the notes)
+        oracle = NvlinkOracle(host)
+        doc["nvlink_source"], doc["nvlink_reason"] = oracle.source, oracle.reason
     if report.pairing is not None:
         policy, found = report.pairing
         doc["pairing"] = found.as_json(policy)

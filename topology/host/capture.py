@@ -11,22 +11,34 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..errors import SysfsError
-from ..model.cpuinfo import ADDRESS_SIZES_MEMBER
+from ..model.cpuinfo import ADDRESS_SIZES_MEMBER, HostWidth, local_width, recorded_width
 from .configspace import HEADER_BYTES
-from .sources import MAX_ATTR_BYTES, MemoryTree, PCI_DEVICES_DIR, Source, Unreadable, open_source, resolve
+from .sources import MAX_ATTR_BYTES, DirSource, MemoryTree, PCI_DEVICES_DIR, Source, Unreadable, open_source, resolve
 from .sysfs import (
     CAPTURED_ATTRS,
     CLASS_DIRS,
     CONFIG_ATTR,
     IOMMU_CLASS_DIR,
+    RESOURCE_ATTRS,
     IOMMU_GROUPS_DIR,
     IOMMU_GROUP_ATTRS,
     LINK_ATTRS,
     NODE_ATTRS,
     NODE_DIR,
     VPD_ATTR,
-    source_width,
 )
+
+MOUNTINFO = "/proc/self/mountinfo"
+# The files whose absence the check and the doctor cannot make up for, and what each costs
+# (one warning line per kind; ``driver`` only for the functions that should have one).
+MISSING_COSTS = {
+    CONFIG_ATTR: "the doctor cannot read their config space",
+    RESOURCE_ATTRS[0]: "their BARs cannot be sized, so xmlfix --check says unknown for MMIO",
+    "numa_node": "their NUMA node is unknown",
+    "iommu_group": "IOMMU off, or left out of the source; xmlfix --check says unknown for them",
+    "driver": "bound to no driver, or left out of the source; xmlfix --check says unknown for them",
+}
+DRIVER_CLASSES = ("0x02", "0x03")  # NICs and GPUs: what a GPU node binds a driver (or vfio-pci) to
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +51,15 @@ class CaptureSummary:
     # functions whose config space the source gave only its first 64 bytes of (read without
     # CAP_SYS_ADMIN): the PCIe extended capabilities (ACS, ATS) are not in the capture
     config_cut: int = 0
+    # one line per kind of file some functions lack (MISSING_COSTS), for the operator
+    missing: tuple[str, ...] = ()
 
 
-def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
+def capture_tree(source: Source, phys_bits: int | None = None) -> tuple[MemoryTree, CaptureSummary]:
+    """``phys_bits``: the node's CPU address width when the source cannot tell (a directory)."""
     tree = MemoryTree(f"capture of {source.name}")
     skipped: list[str] = []
+    lacking: dict[str, int] = {}
     names = source.listdir(PCI_DEVICES_DIR)
     if names is None:
         raise SysfsError(f"{source.name}: {PCI_DEVICES_DIR} is not a directory")
@@ -61,6 +77,7 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
         for attr in CAPTURED_ATTRS:
             data = source.read(f"{real}/{attr}")
             if data is None:
+                lacking[attr] = lacking.get(attr, 0) + (attr in MISSING_COSTS)
                 continue
             if isinstance(data, Unreadable):
                 skipped.append(f"{real}/{attr}: {data.why}")
@@ -71,6 +88,8 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
             t = source.readlink(f"{real}/{attr}")
             if t is not None:
                 tree.add_link(f"{real}/{attr}", t)
+            elif attr in MISSING_COSTS and (attr != "driver" or _wants_driver(source, real)):
+                lacking[attr] = lacking.get(attr, 0) + 1
         _capture_vpd(source, tree, real)
         _capture_class_dirs(source, tree, real)
     _capture_iommu(source, tree, skipped)  # the doctor's IOMMU checks, offline
@@ -84,14 +103,47 @@ def capture_tree(source: Source) -> tuple[MemoryTree, CaptureSummary]:
             data = source.read(f"{NODE_DIR}/{n}/{attr}")
             if isinstance(data, bytes):
                 tree.add_file(f"{NODE_DIR}/{n}/{attr}", data)
-    width = _capture_width(source, tree, skipped)
-    return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped), width, cut)
+    width = _capture_width(source, tree, skipped, phys_bits)
+    missing = tuple(f"{n} {'GPU or NIC' if attr == 'driver' else 'PCI'} function(s) of {functions} have no {attr}: "
+                    f"{MISSING_COSTS[attr]}" for attr, n in lacking.items() if n)
+    return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped), width, cut, missing=missing)
 
 
-def _capture_width(source: Source, tree: MemoryTree, skipped: list[str]) -> int | None:
+def _wants_driver(source: Source, real: str) -> bool:
+    cls = _read_ids(source, real, ("class",))
+    return cls is not None and cls[0].startswith(DRIVER_CLASSES)
+
+
+def is_live_sysfs(path: str) -> bool:
+    """Whether ``path`` is the root of a mounted sysfs (``/sys``, or the node's ``/host/sys``
+    under ``kubectl debug node/...``): then this machine's /proc/cpuinfo is the node's CPU. The
+    mount table says so (the mount point that holds ``path``, and its filesystem type)."""
+    real = os.path.realpath(path)
+    try:
+        with open(MOUNTINFO, encoding="utf-8", errors="replace") as fh:
+            mounts = [line.split(" - ", 1) for line in fh]
+    except OSError:
+        return False
+    # fields: id parent major:minor root mount-point options ... - fstype source super-options
+    return any(len(m) == 2 and len(m[0].split()) > 4 and m[0].split()[4] == real and m[1].split()[:1] == ["sysfs"]
+               for m in mounts)
+
+
+def _capture_width(source: Source, tree: MemoryTree, skipped: list[str], phys_bits: int | None) -> int | None:
     """The host CPU's ``address sizes`` line (the MMIO check's host width, topology/model/cpuinfo.py),
-    so a capture replayed on another machine is judged with its own host's width."""
-    width = source_width(source)
+    so a capture replayed on another machine is judged with its own host's width. Taken only
+    from what describes the node: ``phys_bits`` (``--phys-bits``), the record of a capture being
+    captured again, or this machine's /proc/cpuinfo when the source is a live sysfs. A directory
+    cannot tell whose tree it is: its width stays unknown."""
+    recorded = source.read(ADDRESS_SIZES_MEMBER)
+    if phys_bits is not None:
+        width = HostWidth(phys_bits, "given by --phys-bits", f"address sizes\t: {phys_bits} bits physical")
+    elif isinstance(recorded, bytes):
+        width = recorded_width(recorded, source.name)
+    elif isinstance(source, DirSource) and is_live_sysfs(source.root):
+        width = local_width()
+    else:
+        width = HostWidth(None, f"{source.name} is not a live sysfs: its CPU is not this machine's; give --phys-bits N")
     if width.bits is None:
         skipped.append(f"{ADDRESS_SIZES_MEMBER}: host CPU address width unknown ({width.origin})")
         return None
@@ -153,10 +205,12 @@ def _capture_iommu(source: Source, tree: MemoryTree, skipped: list[str]) -> None
             tree.add_link(f"{IOMMU_CLASS_DIR}/{unit}", t)
 
 
-def capture(sysfs: str | os.PathLike, out: str | os.PathLike, stdout: BinaryIO | None = None) -> CaptureSummary:
+def capture(sysfs: str | os.PathLike, out: str | os.PathLike, stdout: BinaryIO | None = None,
+            phys_bits: int | None = None) -> CaptureSummary:
     """Capture ``sysfs`` into the file ``out``; ``out == "-"`` writes to ``stdout`` (a binary
-    stream, e.g. ``sys.stdout.buffer``), refusing a terminal."""
-    tree, summary = capture_tree(open_source(sysfs))
+    stream, e.g. ``sys.stdout.buffer``), refusing a terminal. ``phys_bits``: the node's CPU
+    address width, recorded whatever the source (``pcitopo capture --phys-bits``)."""
+    tree, summary = capture_tree(open_source(sysfs), phys_bits)
     try:
         if os.fspath(out) == "-":
             if stdout is None or stdout.isatty():

@@ -225,7 +225,8 @@ def source_width(source: Source) -> HostWidth:
     if isinstance(data, Unreadable):
         return HostWidth(None, f"{source.name}: {ADDRESS_SIZES_MEMBER} {data.why}")
     if not getattr(source, "cpu_is_local", True):
-        return HostWidth(None, f"not recorded in {source.name} (taken by an older pcitopo capture; capture again to record it): the MMIO check is skipped")
+        return HostWidth(None, f"not recorded in {source.name} (captured from a directory without --phys-bits, or by an "
+                         "older pcitopo; capture again to record it)")
     return local_width()
 
 

@@ -6,8 +6,8 @@ describes, so it is read from the same source:
 
 - a capture that recorded it (``pcitopo capture`` stores the line as the member
   :data:`ADDRESS_SIZES_MEMBER`): the recorded line, whatever machine replays the capture;
-- a capture file that did not record it (taken by an older pcitopo): unknown (the MMIO check is
-  skipped with a note) rather than the replaying machine's width;
+- a capture file that did not record it (of a directory without ``--phys-bits``, or taken by an
+  older pcitopo): unknown (``xmlfix --check`` says so) rather than the replaying machine's width;
 - a live ``/sys``, a sysfs-shaped directory or a fixture directory: this machine's /proc/cpuinfo
   (or ``$PCITOPO_CPUINFO``), read once per path.
 """

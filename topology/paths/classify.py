@@ -228,16 +228,57 @@ DEFAULT_NVLINK_TABLE = NvlinkTable(
 )
 
 
+INFERRED = "inferred from the SXM board table"
+NOT_INFERRED = "none"
+
+
 class NvlinkOracle:
     """Answers NVLink counts for GPU pairs of one topology. The NVSwitch presence check reads
-    the whole device list once, lazily, only when a GPU pair of a board that needs it is asked."""
+    the whole device list once, lazily, only when a GPU pair of a board that needs it is asked.
 
-    source = "inferred from the SXM board table"
+    ``source`` says whether the table gave any NV# on this host (``inferred ...``) or not
+    (``none``), and ``reason`` why, with ``hint``: what the door can be given instead."""
 
-    def __init__(self, topo: Topology, table: NvlinkTable | None = None):
+    def __init__(self, topo: Topology, table: NvlinkTable | None = None, hint: str = "pass --fabric"):
         self.topo = topo
         self.table = table or DEFAULT_NVLINK_TABLE
+        self.hint = hint
         self._present: set[str] | None = None
+
+    def _gpus_by_board(self) -> dict[NvlinkBoard, int]:
+        count: dict[NvlinkBoard, int] = {}
+        for f in self.topo.functions():
+            board = self.board(f) if self.topo.role(f) == Role.GPU else None
+            if board is not None:
+                count[board] = count.get(board, 0) + 1
+        return count
+
+    def _met(self, board: NvlinkBoard) -> bool:
+        """The board's condition: the NVSwitch functions it lists (if any) are on the host."""
+        return not board.nvswitches or bool(set(board.nvswitches) & self._ids_present())
+
+    @property
+    def blocked(self) -> bool:
+        """The host has SXM GPUs of the table, and no board's condition is met (NV# would be
+        expected, and none is inferred)."""
+        boards = self._gpus_by_board()
+        return bool(boards) and not any(self._met(b) for b in boards)
+
+    @property
+    def source(self) -> str:
+        return INFERRED if any(self._met(b) for b in self._gpus_by_board()) else NOT_INFERRED
+
+    @property
+    def reason(self) -> str:
+        """Why the table gave NV# on this host, or why not (``8 SXM GPUs (HGX H100/H200 8-GPU),
+        no NVSwitch seen: NV# not inferred; pass --fabric``)."""
+        boards = self._gpus_by_board()
+        met = [f"{n} SXM GPUs ({b.name})" + (", NVSwitch seen" if b.nvswitches else "") for b, n in boards.items() if self._met(b)]
+        if met:
+            return "; ".join(met)
+        unmet = [f"{n} SXM GPUs ({b.name}), no NVSwitch seen" for b, n in boards.items()]
+        head = "; ".join(unmet) if unmet else "no GPU of a board in the SXM board table"
+        return f"{head}: NV# not inferred; {self.hint}"
 
     def _ids_present(self) -> set[str]:
         if self._present is None:
@@ -258,7 +299,7 @@ class NvlinkOracle:
         board = self.board(fa)
         if board is None or board is not self.board(fb):
             return None
-        if board.nvswitches and not (set(board.nvswitches) & self._ids_present()):
+        if not self._met(board):
             return None
         return board.links
 

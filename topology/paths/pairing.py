@@ -20,7 +20,7 @@ root complex than every GPU, such a claim never allocates).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..model.labels import default_devices, host_label, host_labels
 from ..model.tree import Bdf, PciFunction, Role, Topology
@@ -207,3 +207,92 @@ def _check_vm_pairs(topo: Topology, bdfs: tuple[Bdf, ...]) -> PairingVerdict:
         if host.gdr and got.worse_than(host):
             findings.append(PairingFinding(got, host, labels))
     return PairingVerdict("worse" if findings else "ok", tuple(findings), len(gpus))
+
+
+# -- GPUDirect RDMA in the guest (xmlfix --check) ---------------------------------------------
+
+GDR_TEXT = "a NIC at PIX or PXB"  # NCCL_NET_GDR_LEVEL's default reach, in the verdict's words
+
+
+@dataclass(frozen=True, slots=True)
+class GpuGdr:
+    """One GPU of a VM: its best NIC on the host, its best NIC among the VM's (host classes),
+    and the best NCCL class the guest shows it to any of the VM's NICs."""
+
+    host: GpuPair
+    got: GpuPair
+    guest: Nccl | None
+
+    @property
+    def gdr(self) -> bool:
+        """The guest gives it GPUDirect RDMA: some NIC of the VM at PXB or closer."""
+        return self.guest in GDR_CLASSES
+
+    @property
+    def lost(self) -> bool:
+        """The node has a NIC at PXB or closer for it, the guest none: what --check fails on."""
+        return self.host.gdr and not self.gdr
+
+
+@dataclass(frozen=True)
+class GdrVerdict:
+    """GPUDirect RDMA of a VM's GPUs in its guest: one rule for the verdict line and for
+    ``--check``. ``nics`` 0: the VM has no NIC and is not judged."""
+
+    gpus: tuple[GpuGdr, ...]
+    nics: int
+    labels: dict[Bdf, str]
+
+    def _name(self, f: PciFunction | None) -> str:
+        if f is None:
+            return "none"
+        return f"{host_label(self.labels[f.bdf])} ({f.bdf})" if f.bdf in self.labels else str(f.bdf)
+
+    @property
+    def judged(self) -> bool:
+        return bool(self.gpus) and self.nics > 0
+
+    @property
+    def lost(self) -> list[GpuGdr]:
+        return [g for g in self.gpus if g.lost] if self.judged else []
+
+    @property
+    def summary(self) -> str | None:
+        """The verdict's part: ``GPUDirect RDMA: 4/8 GPUs have a NIC at PIX or PXB in the guest``,
+        naming the GPUs the node itself offers nothing better; None for a VM without GPUs."""
+        if not self.gpus:
+            return None
+        if not self.nics:
+            return "GPUDirect RDMA: not judged (no NIC in the VM)"
+        text = f"GPUDirect RDMA: {sum(g.gdr for g in self.gpus)}/{len(self.gpus)} GPUs have {GDR_TEXT} in the guest"
+        bare = [g for g in self.gpus if not g.gdr and not g.host.gdr]
+        if bare:
+            who = ", ".join(self._name(g.host.gpu).split(" (")[0] for g in bare)
+            text += f" ({len(bare)} without: the node has none for {who})"
+        return text
+
+    @property
+    def lines(self) -> list[str]:
+        """What ``--check`` fails on, one line per GPU that lost GPUDirect RDMA."""
+        out = []
+        for g in self.lost:
+            near = f"{self._name(g.got.nic)}, {g.guest.value if g.guest else 'not placed'} in the guest" if g.got.nic else "none"
+            out.append(f"GPUDirect RDMA: {self._name(g.host.gpu)} has no NIC at PIX or PXB in the guest (its nearest: "
+                       f"{near}); the node has {self._name(g.host.nic)} at {class_text(g.host.cls)} for it")  # type: ignore[arg-type]
+        return out
+
+
+def gdr_verdict(topo: Topology, bdfs: Sequence[Bdf], guest_class: Callable[[Bdf, Bdf], Nccl | None]) -> GdrVerdict:
+    """Judge each GPU of a VM (``bdfs``, on the host): does the guest give it a NIC at PXB or
+    closer (``guest_class``: the NCCL class the guest shows between two host BDFs, None when
+    not placed), and does the node have one for it (:func:`host_pair`)? GPUs as the pairing
+    check counts them (physical functions), NICs any compute function of the VM."""
+    fs = [topo.function(b) for b in dict.fromkeys(bdfs)]
+    gpus = [f for f in fs if topo.role(f) == Role.GPU and not f.is_vf]
+    nics = [f for f in fs if topo.role(f) == Role.NIC]
+    out = []
+    for g in gpus:
+        seen = [c for c in (guest_class(g.bdf, n.bdf) for n in nics) if c is not None]
+        guest = min(seen, key=list(Nccl).index) if seen else None
+        out.append(GpuGdr(host_pair(topo, g).best, best_nic(topo, g, nics), guest))
+    return GdrVerdict(tuple(out), len(nics), dict(host_labels(topo)))

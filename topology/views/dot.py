@@ -169,25 +169,25 @@ def _rc_numa(topo: Topology, rc: str) -> str:
     return ",".join(str(n) for n in nodes if n >= 0) or "unknown"
 
 
-def _verdict(result, host: Topology, fabric=None) -> str:
+def _verdict(result, host: Topology, fabric=None, gdr: bool = True) -> str:
     """What ``xmlfix --check`` decides and says (topology/guest/predict.py ``check_verdict``,
     whose first part is ``--explain``'s verdict), one part a line."""
     from ..guest.predict import check_verdict
 
-    problems, parts = check_verdict(result, host, fabric)
-    lines = parts[0].split("; ") + [f"{kind} (xmlfix --check says why)" for kind in parts[1:]]
-    return "\n".join([f"check: {'failed' if problems else 'ok'}", *lines])
+    v = check_verdict(result, host, fabric, gdr)
+    lines = v.parts[0].split("; ") + [f"{kind} (xmlfix --check says why)" for kind in v.parts[1:]]
+    return "\n".join([f"check: {v.state}", *lines])
 
 
 def explain_dot(result, host: Topology, reason: str | None = None, live_root: str | None = None,
-                guest_is: str | None = None, fabric=None) -> str:
+                guest_is: str | None = None, fabric=None, gdr: bool = True) -> str:
     """``xmlfix --explain --dot``: the host devices the domain passes through and their guest
     places. ``result`` None (the domain was left unchanged): the host side only, and why."""
     if result is None:
         return render(host, [], None, {}, {}, f"domain left unchanged: {reason}", live_root)
     rows = label_devices(host, [d.host for d in result.report.placed])
     g = result.guest
-    verdict = _verdict(result, host, fabric)
+    verdict = _verdict(result, host, fabric, gdr)
     guest_is = guest_is or f"predicted guest of this domain ({len(rows)} devices)"
     title = (f"pcitopo: host (left), {guest_is} (right)\n{verdict}\n"
              "one colour = a GPU and its GPUDirect RDMA NIC (PIX/PXB); boxes = switches; dashed frames = root complexes")

@@ -34,6 +34,8 @@ def _explain_nvlink(result, host: Topology, fabric) -> tuple[object | None, list
     inside the VM's own partition when the check found it active; without one: the board-table
     inference, marked as such."""
     oracle = guest_nvlink(result, host, fabric)
+    if fabric is None and oracle.blocked:  # SXM GPUs, but the table's conditions are not met
+        return oracle, [f"NVLink: nvlink_source {oracle.source}: {oracle.reason}"]
     if fabric is None:
         return oracle, ["NVLink: NV# inferred from the SXM board table (no fabric file): the guest has NVLink only "
                         "if its GPUs are exactly one active Fabric Manager partition (xmlfix --fabric checks that)"]
@@ -230,6 +232,8 @@ def budget_lines(b: MmioBudget | None, cliques=None) -> list[str]:
             out.append(f"  elsewhere (not below pcitopo's root ports): {fmt_size(b.other)}")
         out += _seabios_lines(b) + _ovmf_lines(b)
         out.append("  applied: " + ("; ".join(b.applied) if b.applied else "nothing needed"))
+        # what the sums above could not know: the budget (and xmlfix --check) is unknown, not ok
+        out += [f"  unknown: {line.removeprefix('MMIO: ')}" for line in b.unknown]
         out += [f"  warning: {w.kind}: {w.reason}" for w in b.warnings]
     if cliques is not None:
         if cliques.members:
@@ -287,7 +291,7 @@ def _ovmf_lines(b: MmioBudget) -> list[str]:
             f"  ovmf: total {fmt_size(b.total)}, needs {need}, window {fmt_size(b.ovmf_window(bits))}{_mark(b, 'ovmf')}"]
 
 
-def summary_lines(result, host: Topology, fabric=None, doctor=None) -> list[str]:
+def summary_lines(result, host: Topology, fabric=None, doctor=None, gdr: bool = True) -> list[str]:
     """``xmlfix --summary``: the story in four lines (``make demo`` ends with them and its
     picture): the host, the guest, what ``--check`` decides and says (``check_verdict``), and the
     placed devices' readiness (``pcitopo doctor``'s verdict, when the doctor ran)."""
@@ -304,7 +308,11 @@ def summary_lines(result, host: Topology, fabric=None, doctor=None) -> list[str]
     fw = f", firmware {r.mmio.firmware}" if r.mmio is not None else ""
     out.append(f"guest:   {placed['gpu']} GPUs and {placed['nic']} NICs on {r.created['pcie-root-port']} root port(s) "
                f"of {r.created['pcie-expander-bus']} expander bus(es), {len(set(r.numa_map.values()))} guest NUMA cell(s){fw}")
-    problems, parts = check_verdict(result, host, fabric)
-    out.append(f"verdict: check {'failed' if problems else 'ok'}: {'; '.join(parts)}")
+    v = check_verdict(result, host, fabric, gdr)
+    out.append(f"verdict: check {v.state}: {'; '.join(v.unknowns + v.parts if v.state == 'unknown' else v.parts)}")
     out.append("doctor:  " + (doctor_verdict(doctor).removeprefix("verdict: ") if doctor is not None else "not run"))
+    if doctor is not None and doctor.failed:
+        # --check judges the VM's topology, the doctor its host: a VM on a host that is not ready
+        # is not ok whatever the topology says, and the verdict line says that first
+        out[2] = f"verdict: not ok: host not ready ({len(doctor.failed)} doctor check(s) failed); " + out[2].removeprefix("verdict: ")
     return out

@@ -129,11 +129,13 @@ def topo_text(
     nvml = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nvml"), affinity)
     nccl = render_matrix(rows, lambda a, b: pair_cell(classes[a.label, b.label], links[a.label, b.label], "nccl"))
     parts = [nvml, "", NVML_LEGEND, "", device_legend(topo, rows, live_root, groups), "", NCCL_LEGEND, "", nccl]
-    source = getattr(nvlink, "source", "inferred from the SXM board table")
+    source = nvlink.source
     if any(v for v in links.values()):
         parts += ["", f"NV# counts: {source} (NVLink is not in sysfs)."]
     elif hasattr(nvlink, "fabric"):
         parts += ["", f"No NV# between these devices: {source}."]
+    elif getattr(nvlink, "blocked", False):  # SXM GPUs, but the board table's conditions are not met
+        parts += ["", f"No NV#: nvlink_source {source}: {nvlink.reason}."]
     return "\n".join(parts) + "\n"
 
 
@@ -201,7 +203,8 @@ def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict
         "host": topo.name,
         "devices": [with_vfs(topo, device_json(topo, r), groups.vfs_of(r.function.bdf)) for r in rows],
         "pairs": out_pairs,
-        "nvlink_source": getattr(nvlink, "source", "inferred from the SXM board table"),
+        "nvlink_source": nvlink.source,
+        "nvlink_reason": getattr(nvlink, "reason", None),  # why the board table gave NV# or not (None: a fabric)
         "warnings": topo.warnings,
     }
 

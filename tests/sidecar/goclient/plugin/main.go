@@ -5,11 +5,13 @@
 //     the bare socket path, a unix dialer, insecure, a blocking dial bounded by 2 s, one call with
 //     the hook's timeout (30 s, the Plugin CR's default), domain_type "libvirt";
 //   - node: virt-handler's node-hook client, ExecuteNodeHook with the hook point, the VMI and the
-//     node name.
+//     node name; the VMI is read into v1.9.0's types and marshalled again, as virt-handler sends
+//     json.Marshal of its *v1.VirtualMachineInstance (vmi.go), unless -raw sends the file as is
+//     (what any other local client of the socket could send).
 // grpc-go's default receive limit (4 MiB) applies, as it does in KubeVirt.
 //
 // Usage: pluginclient -socket PATH mutate -domain IN.xml -vmi VMI.json -context Boot -out OUT.xml
-//        pluginclient -socket PATH node -hook PreVMStart -vmi VMI.json -node NAME
+//        pluginclient -socket PATH node -hook PreVMStart -vmi VMI.json -node NAME [-raw]
 //
 // Prints one JSON line: {"ok": bool, "code": "...", "message": "..."}; exit 1 on any error.
 package main
@@ -51,6 +53,7 @@ type report struct {
 	Code    string `json:"code,omitempty"`
 	Message string `json:"message,omitempty"`
 	Bytes   int    `json:"bytes,omitempty"`
+	Sent    int    `json:"sent,omitempty"` // node: the size of the VMI sent
 }
 
 func failed(err error) report {
@@ -97,10 +100,20 @@ func node(conn *grpc.ClientConn, args []string) report {
 	hook := fs.String("hook", "PreVMStart", "hook point")
 	vmiPath := fs.String("vmi", "", "VMI JSON")
 	nodeName := fs.String("node", "", "node name")
+	raw := fs.Bool("raw", false, "send the VMI file as is, not through KubeVirt v1.9.0's types")
 	fs.Parse(args)
 	vmi, err := ioutil.ReadFile(*vmiPath)
 	if err != nil {
 		return report{Message: err.Error()}
+	}
+	if !*raw {
+		var typed VirtualMachineInstance
+		if err := json.Unmarshal(vmi, &typed); err != nil {
+			return report{Message: fmt.Sprintf("the VMI does not decode into KubeVirt v1.9.0's types: %v", err)}
+		}
+		if vmi, err = json.Marshal(&typed); err != nil {
+			return report{Message: err.Error()}
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
@@ -108,9 +121,11 @@ func node(conn *grpc.ClientConn, args []string) report {
 		HookPoint: *hook, Vmi: vmi, NodeContext: &plugins.NodeContext{NodeName: *nodeName},
 	})
 	if err != nil {
-		return failed(err)
+		rep := failed(err)
+		rep.Sent = len(vmi)
+		return rep
 	}
-	return report{OK: true}
+	return report{OK: true, Sent: len(vmi)}
 }
 
 func main() {
