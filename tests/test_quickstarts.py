@@ -53,14 +53,9 @@ DUMP = {"kubevirt-v1.6-v1.8": ("v1.8.0.yaml", None), "kubevirt-v1.9.0": ("v1.9.0
 KINDS = {"kubevirt": "KubeVirt", "plugins.plugin.kubevirt.io": "Plugin", "nodes": "Node",
          "vmis": "VirtualMachineInstance", "vmi": "VirtualMachineInstance", "vms": "VirtualMachine",
          "vm": "VirtualMachine", "validatingadmissionpolicy": "ValidatingAdmissionPolicy",
-         "daemonset": "DaemonSet", "namespace": "Namespace"}
+         "daemonset": "DaemonSet", "namespace": "Namespace", "namespaces": "Namespace"}
 CUSTOM_KINDS = {"KubeVirt", "Plugin", "VirtualMachine", "VirtualMachineInstance"}  # no Kubernetes schema
 CONTAINER_OF_DOOR = {"hook": "hook-sidecar-0", "plugin": "pcitopo"}
-HOOK = "hooks.kubevirt.io/hookSidecars"
-# The one go-template the page uses: each VM's and VMI's hook annotation, then namespace/name.
-HOOK_LIST = ('{{range .items}}{{with .metadata.annotations}}{{index . "' + HOOK + '"}}{{end}}{{with .spec.template}}'
-             '{{with .metadata.annotations}}{{index . "' + HOOK + '"}}{{end}}{{end}} '
-             '{{.metadata.namespace}}/{{.metadata.name}}{{"\\n"}}{{end}}')
 
 
 # -- reading the page --------------------------------------------------------------------------
@@ -152,17 +147,6 @@ def validate(doc: dict) -> None:
             assert ref == f"{IMAGE}@{DIGEST}", f"{key(doc)}: unpinned {ref}"
 
 
-def hook_line(obj: dict) -> str:
-    """What Go's text/template prints for HOOK_LIST on one object: a map's missing key is
-    "<no value>", an empty or absent map prints nothing."""
-    def index(annotations: dict | None) -> str:
-        return str(annotations.get(HOOK, "<no value>")) if annotations else ""
-
-    template = (obj.get("spec") or {}).get("template")
-    return (index(obj["metadata"].get("annotations")) + (index((template.get("metadata") or {}).get("annotations"))
-            if template else "") + f" {obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}\n")
-
-
 def option(args: list[str], *names: str) -> str | None:
     """The value of ``--name VALUE`` or ``--name=VALUE``."""
     for i, a in enumerate(args):
@@ -201,9 +185,11 @@ class Cluster:
     @classmethod
     def start(cls, name: str, workdir: Path) -> "Cluster":
         objects = {key(o): o for o in dump_for(name)}
-        # The namespaces the dump's objects live in exist, and the example VM's (`ml`), as the page asks.
+        # The namespaces the dump's objects live in exist; the example VM's, `ml`, allows hook
+        # sidecars, as the page asks before its quick starts.
         for ns in {o["metadata"].get("namespace") for o in objects.values()} - {None, ""} | {"ml"}:
-            objects[f"Namespace//{ns}"] = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            objects.setdefault(f"Namespace//{ns}", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        objects["Namespace//ml"]["metadata"].setdefault("labels", {})["pcitopo.kubevirt.io/hook-sidecars"] = "allowed"
         state = workdir / ".cluster.json"
         state.write_text(json.dumps({"target": name, "objects": objects, "before": objects, "workdir": str(workdir)}))
         return cls(state)
@@ -236,9 +222,6 @@ class Cluster:
         if out == "name":
             return "".join(f"{o['kind'].lower()}.{o['apiVersion'].split('/')[0]}/{o['metadata']['name']}\n"
                            if "/" in o["apiVersion"] else f"{o['kind'].lower()}/{o['metadata']['name']}\n" for o in found)
-        if out and out.startswith("go-template="):
-            assert out[len("go-template="):] == HOOK_LIST, "no offline mapping for this go-template"
-            return "".join(hook_line(o) for o in found)
         if out and out.startswith("jsonpath="):
             (obj,) = found
             for part in out[len("jsonpath={."):-1].split("."):
@@ -287,6 +270,11 @@ class Cluster:
             gone = self.objects.pop(key(doc), None) is None
             assert not gone or "--ignore-not-found" in args, f"Error from server (NotFound): {key(doc)}"
         return ""
+
+    def do_kustomize(self, args: list[str]) -> str:
+        """Renders only (no cluster): the real `kubectl kustomize`."""
+        docs = self.rendered(["-k", positional(args)[0]])
+        return yaml.safe_dump_all(docs)
 
     def do_rollout(self, args: list[str]) -> str:
         kind, name = positional(args)[1].split("/")
@@ -445,6 +433,7 @@ def test_the_stand_in_refuses_a_vm_the_targets_policy_refuses(tmp_path, monkeypa
         (tmp_path / folder / "kustomization.yaml").write_text(text + pin)
     cluster = Cluster.start("kubevirt-v1.9.0", tmp_path)
     cluster.do_apply(["-k", "site"])
+    cluster.do_label(["namespace", "ml", "pcitopo.kubevirt.io/hook-sidecars-"])
     with pytest.raises(AssertionError, match="pcitopo-hook-sidecars"):
         cluster.do_apply(["-k", "vm"])
     cluster.do_label(["namespace", "ml", "pcitopo.kubevirt.io/hook-sidecars=allowed"])
