@@ -48,9 +48,9 @@ def test_f12_virtctl_scp_lines_have_a_source_and_a_destination():
 
 
 def _deploy_launcher_table() -> dict[str, dict[str, str]]:
-    """DEPLOY section 12's "What virt-launcher itself ships" table: release -> column -> version."""
+    """DEPLOY.md's "What virt-launcher itself ships" table (KubeVirt releases): release -> column -> version."""
     text = (DOCS / "DEPLOY.md").read_text()
-    section = text[text.index("## 12. KubeVirt releases"):]
+    section = text[text.index("## KubeVirt releases"):]
     rows = [ln for ln in section.split("| KubeVirt | QEMU", 1)[1].splitlines() if ln.startswith("| v")]
     head = ["KubeVirt", "QEMU", "libvirt", "SeaBIOS", "edk2"]
     table = {}

@@ -99,7 +99,7 @@ def test_f4_the_base_alone_renders_the_vm_as_shipped():
 
 def test_f4_deploy_md_says_which_tools_and_versions_the_overlay_needs():
     text = DEPLOY_MD.read_text()
-    section = text[text.index("### Pin the image by digest"):text.index("## 3.")]
+    section = text[text.index("### Pin the image by digest"):text.index("## Feature gates")]
     assert "kubectl 1.22" not in section, "kubectl 1.22-1.26 (kustomize 4.x) cannot render the overlay"
     assert "kustomize v5" in section and "kubectl 1.27" in section
     assert re.search(r"standalone `kustomize`[^.]*`kustomize edit", section) or \

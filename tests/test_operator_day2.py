@@ -80,8 +80,8 @@ def test_finding_3_one_nvidia_smi_count_everywhere(tmp_path):
     }
     for name, text in outputs.items():
         assert _counts(text) == want, (name, text[:400])
-    deploy = (DOCS / "DEPLOY.md").read_text()
-    log = next(x for x in deploy.splitlines() if '"event":"OnDefineDomain"' in x)
+    vm_doc = (DOCS / "VM.md").read_text()  # "Check that it worked"
+    log = next(x for x in vm_doc.splitlines() if '"event":"OnDefineDomain"' in x)
     assert _counts(log) == want, log
     readme = (ROOT / "README.md").read_text()
     assert "nvidia-smi: 178/190 pairs" in readme and "174/190" not in readme

@@ -13,11 +13,19 @@ from testkit.hookkit import BIN, REPO, fixture_sysfs
 DEPLOY_MD = (REPO / "docs" / "DEPLOY.md").read_text()
 
 
-def test_i25_deploy_md_opens_with_the_two_doors():
-    head = DEPLOY_MD[: DEPLOY_MD.index("## 1. What you need first")]
-    assert "## Two doors: the Plugin and the hook sidecar" in head
-    assert head.index("**The Plugin**") < head.index("**The hook sidecar**")
-    assert "recommended" in head and "deprecated" in head and "### Moving a cluster" in head
+def test_deploy_md_says_once_which_door_each_release_takes():
+    """The page opens with the targets and their quick starts; the doors are one passage, the
+    Plugin (recommended) before the hook sidecar (deprecated), and nothing elsewhere says that a
+    Plugin door needs no hook on v1.9.0 (what once contradicted it, 1,000 lines apart)."""
+    reference = DEPLOY_MD.index("# Reference")
+    assert DEPLOY_MD.index("## Targets") < DEPLOY_MD.index("## Quick start") < reference
+    doors = DEPLOY_MD[DEPLOY_MD.index("## Two doors"):]
+    doors = doors[:doors.index("\n## ", 4)]
+    assert DEPLOY_MD.count("## Two doors") == 1 and DEPLOY_MD.index("## Two doors") > reference
+    assert doors.index("**The Plugin**") < doors.index("**The hook sidecar**")
+    assert "recommended" in doors and "deprecated" in doors
+    assert "no Plugin object" in doors and "Another vendor's Plugin object" in doors
+    assert "does not use it" not in DEPLOY_MD and "Moving a cluster" not in DEPLOY_MD
 
 
 def test_i25_deploy_md_release_table_is_the_door_table():

@@ -89,12 +89,15 @@ RELEASES = tuple(Release)
 def release_of(version: str) -> Release:
     """The group of ``version``: ``v1.6.0`` .. ``v1.9.0`` (``v`` optional, a line alone means its
     newest patch) or ``main``; a KubeVirt build suffix (``v1.9.0-rc.1``, ``v1.8.2+abc``) counts as
-    its tag. Any other version: :class:`ConfigError` naming it."""
+    its tag, and v1.10 on (what a build of main reports) is main. Any other version:
+    :class:`ConfigError` naming it."""
     text = str(version).strip()
     if text == "main":
         return Release.MAIN
     m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+].*)?", text)
     line = f"v{m[1]}.{m[2]}" if m else None
+    if m and int(m[1]) == 1 and int(m[2]) >= 10:  # a build of main reports the next line: v1.10.0-alpha.0
+        return Release.MAIN
     if line not in PATCHES or (m[3] is not None and int(m[3]) > PATCHES[line]):
         known = ", ".join(f"{k}.0-{k}.{n}" if n else f"{k}.0" for k, n in PATCHES.items())
         raise ConfigError(f"--kubevirt {text}: unknown KubeVirt release (known: {known}, main)")

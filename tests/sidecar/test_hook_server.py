@@ -215,7 +215,7 @@ def test_a_stale_socket_is_replaced(start, hooks_dir):
 
 def test_the_serving_line_names_the_kubevirt_releases_it_relies_on(start):
     """Issue 18: one line at start says what the output relies on: the raw define, the
-    re-parse per release, no domain-hook plugins (docs/DEPLOY.md, section 12)."""
+    re-parse per release, no domain-hook plugins (docs/DEPLOY.md, "KubeVirt releases")."""
     srv = start()
     info(srv.socket)
     serving = [ln for ln in srv.log_path.read_text().splitlines() if '"event":"serving"' in ln.replace(" ", "")]
