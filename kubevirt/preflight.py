@@ -19,7 +19,7 @@ from .cluster import ClusterDump, name_of
 from .sidecar_policy import Refusal, refusal
 from .doors import PCITOPO_PLUGIN
 from .starts import Cluster, Start, Verdict, cluster_of, doors_needed, judge, opted_in, pci_devices
-from .targets import GPU_NODE_TERMS, Target, is_gpu_node
+from .targets import GPU_NODE_TERMS, Target, is_dev_build, is_gpu_node
 
 DOOR_NAMES = {"hook": "the hook sidecar (hooks.kubevirt.io/hookSidecars)",
               "plugin": "the pcitopo Plugin (label pcitopo.kubevirt.io/plugin: \"true\")"}
@@ -107,6 +107,10 @@ def preflight(dump: ClusterDump, tgt: Target, image: str | None = None) -> Prefl
                      f"({tgt.name}'s first), and no feature gate is on; dump `kubectl get kubevirt -A -o yaml` to judge for real")
     after = before.with_target(tgt)
     fits = tgt.fits(before.release) if not before.assumed else None
+    if is_dev_build(before.release):
+        notes.append(f"KubeVirt {before.release} is a development build: its version does not say whether it carries "
+                     "PR #18866 (KubeVirt writes the hostdev mode itself), so it is judged as the release it names, "
+                     "without it; if it does carry it, use --target kubevirt-main (and xmlfix --check --kubevirt v1.10.0)")
     report = Preflight(tgt, cr.name if cr else None, before, after, fits,
                        tuple(g for g in tgt.gates if g not in before.gates),
                        tuple((name_of(p), name_of(p) == PCITOPO_PLUGIN) for p in dump.plugins), notes=notes)

@@ -70,6 +70,16 @@ def parse_version(version: str | None) -> tuple[int, int, int] | None:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
 
 
+_DEV_BUILD = re.compile(r"-(alpha|beta|rc)\.\d+\.\d+|\+")
+
+
+def is_dev_build(version: str | None) -> bool:
+    """A build between tags: KubeVirt's hack/version.sh writes ``git describe`` (a main build after
+    the tag v1.9.0-beta.0 reports ``v1.9.0-beta.0.1264+d923fdb815cd20``), so its version does not
+    say whether it carries a fix merged after that tag, such as PR #18866."""
+    return bool(_DEV_BUILD.search(version or ""))
+
+
 def target(name: str) -> Target:
     for t in TARGETS:
         if t.name == name:

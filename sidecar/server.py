@@ -73,7 +73,7 @@ SOCKET_MODE = 0o660
 WORKERS = 2
 # How long in-flight calls may run on when we are asked to stop.
 STOP_GRACE_S = 5.0
-# What the hook's output relies on from KubeVirt (docs/DEPLOY.md, section 12), said once at start.
+# What the hook's output relies on from KubeVirt (docs/DEPLOY.md, "KubeVirt releases: what pcitopo relies on"), said once at start.
 RELIES_ON = {
     "hook": (
         "KubeVirt v1.6 to main: virt-launcher defines the last OnDefineDomain reply as sent, and each "

@@ -182,3 +182,18 @@ def test_the_doors_each_opted_in_vm_needs_on_the_release(tmp_path):
     out = r.stdout.decode()
     assert r.returncode == 0, out  # KubeVirt writes mode itself: the strangers' VMs keep starting
     assert "doors on KubeVirt v1.10.0 after the target: the pcitopo Plugin" in out and "  ml/llm-0: has hook, plugin" in out
+
+
+def test_a_development_build_is_judged_as_the_release_it_names_and_said_to_be_unknowable():
+    """KubeVirt's version of a main build is `git describe`: it names the last tag, not the fixes."""
+    from pcitopo.kubevirt.cluster import ClusterDump
+    from pcitopo.kubevirt.preflight import preflight
+    from pcitopo.kubevirt.targets import is_dev_build, target
+
+    assert is_dev_build("v1.9.0-beta.0.1264+d923fdb815cd20") and is_dev_build("v1.10.0-alpha.0.12+abc")
+    assert not is_dev_build("v1.9.0") and not is_dev_build("v1.9.0-rc.1")
+    cr = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+          "spec": {}, "status": {"observedKubeVirtVersion": "v1.9.0-beta.0.1264+d923fdb815cd20"}}
+    report = preflight(ClusterDump([cr]), target("kubevirt-v1.9.0"))
+    assert report.release_fits is True
+    assert any("development build" in n and "PR #18866" in n for n in report.notes)

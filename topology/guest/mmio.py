@@ -53,7 +53,7 @@ QEMU_DEFAULT_BITS = 40  # QEMU's phys-bits for CPU models other than host/max
 OVMF_DEFAULT_APERTURE = 32 * GiB  # OVMF's PcdPciMmio64Size when it cannot size the window itself
 OVMF_MIN_DYNAMIC_BITS = 41  # OVMF sizes the window from the width only above 40 bits
 # virt-launcher's x86_64 firmware at KubeVirt v1.8.0-v1.9.0 (default CentOS Stream 9 build: hack/rpm-deps.sh
-# EDK2_VERSION 20241117-8.el9, SEABIOS_VERSION 1.16.3-4.el9); docs/DEPLOY.md section 12 is held to these
+# EDK2_VERSION 20241117-8.el9, SEABIOS_VERSION 1.16.3-4.el9); docs/DEPLOY.md, "KubeVirt releases", is held to these
 EDK2_VERSION = "20241117"
 FIRMWARE_OF = "as KubeVirt 1.8-1.9's virt-launcher ships it"
 SEABIOS_MIN_BITS = 41  # the narrowest width SeaBIOS trusts whatever the CPU vendor

@@ -253,7 +253,7 @@ def hotplug_lines(h) -> list[str]:
             f"the devices without an address ({h.wanted} KubeVirt and libvirt give without pcitopo at most)")
     if h.lost:
         line += (f"; the VM lost {h.lost}: the mirrored tree leaves too few PCI bus numbers for the rest "
-                 "(docs/DEPLOY.md, \"Hotplug ports\")")
+                 "(docs/VM.md, \"Hotplug ports\")")
     return [line]
 
 
