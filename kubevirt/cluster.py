@@ -142,14 +142,9 @@ def _documents(data: bytes, name: str) -> list[Any]:
     docs = _json_stream(text)
     if docs is not None:
         return docs
-    import yaml  # only for YAML input
+    from .manifest import yaml_documents
 
-    try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"cluster dump {name} is neither JSON nor YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    return yaml_documents(text, f"cluster dump {name}")
 
 
 def _json_stream(text: str) -> list[Any] | None:

@@ -121,7 +121,12 @@ def _json_or_none(data: bytes) -> Any:
 
 
 def _load_yaml(data: bytes, name: str) -> list[Any]:
-    """Every document of the YAML text (``---`` separates them), empty ones left out."""
+    return yaml_documents(data, f"VMI {name}")
+
+
+def yaml_documents(data: bytes | str, what: str) -> list[Any]:
+    """Every document of the YAML text (``---`` separates them), empty ones left out (safe
+    loader: plain data only); one line naming ``what`` and the line when it is not YAML."""
     import yaml  # only here: see the module docstring
 
     try:
@@ -129,7 +134,7 @@ def _load_yaml(data: bytes, name: str) -> list[Any]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"VMI {name} is neither JSON nor YAML{where}: {getattr(e, 'problem', None) or e}") from None
+        raise ConfigError(f"{what} is neither JSON nor YAML{where}: {getattr(e, 'problem', None) or e}") from None
 
 
 def _the_vm_document(docs: list[Any], name: str) -> Any:
