@@ -51,7 +51,10 @@ def memnodes(root: etree._Element) -> list[str]:
 def test_each_deploy_example_predicts_the_domain_its_comment_checks(example):
     """Done when: `pcitopo domain` on the example's stand-in node prints the very domain its
     "Checked against" command names, and `xmlfix --check --vmi` runs on a predicted one."""
-    r = run("pcitopo", *EXAMPLES.domain_command(example))
+    command = EXAMPLES.domain_command(example)
+    stated = "#   pcitopo " + " ".join(str(a) for a in command) + "\n"
+    assert stated in (ROOT / example.vmi).read_text(), f"{example.vmi}'s comment should state: {stated}"
+    r = run("pcitopo", *command)
     assert r.returncode == 0, r.stderr
     assert r.stdout == example.domain.read_bytes()
     given = EXAMPLES.domain_command(example)[1:]
