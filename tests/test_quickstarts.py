@@ -41,7 +41,7 @@ from pcitopo.kubevirt.targets import TARGETS, parse_version, target
 from testkit import REPO as ROOT
 
 DEPLOY_MD = (ROOT / "docs" / "DEPLOY.md").read_text()
-DIGEST = "sha256:" + "5e" * 32
+DIGEST = "sha256:" + "4f2c0d3b" * 8  # the digest the dumps' pcitopo VM runs (fixtures/clusters)
 IMAGE = "registry.example.com/pcitopo"
 K8S = "1.36.0"
 CLUSTERS = ROOT / "fixtures" / "clusters"
