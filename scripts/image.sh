@@ -81,7 +81,9 @@ fi
 # lock files, and the sources of the wheel as .containerignore lets them through.
 digest() { find "$@" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16; }
 LOCK_DIGEST=$(digest requirements.lock requirements-build.lock)
-SOURCE_DIGEST=$(digest pyproject.toml README.md LICENSE topology sidecar)
+SOURCE_DIGEST=$(digest pyproject.toml README.md LICENSE topology kubevirt sidecar scripts/sbom.py)
+# The SBOM's creation time: the sources' commit time, so the same sources give the same file.
+SBOM_CREATED=$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || true)
 
 if [[ $PREFLIGHT == 1 ]]; then
     for arch in "${ARCHES[@]}"; do
@@ -99,7 +101,7 @@ for arch in "${ARCHES[@]}"; do
     log "building $NAME-$arch from $base"
     "${BUILD[@]}" --arch "$arch" --os linux --build-arg "BASE_IMAGE=$base" "${CA_ARGS[@]}" \
         --build-arg "LOCK_DIGEST=$LOCK_DIGEST" --build-arg "SOURCE_DIGEST=$SOURCE_DIGEST" \
-        --layers --tag "$NAME-$arch" --file Containerfile . >&2
+        --build-arg "SBOM_CREATED=$SBOM_CREATED" --layers --tag "$NAME-$arch" --file Containerfile . >&2
     secs=$(( $(date +%s) - start ))
     size=$(podman image inspect --format '{{.Size}}' "$NAME-$arch" 2>/dev/null || buildah inspect --format '{{.ImageSize}}' "$NAME-$arch")
     echo "$NAME-$arch $arch $size ${secs}s"

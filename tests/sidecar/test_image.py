@@ -195,6 +195,36 @@ def test_the_image_is_built_from_the_containerfile_and_stays_small(amd64):
         podman("image", "unmount", amd64["image"])
 
 
+def test_the_image_carries_an_sbom_of_every_package_it_ships(amd64):
+    """/usr/share/doc/pcitopo/sbom.spdx.json (scripts/sbom.py, SPDX 2.3) lists exactly the Debian
+    packages dpkg says the image holds and the Python distributions of its virtual environment
+    (pcitopo and requirements.lock's), with their versions, as purls: what a scanner reads."""
+    script = r"""
+import json, re, subprocess
+from importlib.metadata import distributions
+sbom = json.load(open("/usr/share/doc/pcitopo/sbom.spdx.json"))
+deb = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Status} ${Package} ${Version}\n"], capture_output=True,
+                     text=True).stdout
+py = [re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower() + " " + d.version for d in distributions()]
+print(json.dumps({"sbom": sbom, "deb": [x.split(" ", 1)[1] for x in deb.splitlines() if x.startswith("installed ")], "py": py}))
+"""
+    r = podman("run", "--rm", "--user", "107:107", "--read-only", "--cap-drop=ALL", "--network", "none",
+               "--entrypoint", "/opt/pcitopo/bin/python", amd64["image"], "-c", script)
+    got = json.loads(r.stdout)
+    sbom = got["sbom"]
+    assert sbom["spdxVersion"] == "SPDX-2.3" and sbom["creationInfo"]["created"].endswith("Z")
+    purls = {p["externalRefs"][0]["referenceLocator"] for p in sbom["packages"]}
+    debs = {p.split("?")[0] for p in purls if p.startswith("pkg:deb/")}
+    pys = {p for p in purls if p.startswith("pkg:pypi/")}
+    from urllib.parse import quote
+
+    assert debs == {f"pkg:deb/debian/{quote(n)}@{quote(v)}" for n, v in (x.split(" ", 1) for x in got["deb"])}
+    assert pys == {f"pkg:pypi/{quote(n)}@{quote(v)}" for n, v in (x.split(" ", 1) for x in got["py"])}
+    locked = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (REPO / "requirements.lock").read_text(), re.M))
+    assert {f"pkg:pypi/{re.sub(r'[-_.]+', '-', n).lower()}@{v}" for n, v in locked.items()} <= pys
+    assert any(p.startswith("pkg:pypi/pcitopo@") for p in pys) and not any("/apt@" in p for p in debs)
+
+
 def test_the_image_serves_virt_launcher_byte_identical_to_xmlfix(amd64, hookclient, tmp_path):
     """Three hosts x three inputs through grpc-go, in containers run as KubeVirt runs a non-root
     VMI's sidecar; the last container is stopped by Shutdown."""
