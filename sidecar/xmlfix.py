@@ -95,12 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "--check --vmi checks that the VMI asks for it and, without --cluster, assumes the cluster runs that door "
                    "(default: the doors the VMI asks for)")
     p.add_argument("--cluster", metavar="FILE", action="append",
-                   help="with --check --vmi: judge the VMI on this cluster's KubeVirt release, gates and Plugin objects "
-                   "(what `kubectl get kubevirt,plugins.plugin.kubevirt.io,nodes,vmis,vms -A -o yaml` prints; - for stdin; "
-                   "repeatable)")
+                   help="with --check --vmi: judge the VMI on this cluster's KubeVirt release, gates and Plugin objects; "
+                   "with --vmi and no domain argument, also predict its domain from it (permittedHostDevices, claims, instance "
+                   "types); what `kubectl get kubevirt,plugins.plugin.kubevirt.io,namespaces,nodes,vmis,vms -A -o yaml` "
+                   "prints; - for stdin; repeatable")
     p.add_argument("--kubevirt", metavar="VERSION",
                    help="with --check --vmi: judge the VMI on this KubeVirt release (e.g. v1.8.0), with the gates and Plugin "
-                   "objects its doors (or --door) imply; with --cluster, overrides the dump's release (default v1.9.0, assumed)")
+                   "objects its doors (or --door) imply; with --vmi and no domain argument, also predict that release's "
+                   "domain; with --cluster, overrides the dump's release (default v1.9.0, assumed)")
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
