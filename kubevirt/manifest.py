@@ -45,10 +45,7 @@ def vmi_as_json(data: bytes, name: str) -> bytes:
     yaml_input = doc is None
     if yaml_input:
         doc = _the_vm_document(_load_yaml(data, name), name)
-    if isinstance(doc, dict) and isinstance(doc.get("items"), list):
-        if len(doc["items"]) != 1:
-            raise ConfigError(f"VMI {name} is a list of {len(doc['items'])} objects: give one VMI (kubectl get vmi NAME -o yaml)")
-        doc = doc["items"][0]
+    doc = _one_item(doc, name)
     if not isinstance(doc, dict):
         if not yaml_input:
             return data  # parse_vmi says what it is
@@ -61,6 +58,28 @@ def vmi_as_json(data: bytes, name: str) -> bytes:
         return json.dumps(vmi, default=str).encode()
     except (TypeError, ValueError) as e:
         raise ConfigError(f"VMI {name}: {e}") from None
+
+
+def manifest_document(data: bytes, name: str) -> dict:
+    """The VM or VMI object a ``--vmi`` file holds, as written (a VirtualMachine stays one: its
+    instance type and preference are the prediction's), chosen by the same rules as
+    :func:`vmi_as_json`, which the caller runs first for its checks and messages."""
+    doc = _json_or_none(data)
+    if doc is None:
+        doc = _the_vm_document(_load_yaml(data, name), name)
+    doc = _one_item(doc, name)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{name}: no {VM_KIND} or {VMI_KIND} in it")
+    return doc
+
+
+def _one_item(doc: Any, name: str) -> Any:
+    """A list of exactly one object (``kubectl get vmi -o yaml`` without a name) unwrapped."""
+    if isinstance(doc, dict) and isinstance(doc.get("items"), list):
+        if len(doc["items"]) != 1:
+            raise ConfigError(f"VMI {name} is a list of {len(doc['items'])} objects: give one VMI (kubectl get vmi NAME -o yaml)")
+        return doc["items"][0]
+    return doc
 
 
 def label_not_annotation(key: str) -> str | None:

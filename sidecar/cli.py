@@ -289,8 +289,11 @@ def _cmd_domain(args: argparse.Namespace) -> int:
     from pcitopo.kubevirt.launcher.request import predicted_domain
     from pcitopo.topology.host.sysfs import open_host
 
+    from .doors import MAX_VMI_BYTES, read_bounded
+
+    manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI")
     host = open_host(args.sysfs)
-    pred = predicted_domain(args, args.vmi, host)
+    pred = predicted_domain(args, manifest, args.vmi, host)
     xml, notes = pred.xml, list(pred.notes)
     if args.call is not None:
         xml, line = _hook_input(pred, args.call, args.hook, host)

@@ -28,26 +28,9 @@ from pcitopo.topology.libvirt.document import MAX_DOMAIN_BYTES
 from pcitopo.topology.errors import ConfigError, DomainError
 from pcitopo.topology.host.sources import default_sysfs
 
-from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, Parser
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser, read_bounded
 from pcitopo.kubevirt.doors import DEFAULT_DOOR, DOORS
 
-MAX_VMI_BYTES = 4 * 1024 * 1024
-
-
-def _read_bounded(path: str, limit: int, what: str) -> bytes:
-    try:
-        if path == "-":
-            data = sys.stdin.buffer.read(limit + 1)
-        else:
-            with open(path, "rb") as fh:
-                data = fh.read(limit + 1)
-    except OSError as e:
-        err = DomainError if what == "domain" else ConfigError
-        raise err(f"cannot read {what} {path}: {e.strerror or e}") from None
-    if len(data) > limit:
-        err = DomainError if what == "domain" else ConfigError
-        raise err(f"{what} {path} is larger than {limit} bytes")
-    return data
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -112,19 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _domain_input(args: argparse.Namespace, host) -> bytes:
-    """The domain to rewrite: the argument's, or without one (and with --vmi) the predicted one,
-    said first, on stderr and as --explain's first line."""
+def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> bytes:
+    """The domain to rewrite: the argument's, or without one (and with --vmi, whose bytes
+    ``manifest`` are) the predicted one, said first, on stderr and as --explain's first line."""
     if args.domain is not None:
         for opt in ("devices", "cpu_policy"):
             if getattr(args, opt) is not None:
                 raise ConfigError(f"--{opt.replace('_', '-')} is for a predicted domain: use it without a domain argument")
-        return _read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain")
-    if not args.vmi:
+        return read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain", DomainError)
+    if manifest is None:
         raise ConfigError("no domain: give DOMAIN.xml (or - for stdin), or --vmi FILE to predict the domain")
     from pcitopo.kubevirt.launcher.request import predicted_domain
 
-    pred = predicted_domain(args, args.vmi, host)
+    pred = predicted_domain(args, manifest, args.vmi, host)
     first = (f"domain predicted (no domain argument): what KubeVirt {pred.version}'s virt-launcher would hand "
              f"the hook for {args.vmi} on this node (pcitopo domain)")
     print(f"xmlfix: {first}", file=sys.stderr)
@@ -148,13 +131,14 @@ def xmlfix(argv: Sequence[str]) -> int:
         raise ConfigError("--cluster and --kubevirt judge a VMI on a KubeVirt release: use them with --check --vmi FILE")
     if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
         raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
-    vmi = _read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
-    if vmi is not None:  # `kubectl get vmi -o yaml` is what people paste
+    manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
+    vmi = None
+    if manifest is not None:  # `kubectl get vmi -o yaml` is what people paste
         from pcitopo.kubevirt.manifest import vmi_as_json
 
-        vmi = vmi_as_json(vmi, args.vmi)
+        vmi = vmi_as_json(manifest, args.vmi)
     host = open_host(args.sysfs)
-    domain = _domain_input(args, host)
+    domain = _domain_input(args, host, manifest)
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
         from pcitopo.topology.paths.fabric import FabricFile

@@ -263,3 +263,15 @@ def test_a_pf_named_for_an_sriov_interface_gives_its_first_free_vf(tmp_path):
     root, err = domain("--vmi", path, "--sysfs", SRIOV, "--devices", "0000:9b:00.0,0000:9b:00.0")
     got = [b for _, b in sources(root)]
     assert len(set(got)) == 2 and all(b.startswith("0000:9b:00.") and not b.endswith(".0") for b in got), got
+
+
+def test_a_manifest_on_standard_input_is_read_once_by_both_doors():
+    """`--vmi -` with no domain: the door reads standard input once and hands the bytes on (a
+    second read would find it empty)."""
+    text = (ROOT / VM_GPU).read_text()
+    r = run("pcitopo", "domain", "--vmi", "-", "--sysfs", B200, "--cpu-policy", "devices", stdin=text)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == (ROOT / "fixtures" / "hgx-b200" / "examples" / "vm-gpu" / "domain.xml").read_text()
+    check = run("xmlfix", "--check", "--vmi", "-", "--sysfs", B200, "--cpu-policy", "devices", stdin=text)
+    assert check.returncode == 0, check.stderr
+    assert check.stderr.splitlines()[-1].startswith("xmlfix: check: ok: ")
