@@ -24,6 +24,8 @@ from enum import Enum
 
 from pcitopo.topology.errors import ConfigError
 
+from ..targets import parse_version
+
 # Where virt-launcher's image keeps OVMF (pkg/virt-config/virt-config.go DefaultARCHOVMFPath).
 OVMF_DIR = "/usr/share/edk2/ovmf"
 # The tags each group was read at (kubevirt/kubevirt): every patch release of the line.
@@ -109,8 +111,8 @@ def ovmf_code(version: str) -> str:
     prefers ``OVMF_CODE.secboot.fd`` (with the plain vars) over ``OVMF_CODE.fd`` from v1.9.0 on;
     v1.6.0 to v1.8.4 take ``OVMF_CODE.fd`` (the secure-boot code only where it is missing)."""
     release_of(version)  # one line for an unknown version
-    m = re.match(r"v?1\.(\d+)", str(version).strip())
-    name = "OVMF_CODE.fd" if m and int(m[1]) <= 8 else "OVMF_CODE.secboot.fd"
+    v = parse_version(str(version).strip())
+    name = "OVMF_CODE.fd" if v is not None and v < (1, 9, 0) else "OVMF_CODE.secboot.fd"
     return f"{OVMF_DIR}/{name}"
 
 

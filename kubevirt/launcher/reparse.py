@@ -4,16 +4,8 @@ the next define) gets of a hook's output (``pcitopo domain --call N``).
 virt-launcher reads a hook's output back into its Go struct ``api.DomainSpec``
 (``pkg/virt-launcher/virtwrap/api/schema.go``) and marshals that struct again for the next
 ``OnDefineDomain`` call; only the last call's raw string is defined. What survives is what the
-struct has a field for, and the struct differs per release (docs/SOURCES.md, "KubeVirt's
-re-parse, per release"):
-
-============  ====================  ===================  ===========  =========================
-release       ``Controller.Target``  ``busNr``, ``node``  ``hotplug``  ``<qemu:commandline>``
-============  ====================  ===================  ===========  =========================
-v1.6, v1.7    absent                 dropped              dropped      dropped
-v1.8, v1.9    present                kept                 dropped      dropped
-main          present                kept                 kept         restored
-============  ====================  ===================  ===========  =========================
+struct has a field for, and the struct differs per release: the table in releases.py
+(:class:`Release`'s fields; docs/SOURCES.md, "KubeVirt's re-parse, per release").
 
 Every release drops controller ``<model name>``, target ``chassis``/``port``, address
 ``multifunction``, ``<cpu><maxphysaddr>``, ``<qemu:override>``, hostdev ``<rom>``, and the
