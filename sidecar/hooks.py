@@ -103,14 +103,6 @@ class HostCache:
                 self._open(capture_identity(self.path), "; ".join(changed))
             return self._topology
 
-    def doctor(self, topo: Topology, bdfs: Sequence[Bdf], run: Callable[[Topology, Sequence[Bdf]], object]):
-        """``run(topo, bdfs)`` (the doctor's checks), remembered on the model (``Topology.recent``:
-        a new model, after a rebind, an IOMMU group change or a new capture, starts with none; the
-        hook handler keeps the same findings there, topology/checks/doctor.py ``allocation_checks``)."""
-        from pcitopo.topology.checks.doctor import KEPT_ALLOCATIONS  # not at import: Info does not wait for it
-
-        return topo.recent("doctor", tuple(bdfs), lambda: run(topo, bdfs), keep=KEPT_ALLOCATIONS)
-
 
 # -- the calls -------------------------------------------------------------------------------
 

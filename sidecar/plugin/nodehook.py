@@ -167,9 +167,10 @@ def _request(doc: dict, host: Any, settings: NodeSettings) -> tuple[Topology, Re
 
 def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | None) -> NodeVerdict:
     """The doctor's checks for the devices this VMI can have on this node. ``host`` is the
-    server's HostCache (the model, kept fresh for these devices, and the findings per model).
+    server's HostCache (the model, kept fresh for these devices); the findings are kept with the model
+    per allocation, as the domain hook keeps them (``allocation_checks``).
     Raises PcitopoError for a malformed VMI or annotation, or a node that cannot be read."""
-    from pcitopo.topology.checks.doctor import run_checks
+    from pcitopo.topology.checks.doctor import allocation_checks
 
     from ..config import annotation, options_from_vmi
 
@@ -188,7 +189,8 @@ def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | N
     if not req.devices:
         fields["reason"] = "no vfio-pci GPU or NIC on this node for this VM: nothing to check"
         return NodeVerdict("skipped", fields)
-    report, doctor_report = with_doctor_file(host.doctor(topo, req.devices, run_checks), settings.doctor)
+    # _request has just compared these devices' driver links with the model (``host.current``)
+    report, doctor_report = with_doctor_file(allocation_checks(topo, req.devices, recheck_drivers=False), settings.doctor)
     blames = _blames(report, topo, req)
     fields.update(doctor=report.summary(), doctor_findings=findings_summary(report) or None,
                   doctor_report=doctor_report, sure_failures=len(blames))
