@@ -86,27 +86,27 @@ class ClusterDump:
 
 def name_of(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` (or ``name`` for a cluster-scoped object)."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    meta = mapping(obj.get("metadata"))
     name, ns = meta.get("name", "?"), meta.get("namespace")
     return f"{ns}/{name}" if ns else str(name)
 
 
 def kubevirt_cr(obj: Mapping[str, Any]) -> KubeVirtCR:
-    spec = _dict(obj.get("spec"))
-    conf = _dict(spec.get("configuration"))
-    dev_conf = _dict(conf.get("developerConfiguration"))
+    spec = mapping(obj.get("spec"))
+    conf = mapping(spec.get("configuration"))
+    dev_conf = mapping(conf.get("developerConfiguration"))
     disabled = set(_strings(dev_conf.get("disabledFeatureGates")))
     gates = [g for g in _strings(dev_conf.get("featureGates")) if g not in disabled]
     permitted = []
-    for entry in _dict(conf.get("permittedHostDevices")).get("pciHostDevices") or []:
+    for entry in mapping(conf.get("permittedHostDevices")).get("pciHostDevices") or []:
         if isinstance(entry, Mapping) and entry.get("resourceName") and entry.get("pciVendorSelector"):
             permitted.append(PermittedPCI(str(entry["resourceName"]), str(entry["pciVendorSelector"]).lower(),
                                           bool(entry.get("externalResourceProvider"))))
-    host_devices = _dict(conf.get("permittedHostDevices"))
+    host_devices = mapping(conf.get("permittedHostDevices"))
     not_pci = tuple(str(e["resourceName"]) for kind in ("mediatedDevices", "usb") for e in host_devices.get(kind) or []
                     if isinstance(e, Mapping) and e.get("resourceName"))
-    machine = _dict(_dict(conf.get("architectureConfiguration")).get("amd64")).get("machineType")
-    version = _dict(obj.get("status")).get("observedKubeVirtVersion")
+    machine = mapping(mapping(conf.get("architectureConfiguration")).get("amd64")).get("machineType")
+    version = mapping(obj.get("status")).get("observedKubeVirtVersion")
     return KubeVirtCR(name_of(obj), str(version) if version else None, tuple(gates), tuple(permitted),
                       str(machine) if machine else None, obj, not_pci)
 
@@ -183,5 +183,6 @@ def _strings(value: Any) -> list[str]:
     return [str(v) for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
-def _dict(value: Any) -> Mapping[str, Any]:
+def mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is an object, else an empty one: a dump's optional fields, read leniently."""
     return value if isinstance(value, Mapping) else {}

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from pcitopo.topology.errors import ConfigError
 
-from .cluster import ClusterDump, name_of
+from .cluster import ClusterDump, mapping, name_of
 from .sidecar_policy import Refusal, refusal
 from .doors import PCITOPO_PLUGIN
 from .starts import Cluster, Start, Verdict, cluster_of, doors_needed, judge, opted_in, pci_devices
@@ -140,9 +140,9 @@ def _workloads(dump: ClusterDump, before: Cluster, after: Cluster) -> list[Workl
         devices = pci_devices(vmi, before.not_pci)
         if not devices:
             continue
-        meta = vmi.get("metadata") if isinstance(vmi.get("metadata"), Mapping) else {}
-        has = tuple(d for d, yes in (("hook", hook_sidecar_attachment(_dict(meta.get("annotations"))).attached),
-                                     ("plugin", plugin_selects(dict(_dict(meta.get("labels")))))) if yes)
+        meta = mapping(vmi.get("metadata"))
+        has = tuple(d for d, yes in (("hook", hook_sidecar_attachment(mapping(meta.get("annotations"))).attached),
+                                     ("plugin", plugin_selects(dict(mapping(meta.get("labels")))))) if yes)
         out.append(Workload(name, str(obj.get("kind")), tuple(devices), opted_in(vmi), judge(vmi, before),
                             judge(vmi, after), has))
     return out
@@ -153,7 +153,7 @@ def _policy_harms(dump: ClusterDump, image: str | None) -> list[PolicyHarm]:
     Sidecar policy would refuse at its next start, with or without PCI devices."""
     from .manifest import HOOK_SIDECARS, as_vmi
 
-    namespaces = {name_of(o): dict(_dict(_dict(o.get("metadata")).get("labels"))) for o in dump.of_kind("Namespace")}
+    namespaces = {name_of(o): dict(mapping(mapping(o.get("metadata")).get("labels"))) for o in dump.of_kind("Namespace")}
     vms = {name_of(o) for o in dump.of_kind("VirtualMachine")}
     out = []
     for obj in dump.workloads:
@@ -164,8 +164,8 @@ def _policy_harms(dump: ClusterDump, image: str | None) -> list[PolicyHarm]:
             vmi = as_vmi(obj, name)
         except ConfigError:
             continue
-        meta = _dict(vmi.get("metadata"))
-        annotations = _dict(meta.get("annotations"))
+        meta = mapping(vmi.get("metadata"))
+        annotations = mapping(meta.get("annotations"))
         if HOOK_SIDECARS not in annotations:
             continue
         why = refusal(annotations[HOOK_SIDECARS], namespaces.get(str(meta.get("namespace"))), image)
@@ -175,9 +175,9 @@ def _policy_harms(dump: ClusterDump, image: str | None) -> list[PolicyHarm]:
 
 
 def _gpu_node(node: Mapping[str, Any], permitted: set[str]) -> GpuNode | None:
-    meta = _dict(node.get("metadata"))
-    labels = _dict(meta.get("labels"))
-    why = [f"allocatable {k}: {v}" for k, v in _dict(_dict(node.get("status")).get("allocatable")).items()
+    meta = mapping(node.get("metadata"))
+    labels = mapping(meta.get("labels"))
+    why = [f"allocatable {k}: {v}" for k, v in mapping(mapping(node.get("status")).get("allocatable")).items()
            if (str(k).startswith("nvidia.com/") or k in permitted) and _positive(v)]
     why += [f"label {k}={v}" for k, v in GPU_NODE_TERMS if labels.get(k) == v]
     return GpuNode(str(meta.get("name", "?")), tuple(why), is_gpu_node(dict(labels))) if why else None
@@ -232,6 +232,3 @@ def _positive(value: Any) -> bool:
     except ValueError:
         return False
 
-
-def _dict(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Iterable, Mapping
 
+from .cluster import mapping
 from .doors import PLUGIN_LABEL, PLUGIN_LABEL_VALUE, PCITOPO_PLUGIN, plugin_selects
 from .manifest import HOOK_SIDECARS, NOT_STARTED, hook_sidecar_attachment
 from .targets import parse_version, target
@@ -122,7 +123,7 @@ def assumed_cluster(vmi: Mapping[str, Any], release: str, why: str, door: str | 
 def pci_devices(vmi: Mapping[str, Any], not_pci: Iterable[str] = ()) -> list[str]:
     """The VMI's devices that KubeVirt passes as PCI hostdevs: ``gpus`` and ``hostDevices``
     (device plugin or DRA claim), SR-IOV interfaces; mediated and USB resources aside."""
-    devices = _dict(_dict(_dict(vmi.get("spec")).get("domain")).get("devices"))
+    devices = mapping(mapping(mapping(vmi.get("spec")).get("domain")).get("devices"))
     skip = set(not_pci)
     out = []
     for kind in ("gpus", "hostDevices"):
@@ -279,12 +280,9 @@ def _label_does_nothing(labels: Mapping[str, Any], cluster: Cluster) -> str:
 
 
 def _labels(vmi: Mapping[str, Any]) -> Mapping[str, Any]:
-    return _dict(_dict(vmi.get("metadata")).get("labels"))
+    return mapping(mapping(vmi.get("metadata")).get("labels"))
 
 
 def _annotations(vmi: Mapping[str, Any]) -> Mapping[str, Any]:
-    return _dict(_dict(vmi.get("metadata")).get("annotations"))
+    return mapping(mapping(vmi.get("metadata")).get("annotations"))
 
-
-def _dict(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from pcitopo.topology.errors import ConfigError
 
 def add_prediction_args(p: argparse.ArgumentParser, shared: bool = True) -> None:
     """The options a prediction takes (``pcitopo domain``; ``xmlfix --vmi`` without a domain,
