@@ -18,7 +18,7 @@ from pcitopo.topology.host.sysfs import open_host
 from pcitopo.topology.model.tree import Bdf, Role
 from pcitopo.topology.paths import ncclxml
 from pcitopo.topology.paths.ncclprice import nccl_busid, nccl_tree
-from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
+from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
 from pcitopo.topology.paths.nccltree import link_order
 from testkit.nccl.graph import Graph, Node
 from testkit.synth import host_from_topo
@@ -46,9 +46,8 @@ def _shape(g: Graph, name: dict[str, str]) -> list:
     return sorted((walk(cpu) for cpu in g.cpus), key=repr)
 
 
-def _file_and_names(fixture: str):
-    host = open_host(str(FIXTURES / fixture))
-    result = rewrite_domain((FIXTURES / fixture / "domain.xml").read_bytes(), host)
+def _file_and_names(host, domain: bytes):
+    result = rewrite_domain(domain, host)
     h2g = result.guest.host_to_guest
     host_ids, host_names, guest_names = [], {}, {}
     for f in host.functions():
@@ -58,12 +57,50 @@ def _file_and_names(fixture: str):
             gbusid = str(gb.with_function(0)) if host.role(f) == Role.NIC else str(gb)
             host_names[hb] = guest_names[gbusid] = f"{host.role(f).name} {hb}"
             host_ids.append(hb)
-    return host, sorted(set(host_ids)), (host_names, guest_names), result.nccl_topo
+    return sorted(set(host_ids)), (host_names, guest_names), result.nccl_topo
 
 
 @pytest.mark.parametrize("fixture", GOLDEN_HOSTS)
 def test_the_files_switch_tree_is_nccls_view_of_the_host(fixture):
-    host, host_ids, (host_names, guest_names), file = _file_and_names(fixture)
+    host = open_host(str(FIXTURES / fixture))
+    _assert_file_is_nccls_view(host, (FIXTURES / fixture / "domain.xml").read_bytes())
+
+
+# An HGX A100 baseboard's own switches carry NVIDIA's subsystem id (NCCL's topology print in
+# NVIDIA/nccl#879 shows 1000:c010 10de:13b8 per GPU), which NCCL never flattens: all three tiers stay.
+HGX_A100_PAIR = """numa 0 cpus=0-15
+numa 1 cpus=16-31
+rc 0000:00 numa=0
+  rp 00:01.1 preset=amd-rp
+    us 01:00.0 preset=pex-gen4 sub=1000:a096
+      ds 02:00.0
+        us 03:00.0 preset=pex-gen4 sub=10de:13b8
+          ds 04:00.0
+            us 05:00.0 preset=pex-gen4 sub=10de:13b8
+              ds 06:00.0
+                ep 07:00.0 preset=a100-sxm4
+      ds 02:01.0
+        us 08:00.0 preset=pex-gen4 sub=10de:13b8
+          ds 09:00.0
+            ep 0a:00.0 preset=cx6-ib driver=vfio-pci
+          ds 09:01.0
+            us 0b:00.0 preset=pex-gen4 sub=10de:13b8
+              ds 0c:00.0
+                ep 0d:00.0 preset=a100-sxm4
+              ds 0c:01.0
+                ep 0e:00.0 preset=cx6-ib driver=vfio-pci
+"""
+
+
+def test_three_tiers_nccl_keeps_are_three_tiers_in_the_file():
+    host = host_from_topo(HGX_A100_PAIR)
+    assert len(_host_graph(host, ["0000:07:00.0"]).chain("0000:07:00.0")) == 3
+    domain = with_efi(kubevirt_domain(host, DomainSpec("all", tuple(gpus_and_nics(host)))))
+    _assert_file_is_nccls_view(host, domain)
+
+
+def _assert_file_is_nccls_view(host, domain: bytes) -> None:
+    host_ids, (host_names, guest_names), file = _file_and_names(host, domain)
     assert file.data and not file.notes, file.notes
     system = ncclxml.parse(file.data)
     guest_ids = {n.get("busid") for n in system.walk() if n.name == "pci" and n.get("busid") in guest_names}
