@@ -72,8 +72,10 @@ PRESETS: dict[str, Look] = {
     "b200": _look("10de:2901", "10de:1999", 0x030200, "32", 16, "vfio-pci"),  # sub: guess
     "b300": _look("10de:3182", "10de:20ea", 0x030200, "64", 16, "vfio-pci"),  # sub: guess
     "a100-pcie": _look("10de:20f1", "10de:145f", 0x030200, "16", 16, "vfio-pci"),
+    "a100-sxm4": _look("10de:20b0", "10de:134f", 0x030200, "16", 16, "vfio-pci"),  # NVIDIA/nccl#1505's dump
     "l40s": _look("10de:26b9", "10de:1851", 0x030200, "16", 16, "vfio-pci"),
     "nvswitch-h100": _look("10de:22a3", "10de:1796", 0x068000, "16", 2, "vfio-pci"),  # sub, link: guess
+    "nvswitch-a100": _look("10de:1af1", "10de:1612", 0x068000, "16", 2, "vfio-pci"),  # sub, link: guess
     # NVIDIA/Mellanox networking
     "cx7-ib": _look("15b3:1021", "15b3:0023", 0x020700, "32", 16, "mlx5_core", vf=_MLX_VF),
     "cx7-eth": _look("15b3:1021", "15b3:0023", 0x020000, "32", 16, "mlx5_core", vf=_MLX_VF),
@@ -85,6 +87,7 @@ PRESETS: dict[str, Look] = {
     "cx8-switch": _look("15b3:197c", "15b3:0026", 0x060400, "64", 16, "pcieport"),  # sub: guess
     "cx8-switch-l2": _look("15b3:1979", "15b3:0026", 0x060400, "64", 16, "pcieport"),  # sub: guess
     "cx8-dd": _look("15b3:2100", "15b3:0026", 0x080100, "64", 16, "mlx5_core"),  # sub, class: guess
+    "cx6-ib": _look("15b3:101b", "15b3:0007", 0x020700, "16", 16, "mlx5_core", vf=_MLX_VF),  # NVIDIA/nccl#1505
     "cx6-dx": _look("15b3:101d", "15b3:0016", 0x020000, "16", 16, "mlx5_core", vf=_MLX_VF),  # sub: guess
     "bf3": _look("15b3:a2dc", "15b3:0051", 0x020000, "32", 16, "mlx5_core", vf=_MLX_VF),  # sub: guess
     # Broadcom PEX switches. NCCL flattens c030 with subsystem 1000:0xxx over 1000:1xxx and
@@ -118,12 +121,15 @@ BARS: dict[str, tuple[tuple[int, int, int], ...]] = {
     "b200": ((0, 64 * MiB, _M32), (1, 256 * _GiB, _P64), (3, 32 * MiB, _P64)),
     "b300": ((0, 64 * MiB, _M32), (1, 256 * _GiB, _P64), (3, 32 * MiB, _P64)),  # guess: B200's
     "a100-pcie": ((0, 16 * MiB, _M32), (1, 64 * _GiB, _P64), (3, 32 * MiB, _P64)),  # guess
+    "a100-sxm4": ((0, 16 * MiB, _M32), (1, 64 * _GiB, _P64), (3, 32 * MiB, _P64)),  # the 40 GB board's
     "l40s": ((0, 16 * MiB, _M32), (1, 64 * _GiB, _P64), (3, 32 * MiB, _P64)),  # guess
     "nvswitch-h100": ((0, 32 * MiB, _M32),),  # guess
+    "nvswitch-a100": ((0, 32 * MiB, _M32),),  # guess
     "cx7-ib": ((0, 32 * MiB, _P64),),
     "cx7-eth": ((0, 32 * MiB, _P64),),
     "cx8-ib": ((0, 32 * MiB, _P64),),  # guess: ConnectX-7's
     "cx6-dx": ((0, 32 * MiB, _P64),),  # guess
+    "cx6-ib": ((0, 32 * MiB, _P64),),  # guess
     "bf3": ((0, 32 * MiB, _P64),),  # guess
     "nvme": ((0, 16 * 1024, _N64),),
     "bmc-vga": ((0, 64 * MiB, _M32), (1, 256 * 1024, _M32), (2, 128, _IO)),  # guess

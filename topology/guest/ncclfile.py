@@ -26,6 +26,7 @@ from lxml import etree
 from ..model.tree import Bdf, Role, Topology
 from ..paths import ncclxml
 from ..paths.ncclprice import nccl_busid, nccl_tree
+from ..paths.nccltree import link_order
 
 
 @dataclass
@@ -47,6 +48,7 @@ def write_nccl_file(host: Topology, guest: Topology, host_to_guest: dict[Bdf, Bd
     htree, gtree = nccl_tree(host), nccl_tree(guest)
     system = etree.Element("system", version=ncclxml.TOPO_XML_VERSION)
     nodes: dict[str, etree._Element] = {}
+    order: dict[etree._Element, tuple] = {}  # each element's place among its siblings, as on the host
     out = NcclFile()
     functions: dict[Bdf, list[Role]] = {}
     for b in placed:
@@ -69,13 +71,15 @@ def write_nccl_file(host: Topology, guest: Topology, host_to_guest: dict[Bdf, Bd
             parent = nodes["cpu " + numaid] = etree.SubElement(system, "cpu", numaid=numaid)
         for depth in range(len(gchain) - 1, -1, -1):
             parent = _node(nodes, parent, gchain[depth], hchain[depth], depth == 0, out.notes)
+            order.setdefault(parent, link_order(hchain[depth], hchain[depth + 1] if depth + 1 < len(hchain) else None))
         out.devices += 1
         out.gpus += functions[hb].count(Role.GPU)
         out.nics += functions[hb].count(Role.NIC)
     if not out.devices:
         return out
-    for el in [system, *system.iter("cpu", "pci")]:  # NCCL keeps PCI children ordered by address
-        el[:] = sorted(el, key=lambda c: (c.get("numaid") or "", c.get("busid") or ""))
+    system[:] = sorted(system, key=lambda c: c.get("numaid") or "")
+    for el in system.iter("cpu", "pci"):  # NCCL keeps the file's order: the host's, not the guest's bus ids
+        el[:] = sorted(el, key=order.__getitem__)
     etree.indent(system, space="  ")
     out.data = etree.tostring(system, encoding="ascii") + b"\n"
     ncclxml.parse(out.data)  # a file NCCL would refuse is our bug: fail loudly here, not in the guest

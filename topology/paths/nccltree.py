@@ -169,6 +169,21 @@ def bcm_gen(n: XmlNode, level: int) -> int:
     return 0
 
 
+def link_order(node: XmlNode, flat_parent: Optional[XmlNode]) -> tuple:
+    """Where NCCL's graph lists ``node`` among the down links of ``flat_parent`` (its parent after
+    flattening; None: a CPU). NCCL keeps a topology file's element order and the host's sysfs
+    order is by bus id (``ncclTopoGetXmlFromSys``), so a switch links its own children in bus-id
+    order; ``ncclTopoFlattenBcmSwitches`` then removes each folded sub-switch's link and appends
+    that sub-switch's children after the switch's own, sub-switch by sub-switch; and
+    ``ncclTopoSort`` only moves the up link last. A search that breaks ties by link order (GPU
+    order in a ring, NIC order per channel) sees the guest's file in this order or not at all."""
+    raw = node.parent
+    busid = node.get("busid") or ""
+    if flat_parent is None or raw is None or raw is flat_parent or raw.name != "pci":
+        return (0, busid)
+    return (1, raw.get("busid") or "", busid)
+
+
 def _flatten(chain: List[XmlNode]) -> List[XmlNode]:
     """Drop from a chain (nearest first) every switch NCCL folds into its parent: a level-1
     Broadcom switch directly below a level-0 one of the same generation that has not itself

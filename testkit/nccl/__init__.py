@@ -1,0 +1,1 @@
+"""Models of NCCL's own code, kept apart from the product's, for tests to hold the two equal."""
