@@ -153,11 +153,13 @@ class Hooks:
     the call's status."""
 
     def __init__(self, host: HostCache, log: JsonLog, stop: threading.Event, fabric: Callable | None = None,
-                 permitted: Any = None):
+                 permitted: Any = None, doctor_file: Any = None):
         self.host = host
         # the node hook's KubeVirt permittedHostDevices (sidecar.plugin.nodehook.PermittedDevices), or None
         self.permitted = permitted
         self.fabric = fabric  # topology.paths.fabric.FabricFile, or None without --fabric
+        # the doctor's report (sidecar.plugin.doctorfile.DoctorFile) for the domain hook's unknown checks, or None
+        self.doctor_file = doctor_file
         self.log = log
         self.stop = stop
         self._calls = 0
@@ -202,7 +204,7 @@ class Hooks:
         from . import core  # the first call imports it (see the module docstring)
 
         try:
-            out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric)
+            out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric, self.doctor_file)
         except PcitopoError as e:
             self.log(
                 event, level="error", **door, vmi=_vmi_ref(vmi_json), call=call,

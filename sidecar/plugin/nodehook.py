@@ -17,7 +17,6 @@ not running, so this is a pure function of the node, the doctor's report and the
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -26,7 +25,7 @@ from pcitopo.topology.errors import ConfigError, DoctorError, VmiError
 from pcitopo.topology.model.tree import Topology
 
 from .devices import Request, failing_candidates, listed, paths_of, requested_devices
-from .doctorfile import DoctorFile, with_doctor_file
+from .doctorfile import DoctorFile, owner_text, with_doctor_file
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,6 @@ class PermittedDevices:
 # that leaves room for an etcd configured higher, and keeps one call's parse to about 20 MiB
 # (measured: tests/sidecar/test_plugin_nodehook.py, the memory test).
 MAX_VMI_BYTES = 3 * 1024 * 1024
-_ADDRESS = re.compile(r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
 
 
 @dataclass(frozen=True)
@@ -110,12 +108,12 @@ def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[str]:
     checks, failing devices of a certain group, and groups more of whose candidates fail than
     the VM can avoid."""
     failed = report.failed
-    out = [_finding_text(f) for f in failed if f.bdf is None]
+    out = [owner_text(f) for f in failed if f.bdf is None]
     failed_at = {f.bdf for f in failed if f.bdf}
     for g in req.groups:
         if g.certain:
             mine = paths_of(topo, g.candidates)
-            out += [_finding_text(f, mine) for f in failed if f.bdf in mine]
+            out += [owner_text(f, mine) for f in failed if f.bdf in mine]
             continue
         bad = failing_candidates(topo, g, failed_at)
         if len(bad) > len(g.candidates) - g.count:
@@ -123,14 +121,6 @@ def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[str]:
             out.append(f"{g.what}: {len(bad)} of the {len(g.candidates)} devices it can be given on this node "
                        f"fail {', '.join(checks)}, so at least one of this VM's {g.count} does")
     return list(dict.fromkeys(out))
-
-
-def _finding_text(f: Finding, mine: set[str] = frozenset()) -> str:
-    """The finding in one line, with any address that is not on the VM's own paths (an IOMMU
-    group's other member, say) shown as "another device": the refusal reaches the VM's owner."""
-    where = f"{f.label} {f.bdf}" if f.bdf else "the host"
-    text = f"{f.check} {where}: {f.message}" + (f"; fix: {f.fix}" if f.fix else "")
-    return _ADDRESS.sub(lambda m: m.group(0) if m.group(0) in mine else "another device", text)
 
 
 def refusal(blames: list[str], req: Request, node: str, policy_note: str) -> DoctorError:
