@@ -346,9 +346,10 @@ def _check_sources(domain_xml: bytes, topo: Topology | None, why: PcitopoError |
         if options.doctor != "off":
             summary["doctor"] = {"error": f"{why.kind}: {why.reason[:300]}"}
         return None
-    if missing and options.doctor == "require":
-        raise DoctorError(f"cannot check the host's readiness (annotation {annotation('doctor')} is require): the host has "
-                          f"no device {missing[0]}, a hostdev of this domain")
     summary.update(nvlink_fields(topo, fabric, options.nvlink, present)[0])
     pairing_check(topo, present, options.pairing, summary)
-    return _doctor(topo, present, options, summary, doctor_file=doctor_file)
+    doctor = _doctor(topo, present, options, summary, doctor_file=doctor_file)
+    if missing and options.doctor == "require":  # after the devices it could check: a failure there says more
+        raise DoctorError(f"cannot check the host's readiness (annotation {annotation('doctor')} is require): the host has "
+                          f"no device {missing[0]}, a hostdev of this domain")
+    return doctor

@@ -112,11 +112,11 @@ def test_a_refusal_for_the_vms_own_device_names_no_other_device(faults):
     assert set(BDF.findall(msg)) <= gpus | bridges
 
 
-def test_doctor_report_option_is_for_the_node_hook_only(tmp_path):
+def test_permitted_host_devices_option_is_for_the_node_hook_only(tmp_path):
     import subprocess
 
     from testkit.server_proc import serve_argv
 
-    r = subprocess.run([*serve_argv(tmp_path / "s.sock", fixture_sysfs("hgx-b200")), "--doctor-report", str(tmp_path / "d.json")],
+    r = subprocess.run([*serve_argv(tmp_path / "s.sock", fixture_sysfs("hgx-b200")), "--permitted-host-devices", str(tmp_path / "k.yaml")],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--doctor-report is for --node-hook" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--permitted-host-devices is for --node-hook" in r.stderr
