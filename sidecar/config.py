@@ -181,8 +181,9 @@ class VmiFacts:
 
     @property
     def ref(self) -> str:
-        """``namespace/name`` for log lines (``-`` where unknown)."""
-        return f"{self.namespace or '-'}/{self.name or '-'}"
+        """``namespace/name`` for log lines (``-`` where unknown), each cut to the longest name
+        Kubernetes allows (253): a VMI handed to a door by hand can carry any length."""
+        return "/".join((n[:253] + "...") if len(n) > 253 else n for n in (self.namespace or "-", self.name or "-"))
 
     def domain_mismatch(self, domain_name: str | None) -> str | None:
         """Why a domain does not look like this VMI's, or None: virt-launcher names the domain
@@ -205,8 +206,14 @@ def parse_vmi(vmi_json: bytes | str | None) -> VmiFacts:
     no annotations, so every option takes its default. Anything else must be a JSON object
     whose ``metadata`` (if present) is an object and whose ``metadata.annotations`` (if present)
     maps strings to strings, as in Kubernetes. Raises VmiError otherwise."""
+    return vmi_facts(load_vmi(vmi_json))
+
+
+def load_vmi(vmi_json: bytes | str | None) -> dict | None:
+    """The VMI JSON as a parsed object (None for no VMI); raises VmiError otherwise. A caller
+    that needs more of the VMI than :class:`VmiFacts` (the node hook) parses it once here."""
     if vmi_json is None or len(vmi_json) == 0:
-        return VmiFacts()
+        return None
     try:
         doc = json.loads(vmi_json)
     except RecursionError:
@@ -215,6 +222,13 @@ def parse_vmi(vmi_json: bytes | str | None) -> VmiFacts:
         raise VmiError(f"VMI JSON is malformed: {e}") from None
     if not isinstance(doc, dict):
         raise VmiError(f"VMI JSON is a {type(doc).__name__}, not an object")
+    return doc
+
+
+def vmi_facts(doc: dict | None) -> VmiFacts:
+    """:class:`VmiFacts` of a parsed VMI (:func:`load_vmi`); raises VmiError on a wrong type."""
+    if doc is None:
+        return VmiFacts()
     meta = doc.get("metadata", {})
     if meta is None:
         meta = {}

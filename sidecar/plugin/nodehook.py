@@ -68,11 +68,12 @@ class PermittedDevices:
         return cls({k: tuple(v) for k, v in out.items()})
 
 
-# The largest VMI JSON the node hook reads. Kubernetes keeps objects in etcd, whose default
-# request limit (--max-request-bytes) is 1.5 MiB, so no VMI virt-handler sends is larger; twice
-# that leaves room for an etcd configured higher, and keeps one call's parse to about 20 MiB
-# (measured: tests/sidecar/test_plugin_nodehook.py, the memory test).
-MAX_VMI_BYTES = 3 * 1024 * 1024
+# The largest VMI JSON the node hook reads: etcd's default request limit (--max-request-bytes,
+# 1.5 MiB), the most a Kubernetes object holds on a default cluster, so no VMI virt-handler sends
+# there is larger. It follows from the memory a call takes: the server's peak (VmHWM) with both
+# workers parsing a VMI this large at once stays well under the container's 160Mi
+# (tests/sidecar/test_plugin_nodehook.py, the peak test; docs/SECURITY.md gives the figures).
+MAX_VMI_BYTES = 3 * 512 * 1024
 
 
 @dataclass(frozen=True)
@@ -91,16 +92,6 @@ def node_settings(permitted_path: str | None, doctor_report: str | None) -> Node
 
     permitted = PermittedDevices.read(permitted_path) if permitted_path else None
     return NodeSettings(permitted, DoctorFile(doctor_report or DEFAULT_DOCTOR_REPORT))
-
-
-def _vmi_doc(vmi_json: bytes) -> dict:
-    try:
-        doc = json.loads(vmi_json) if vmi_json else {}
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise VmiError("VMI JSON is malformed") from None
-    if not isinstance(doc, dict):
-        raise VmiError("VMI JSON is not an object")
-    return doc
 
 
 def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[str]:
@@ -155,25 +146,44 @@ def _request(doc: dict, host: Any, settings: NodeSettings) -> tuple[Topology, Re
     return topo, req
 
 
-def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | None) -> NodeVerdict:
+@dataclass(frozen=True)
+class NodeVmi:
+    """The VMI of one ExecuteNodeHook call, parsed once: the document, who it is, its options."""
+
+    doc: dict
+    facts: Any  # sidecar.config.VmiFacts
+    options: Any  # sidecar.config.HookOptions
+
+    @classmethod
+    def read(cls, vmi_json: bytes) -> "NodeVmi":
+        """Raises VmiError for a VMI over :data:`MAX_VMI_BYTES` (before parsing: a parse takes
+        several times the bytes in memory) or malformed, ConfigError for a bad annotation."""
+        from ..config import load_vmi, options_from_annotations, vmi_facts
+
+        if len(vmi_json) > MAX_VMI_BYTES:
+            raise VmiError(f"the VMI is {len(vmi_json)} bytes, over the node hook's {MAX_VMI_BYTES} (etcd's default "
+                           f"object limit): not a VMI virt-handler sends")
+        doc = load_vmi(vmi_json) or {}
+        facts = vmi_facts(doc)
+        return cls(doc, facts, options_from_annotations(facts.annotations))
+
+
+def check_node(vmi: "NodeVmi | bytes", node: str, host: Any, settings: NodeSettings | None) -> NodeVerdict:
     """The doctor's checks for the devices this VMI can have on this node. ``host`` is the
     server's HostCache (the model, kept fresh for these devices); the findings are kept with the model
     per allocation, as the domain hook keeps them (``allocation_checks``).
     Raises PcitopoError for a malformed VMI or annotation, or a node that cannot be read."""
     from pcitopo.topology.checks.doctor import allocation_checks
 
-    from ..config import annotation, options_from_vmi
+    from ..config import annotation
 
     settings = settings or NodeSettings()
-    if len(vmi_json) > MAX_VMI_BYTES:  # answered before parsing: a parse is ~10x the bytes in memory
-        return NodeVerdict("not-ready", {"vmi_bytes": len(vmi_json)}, VmiError(
-            f"the VMI is {len(vmi_json)} bytes, over the node hook's {MAX_VMI_BYTES} (twice etcd's default object "
-            f"limit): not a VMI virt-handler sends"))
-    vmi, options = options_from_vmi(vmi_json)
-    fields: dict[str, Any] = {"vmi": vmi.ref}
+    vmi = vmi if isinstance(vmi, NodeVmi) else NodeVmi.read(vmi)
+    options = vmi.options
+    fields: dict[str, Any] = {"vmi": vmi.facts.ref}
     if options.doctor == "off":
         return NodeVerdict("skipped", {**fields, "reason": f"annotation {annotation('doctor')} is off"})
-    topo, req = _request(_vmi_doc(vmi_json), host, settings)
+    topo, req = _request(vmi.doc, host, settings)
     fields.update(device_source=req.source, vm_devices={g.what: g.count for g in req.groups[:16]} or None,
                   devices=len(req.devices), could_not_know=list(req.unknown[:16]) or None)
     if not req.devices:
@@ -186,10 +196,17 @@ def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | N
                   doctor_report=doctor_report, sure_failures=len(blames))
     if not blames:
         if not report.failed:
+            fields["reason"] = DECIDED_AT_DEFINE
             return NodeVerdict("ready", fields)
         fields["reason"] = ("no failing check is surely this VM's: it may get other devices than the failing ones"
-                            + (f" (could not tell which devices are the VM's for {listed(req.unknown)})" if req.unknown else ""))
+                            + (f" (could not tell which devices are the VM's for {listed(req.unknown)})" if req.unknown else "")
+                            + f"; {DECIDED_AT_DEFINE}")
         return NodeVerdict("not-ready", fields)
     if options.doctor == "require":
         return NodeVerdict("not-ready", fields, refusal(blames, req, node, f"annotation {annotation('doctor')} is require"))
     return NodeVerdict("not-ready", fields)
+
+
+# What a node hook that does not refuse says: it never admits for the domain hook, which sees the
+# VM's exact devices when the domain is defined and decides there (docs/VM.md, "doctor: require").
+DECIDED_AT_DEFINE = "the domain hook decides at define, on the VM's exact devices"
