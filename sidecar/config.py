@@ -23,8 +23,9 @@ GPUs of the host, and ``doctor`` (below) on its hostdevs the host has (sidecar/c
 
 ``doctor`` runs the host-readiness checks of ``pcitopo doctor`` for the devices the hook places
 and puts the findings in the log line: ``warn`` only reports, ``require`` stops the VM start
-when a check fails (whatever ``on-error`` says), ``off`` skips the checks. A check the
-unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and never stops a VM.
+when a check fails or cannot be confirmed (whatever ``on-error`` says), ``off`` skips the
+checks. A check the unprivileged sidecar cannot read (ACS and ATS need root) is taken from the
+doctor's report; without it, it stays ``unknown``: ``warn`` logs it, ``require`` refuses.
 
 ``pairing`` compares, for each GPU of the VM, its best NIC in the VM with its best NIC on the
 host (topology/paths/pairing.py): a GPU given a NIC further away, in NCCL's view (the one that
@@ -91,7 +92,7 @@ class HookOptions(BaseModel):
     )
     doctor: Literal["require", "warn", "off"] = Field(
         "warn",
-        description="host-readiness checks for the placed devices: require (a failed check stops the VM start), "
+        description="host-readiness checks for the placed devices: require (a failed or unconfirmed check stops the VM start), "
         "warn (log only), off",
     )
     # The MMIO budget and P2P cliques: on by default, as large-BAR GPUs need them to work in the guest
