@@ -12,6 +12,13 @@ VM's: a host-wide check, a failing device of a request whose candidates are all 
 request more of whose candidates fail than the VM can avoid (named by its resource, never by
 another VM's device). ``warn`` logs and lets it start. Hook points fire again while the VM is
 not running, so this is a pure function of the node, the doctor's report and the VMI.
+
+It is an early, best-effort refusal, never an admission: the domain hook (``sidecar.core``)
+sees the VM's exact devices at define and decides ``require`` there, also for what the node
+hook lets through. A DRA device's address is only in the KEP-5304 file inside the VM's pod; the
+kubelet's pod-resources socket would name it, but would also show this DaemonSet every pod's
+devices on the node, so DRA VMs are left to the domain hook (docs/VM.md, "What `doctor:
+require` guarantees").
 """
 
 from __future__ import annotations
