@@ -10,8 +10,9 @@ The two policies:
   ``pcitopo.kubevirt.io/hook-sidecars: allowed``, and only the documented form: a JSON list of
   objects whose first key is ``image`` (a repository by digest, not the all-zero placeholder),
   other keys only ``imagePullPolicy``, ``args`` (none, or ``--fabric /etc/pcitopo/fabric.json``
-  [``--module-map /etc/pcitopo/module-map.json``]) and ``configMap`` (``name``, ``key``,
-  ``hookPath`` at one of those two files), strings without escapes;
+  [``--module-map /etc/pcitopo/module-map.json``]), ``configMap`` (``name``, ``key``,
+  ``hookPath`` at one of those two files) and ``pvc`` (only the doctor's report:
+  :data:`DOCTOR_REPORT_PVC`), strings without escapes;
 - pcitopo-hook-sidecars-image (params: the PodTemplate): in those namespaces, only the
   PodTemplate's exact image.
 """
@@ -27,6 +28,8 @@ NAMESPACE_LABEL = ("pcitopo.kubevirt.io/hook-sidecars", "allowed")
 FILES = ("/etc/pcitopo/fabric.json", "/etc/pcitopo/module-map.json")
 ARGS = ([], ["--fabric", FILES[0]], ["--fabric", FILES[0], "--module-map", FILES[1]])
 PULL = ("Always", "IfNotPresent", "Never")
+# The one pvc the policy admits (deploy/doctor-report-volume.yaml), as its keys come in order.
+DOCTOR_REPORT_PVC = [("name", "pcitopo-doctor-report"), ("volumePath", "/var/run/pcitopo")]
 _BY_DIGEST = re.compile(r"[^\"\\\s@]+@sha256:[0-9a-f]{64}")
 _ZERO = "@sha256:" + "0" * 64
 
@@ -108,4 +111,6 @@ def _field_problem(key: str, value: Any) -> str | None:
             if k == "hookPath" and v not in FILES:
                 return f"configMap hookPath {v!r} (only {' or '.join(FILES)})"
         return None
-    return f"field {key!r} (command, pvc and others may make the image run something else)"
+    if key == "pvc":
+        return None if value == DOCTOR_REPORT_PVC else "pvc other than the doctor's report (pcitopo-doctor-report at /var/run/pcitopo)"
+    return f"field {key!r} (command and others may make the image run something else)"

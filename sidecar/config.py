@@ -23,8 +23,9 @@ GPUs of the host, and ``doctor`` (below) on its hostdevs the host has (sidecar/c
 
 ``doctor`` runs the host-readiness checks of ``pcitopo doctor`` for the devices the hook places
 and puts the findings in the log line: ``warn`` only reports, ``require`` stops the VM start
-when a check fails (whatever ``on-error`` says), ``off`` skips the checks. A check the
-unprivileged sidecar cannot read (ACS and ATS need root) is ``unknown`` and never stops a VM.
+when a check fails or cannot be confirmed (whatever ``on-error`` says), ``off`` skips the
+checks. A check the unprivileged sidecar cannot read (ACS and ATS need root) is taken from the
+doctor's report; without it, it stays ``unknown``: ``warn`` logs it, ``require`` refuses.
 
 ``pairing`` compares, for each GPU of the VM, its best NIC in the VM with its best NIC on the
 host (topology/paths/pairing.py): a GPU given a NIC further away, in NCCL's view (the one that
@@ -91,7 +92,7 @@ class HookOptions(BaseModel):
     )
     doctor: Literal["require", "warn", "off"] = Field(
         "warn",
-        description="host-readiness checks for the placed devices: require (a failed check stops the VM start), "
+        description="host-readiness checks for the placed devices: require (a failed or unconfirmed check stops the VM start), "
         "warn (log only), off",
     )
     # The MMIO budget and P2P cliques: on by default, as large-BAR GPUs need them to work in the guest
@@ -181,8 +182,9 @@ class VmiFacts:
 
     @property
     def ref(self) -> str:
-        """``namespace/name`` for log lines (``-`` where unknown)."""
-        return f"{self.namespace or '-'}/{self.name or '-'}"
+        """``namespace/name`` for log lines (``-`` where unknown), each cut to the longest name
+        Kubernetes allows (253): a VMI handed to a door by hand can carry any length."""
+        return "/".join((n[:253] + "...") if len(n) > 253 else n for n in (self.namespace or "-", self.name or "-"))
 
     def domain_mismatch(self, domain_name: str | None) -> str | None:
         """Why a domain does not look like this VMI's, or None: virt-launcher names the domain
@@ -205,8 +207,14 @@ def parse_vmi(vmi_json: bytes | str | None) -> VmiFacts:
     no annotations, so every option takes its default. Anything else must be a JSON object
     whose ``metadata`` (if present) is an object and whose ``metadata.annotations`` (if present)
     maps strings to strings, as in Kubernetes. Raises VmiError otherwise."""
+    return vmi_facts(load_vmi(vmi_json))
+
+
+def load_vmi(vmi_json: bytes | str | None) -> dict | None:
+    """The VMI JSON as a parsed object (None for no VMI); raises VmiError otherwise. A caller
+    that needs more of the VMI than :class:`VmiFacts` (the node hook) parses it once here."""
     if vmi_json is None or len(vmi_json) == 0:
-        return VmiFacts()
+        return None
     try:
         doc = json.loads(vmi_json)
     except RecursionError:
@@ -215,6 +223,13 @@ def parse_vmi(vmi_json: bytes | str | None) -> VmiFacts:
         raise VmiError(f"VMI JSON is malformed: {e}") from None
     if not isinstance(doc, dict):
         raise VmiError(f"VMI JSON is a {type(doc).__name__}, not an object")
+    return doc
+
+
+def vmi_facts(doc: dict | None) -> VmiFacts:
+    """:class:`VmiFacts` of a parsed VMI (:func:`load_vmi`); raises VmiError on a wrong type."""
+    if doc is None:
+        return VmiFacts()
     meta = doc.get("metadata", {})
     if meta is None:
         meta = {}

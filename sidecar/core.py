@@ -16,13 +16,18 @@ What it promises its doors:
 - a bad option (annotation) or malformed VMI JSON always raises, whatever ``on-error`` says;
 - so does ``nvlink: require`` when the VM's GPUs will not get NVLink (:func:`nvlink_check`),
   ``pairing: require`` when a GPU got a worse NIC than the host has for it (:func:`pairing_check`),
-  and ``doctor: require`` when a readiness check fails (:func:`_doctor`), whatever
-  ``on-error`` says: both checks run after a successful rewrite (on the placed devices) and
-  after a passthrough too (on the domain's hostdev sources the host has); the NVLink verdict
-  lands in the report's notes and the log line's ``nvlink``/``nvlink_reason`` fields, the
-  doctor's findings in ``doctor``/``doctor_findings``;
+  and ``doctor: require`` when a readiness check on one of the VM's devices or a bridge above
+  it fails or cannot be confirmed (:func:`_doctor`), whatever ``on-error`` says: the checks run
+  after a successful rewrite (on the placed devices) and after a passthrough too (on the
+  domain's hostdev sources; under ``doctor: require`` also with ``mode: off``); the NVLink
+  verdict lands in the report's notes and the log line's ``nvlink``/``nvlink_reason`` fields,
+  the doctor's findings in ``doctor``/``doctor_findings``;
+- ``doctor: require`` fails closed: a host that cannot be read, a hostdev the host model does
+  not have, a bug inside the checks, and a check the hook cannot make itself (ACS, ATS
+  unprivileged) that the doctor's report (``sidecar.plugin.doctorfile``; missing or stale)
+  does not answer, each stop the VM with one line naming the check;
 - a bug inside those checks is one line too (:class:`InternalError`): under ``nvlink:
-  require`` it stops the VM (NVLink could not be confirmed), otherwise it is logged (``nvlink``
+  require`` or ``doctor: require`` it stops the VM, otherwise it is logged (``nvlink``
   ``internal-error``, ``doctor.error``) and the VM starts as the rewrite or passthrough left it;
 - a typed firmware warning of the rewrite (``topology.guest.mmio.FirmwareWarning``: BARs the firmware
   will leave unassigned whatever we set) fails the call under ``on-error: fail``; under
@@ -31,6 +36,7 @@ What it promises its doors:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
@@ -41,6 +47,8 @@ from pcitopo.topology.model.tree import Bdf, Topology
 from pcitopo.topology.guest.rewrite import RewriteResult, rewrite_domain
 
 from .config import DEFAULT_OPTIONS, HookOptions, VmiFacts, annotation, options_from_vmi
+from .plugin.devices import paths_of
+from .plugin.doctorfile import DoctorFile, owner_text, with_doctor_file
 
 __all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check", "pairing_check", "summarize"]  # InternalError: re-exported
 
@@ -82,19 +90,23 @@ def summarize(report: Any) -> dict[str, Any]:
     return {"report": str(summary if summary is not None else report)}
 
 
-def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostArg, fabric: FabricArg = None) -> HookOutcome:
+def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostArg, fabric: FabricArg = None,
+                         doctor_file: DoctorFile | None = None) -> HookOutcome:
     """Rewrite one domain as the hook's options say.
 
     ``host`` is the host model, or a callable returning it (called only when the options ask
-    for a rewrite, so ``mode: off`` works even where sysfs cannot be read). Raises
-    PcitopoError (see the module docstring for when)."""
+    for a rewrite or ``doctor: require``, so ``mode: off`` works even where sysfs cannot be
+    read). ``doctor_file``: the doctor's report, for the checks this process cannot make
+    (None: they stay unknown). Raises PcitopoError (see the module docstring for when)."""
     if not domain_xml or not domain_xml.strip():
         # Nothing to hand back: libvirt would fail on it anyway, so say why here.
         raise DomainError("the domain XML is empty")
     vmi, options = options_from_vmi(vmi_json)
     if options.mode == "off":
-        return HookOutcome(with_hostdev_modes(domain_xml)[0], "unchanged-off", f"annotation {annotation('mode')} is off",
-                           vmi=vmi, options=options)
+        off = HookOutcome(with_hostdev_modes(domain_xml)[0], "unchanged-off", f"annotation {annotation('mode')} is off",
+                          vmi=vmi, options=options)
+        # doctor: require is the VM owner's condition to start, whatever is rewritten
+        return off if options.doctor != "require" else _checked_as_sent(domain_xml, off, host, doctor_file)
     topo: Topology | None = None
     try:
         topo = host() if callable(host) else host
@@ -115,18 +127,19 @@ def handle_define_domain(domain_xml: bytes, vmi_json: bytes | None, host: HostAr
         summary = summarize(result.report)
     except PcitopoError as e:
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, e, vmi, options, topo, fabric)
+            return _passthrough(domain_xml, e, vmi, options, topo, fabric, doctor_file)
         raise
     except Exception as e:  # a bug: still one line, still under the operator's on-error policy
         err = InternalError.of(e)
         if options.on_error == "passthrough":
-            return _passthrough(domain_xml, err, vmi, options, topo, fabric)
+            return _passthrough(domain_xml, err, vmi, options, topo, fabric, doctor_file)
         raise err from e
     summary.update(nvlink_check(result, topo, fabric, options.nvlink))
     summary.update(_pair_counts(result, topo, fabric))
     pairing_check(topo, [d.host for d in result.report.placed], options.pairing, summary, result)
     # a host cache has just compared the placed devices' driver links with its model (``current``)
-    doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary, drivers_checked=current is not None)
+    doctor = _doctor(topo, [d.host for d in result.report.placed], options, summary, drivers_checked=current is not None,
+                     doctor_file=doctor_file)
     return HookOutcome(xml, "rewritten", None, summary, vmi, options, result, doctor)
 
 
@@ -154,39 +167,55 @@ def _pair_counts(result: RewriteResult, topo: Topology, fabric: FabricArg) -> di
 
 
 def _doctor(topo: Topology, bdfs: list[Bdf], options: HookOptions, summary: dict[str, Any],
-            drivers_checked: bool = False) -> DoctorReport | None:
+            drivers_checked: bool = False, doctor_file: DoctorFile | None = None) -> DoctorReport | None:
     """Run the host-readiness checks (``pcitopo doctor``) for the VM's devices (``bdfs``, all on
-    the host); findings go into the log summary. Under ``doctor: require`` a failed check
-    raises DoctorError (the VM does not start). ``unknown`` (the unprivileged sidecar cannot
-    read ACS/ATS) never stops a VM, and a doctor that cannot run at all is logged, not fatal.
-    The findings are kept with the model, per allocation (``allocation_checks``): a boot defines
-    the same devices three times, and only a rebind can change what they say between its
-    defines. ``drivers_checked``: these devices' driver links were compared with the model this
-    call already (a host cache's ``current``), so nothing is left to re-read."""
+    the host) and the bridges above them; findings go into the log summary. A check this
+    process cannot make (``unknown``: ACS, ATS unprivileged) is taken from the doctor's report
+    where it answers (``with_doctor_file``). Under ``doctor: require`` a failed check, one still
+    unknown, or checks that cannot run at all raise DoctorError (the VM does not start); under
+    ``warn`` they are logged. The findings are kept with the model, per allocation
+    (``allocation_checks``): a boot defines the same devices three times, and only a rebind can
+    change what they say between its defines. ``drivers_checked``: these devices' driver links
+    were compared with the model this call already (a host cache's ``current``)."""
     if options.doctor == "off":
         return None
     try:
         report = allocation_checks(topo, bdfs, recheck_drivers=not drivers_checked)
-    except PcitopoError as e:
-        summary["doctor"] = {"error": f"{e.kind}: {e.reason}"}
-        return None
-    except Exception as e:  # a bug in the checks must not stop a VM the rewrite placed
-        err = InternalError.of(e)
+        report, note = with_doctor_file(report, doctor_file) if doctor_file is not None else (report, None)
+    except Exception as e:  # a doctor that cannot run (or a bug in it): one line
+        err = e if isinstance(e, PcitopoError) else InternalError.of(e)
+        if options.doctor == "require":
+            raise DoctorError(f"cannot check the host's readiness (annotation {annotation('doctor')} is require): "
+                              f"{err.kind}: {err.reason[:300]}") from None
         summary["doctor"] = {"error": f"{err.kind}: {err.reason[:300]}"}
         return None
     summary["doctor"] = report.summary()
     summary["doctor_findings"] = [
         f"{f.status} {f.check} {f.bdf or 'host'}: {f.message}" for f in report.findings if f.status in ("fail", "warn")
     ]
+    if note:
+        summary["doctor_report"] = note
     unknown = sorted({f.check for f in report.findings if f.status == "unknown"})
     if unknown:
         summary["doctor_unknown"] = unknown
-    if options.doctor == "require" and report.failed:
-        first = report.failed[0]
-        more = f" (and {len(report.failed) - 1} more)" if len(report.failed) > 1 else ""
-        raise DoctorError(f"host not ready (annotation {annotation('doctor')} is require): "
-                          f"{first.check} {first.bdf or 'host'}: {first.message}{more}")
+    if options.doctor == "require":
+        _require_ready(report, paths_of(topo, bdfs))
     return report
+
+
+def _require_ready(report: DoctorReport, mine: set[str]) -> None:
+    """``doctor: require``: every check on the VM's devices and above them says ok or warn.
+    The refusal is one line for the VM's owner: the first failure (else the first check that
+    could not be confirmed), how many more, no other device's address (``owner_text``)."""
+    failed = report.failed
+    unconfirmed = [f for f in report.findings if f.status == "unknown"]
+    if not failed and not unconfirmed:
+        return
+    first = (failed or unconfirmed)[0]
+    more = len(failed) + len(unconfirmed) - 1
+    what = "host not ready" if failed else "host readiness not confirmed"
+    raise DoctorError(f"{what} (annotation {annotation('doctor')} is require): {owner_text(first, mine)}"
+                      + (f" (and {more} more)" if more else ""))
 
 
 def pairing_check(topo: Topology, bdfs: list[Bdf], policy: str, summary: dict[str, Any],
@@ -268,33 +297,59 @@ def nvlink_fields(topo: Topology, fabric: FabricArg, policy: str, bdfs: list[Bdf
 
 
 def _passthrough(domain_xml: bytes, err: PcitopoError, vmi: VmiFacts, options: HookOptions,
-                 topo: Topology | None, fabric: FabricArg) -> HookOutcome:
+                 topo: Topology | None, fabric: FabricArg, doctor_file: DoctorFile | None = None) -> HookOutcome:
     """``on-error: passthrough``: the input back unchanged, with the reason. The NVLink, pairing
-    and doctor checks still run, on the domain's hostdev sources the host has: their ``require``
-    stops the VM whatever ``on-error`` says."""
+    and doctor checks still run, on the domain's hostdev sources (:func:`_check_sources`): their
+    ``require`` stops the VM whatever ``on-error`` says."""
     summary: dict[str, Any] = {"error": err.kind}
-    doctor = None
-    unchanged = domain_xml
-    domain_xml = with_hostdev_modes(domain_xml)[0]
+    out = with_hostdev_modes(domain_xml)[0]
     if options.nvlink == "off" and options.doctor == "off" and options.pairing == "off":
-        return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options)
-    present, why = None, err  # without a host model the devices cannot be checked
+        return HookOutcome(out, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options)
+    doctor = _check_sources(domain_xml, topo, err, options, fabric, doctor_file, summary)
+    return HookOutcome(out, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options, doctor=doctor)
+
+
+def _checked_as_sent(domain_xml: bytes, off: HookOutcome, host: HostArg, doctor_file: DoctorFile | None) -> HookOutcome:
+    """``mode: off`` under ``doctor: require``: the domain goes back as sent, after the doctor's
+    checks on its hostdev sources (:func:`_check_sources`); a host that cannot be read stops it."""
+    topo, why = None, None
+    try:
+        topo = host() if callable(host) else host
+    except Exception as e:
+        why = e if isinstance(e, PcitopoError) else InternalError.of(e)
+    summary: dict[str, Any] = {}
+    options = off.options.model_copy(update={"nvlink": "off", "pairing": "off"})  # mode: off rewrites nothing to judge
+    doctor = _check_sources(domain_xml, topo, why, options, None, doctor_file, summary)
+    return dataclasses.replace(off, summary=summary, doctor=doctor)
+
+
+def _check_sources(domain_xml: bytes, topo: Topology | None, why: PcitopoError | None, options: HookOptions,
+                   fabric: FabricArg, doctor_file: DoctorFile | None, summary: dict[str, Any]) -> DoctorReport | None:
+    """The NVLink, pairing and doctor checks on a domain left as sent, for its hostdev sources
+    the host has. Without a host model (``why`` says what failed) nothing can be checked: each
+    ``require`` stops the VM; so does ``doctor: require`` for a hostdev the host model lacks."""
+    present, missing = None, []
     if topo is not None:
         try:
-            present = [b for b in readable_hostdev_sources(unchanged) if topo.find(b) is not None]
+            sources = readable_hostdev_sources(domain_xml)
+            present = [b for b in sources if topo.find(b) is not None]
+            missing = [b for b in sources if b not in present]
         except Exception as e:  # the host model failing on its own devices (or a bug): one line
             why = e if isinstance(e, PcitopoError) else InternalError.of(e)
+            present = None
     if present is None:
-        if options.nvlink == "require":
-            raise NvlinkError(f"cannot check the GPUs' NVLink (annotation {annotation('nvlink')} is require): "
-                              f"{why.kind}: {why.reason}")
-        if options.pairing == "require":
-            raise PairingError(f"cannot check the GPU-NIC pairs (annotation {annotation('pairing')} is require): "
-                               f"{why.kind}: {why.reason}")
+        why = why or InternalError("no host model")
+        for policy, error, what in (("nvlink", NvlinkError, "the GPUs' NVLink"), ("pairing", PairingError, "the GPU-NIC pairs"),
+                                    ("doctor", DoctorError, "the host's readiness")):
+            if getattr(options, policy) == "require":
+                raise error(f"cannot check {what} (annotation {annotation(policy)} is require): {why.kind}: {why.reason[:300]}")
         if options.doctor != "off":
             summary["doctor"] = {"error": f"{why.kind}: {why.reason[:300]}"}
-    else:
-        summary.update(nvlink_fields(topo, fabric, options.nvlink, present)[0])
-        pairing_check(topo, present, options.pairing, summary)
-        doctor = _doctor(topo, present, options, summary)
-    return HookOutcome(domain_xml, "passthrough", f"{err.kind}: {err.reason}", summary, vmi, options, doctor=doctor)
+        return None
+    summary.update(nvlink_fields(topo, fabric, options.nvlink, present)[0])
+    pairing_check(topo, present, options.pairing, summary)
+    doctor = _doctor(topo, present, options, summary, doctor_file=doctor_file)
+    if missing and options.doctor == "require":  # after the devices it could check: a failure there says more
+        raise DoctorError(f"cannot check the host's readiness (annotation {annotation('doctor')} is require): the host has "
+                          f"no device {missing[0]}, a hostdev of this domain")
+    return doctor

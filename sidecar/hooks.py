@@ -153,11 +153,13 @@ class Hooks:
     the call's status."""
 
     def __init__(self, host: HostCache, log: JsonLog, stop: threading.Event, fabric: Callable | None = None,
-                 permitted: Any = None):
+                 permitted: Any = None, doctor_file: Any = None):
         self.host = host
         # the node hook's KubeVirt permittedHostDevices (sidecar.plugin.nodehook.PermittedDevices), or None
         self.permitted = permitted
         self.fabric = fabric  # topology.paths.fabric.FabricFile, or None without --fabric
+        # the doctor's report (sidecar.plugin.doctorfile.DoctorFile) for the domain hook's unknown checks, or None
+        self.doctor_file = doctor_file
         self.log = log
         self.stop = stop
         self._calls = 0
@@ -176,7 +178,9 @@ class Hooks:
         Other contexts get the domain back as sent (with libvirt's default hostdev mode, which
         KubeVirt needs to read it): ``MigrationTarget``'s reply is not used by virt-launcher, and
         a VM with passthrough devices cannot live-migrate anyway."""
-        fields = {"door": "plugin", "context": context or None}
+        from .plugin.devices import shown
+
+        fields = {"door": "plugin", "context": shown(context) if context else None}
         why = plugin_context_skip(domain_type, context)
         if why is None:
             return self._define(MUTATE_DOMAIN, fields, domain_xml, vmi_json)
@@ -184,7 +188,7 @@ class Hooks:
 
         out, moded = with_hostdev_modes(domain_xml)
         self.log(MUTATE_DOMAIN, level="warning" if context not in PLUGIN_CONTEXTS else "info", **fields,
-                 domain_type=domain_type or None, vmi=_vmi_ref(vmi_json), outcome="unchanged", reason=why,
+                 domain_type=shown(domain_type) if domain_type else None, vmi=_vmi_ref(vmi_json), outcome="unchanged", reason=why,
                  hostdev_modes_given=moded or None)
         if not out.strip():
             raise CallFailed("INVALID_ARGUMENT", "pcitopo: domain: the domain XML is empty")
@@ -202,7 +206,7 @@ class Hooks:
         from . import core  # the first call imports it (see the module docstring)
 
         try:
-            out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric)
+            out = core.handle_define_domain(domain_xml, vmi_json, self.host, self.fabric, self.doctor_file)
         except PcitopoError as e:
             self.log(
                 event, level="error", **door, vmi=_vmi_ref(vmi_json), call=call,
@@ -233,18 +237,22 @@ class Hooks:
         VM's devices on this node (``sidecar.plugin.nodehook``); a refusal is a CallFailed."""
         call = self._next_call()
         t0 = time.perf_counter()
-        fields: dict[str, Any] = {"door": "node-hook", "hook_point": hook_point or None, "node": node or None, "call": call}
-        if hook_point != PRE_VM_START:
-            self.log(EXECUTE_NODE_HOOK, **fields, vmi=_vmi_ref(vmi_json), outcome="ignored",
-                     reason=f"pcitopo checks nodes at {PRE_VM_START} only")
-            return
         from .plugin import nodehook
+        from .plugin.devices import shown
 
+        node = shown(node) if node else ""  # it reaches the log and the refusal: bounded, like every name we log
+        fields: dict[str, Any] = {"door": "node-hook", "hook_point": shown(hook_point) if hook_point else None,
+                                  "node": node or None, "call": call}
+        if hook_point != PRE_VM_START:  # not parsed: nothing of it is needed
+            self.log(EXECUTE_NODE_HOOK, **fields, outcome="ignored", reason=f"pcitopo checks nodes at {PRE_VM_START} only")
+            return
+        vmi = None
         try:
-            verdict = nodehook.check_node(vmi_json, node, self.host, self.permitted)
+            vmi = nodehook.NodeVmi.read(vmi_json)  # the one parse of the call
+            verdict = nodehook.check_node(vmi, node, self.host, self.permitted)
         except PcitopoError as e:
-            self.log(EXECUTE_NODE_HOOK, level="error", **fields, vmi=_vmi_ref(vmi_json), outcome="failed", error=e.kind,
-                     reason=e.reason, duration_ms=elapsed_ms(t0))
+            self.log(EXECUTE_NODE_HOOK, level="error", **fields, vmi=vmi.facts.ref if vmi else None, outcome="failed",
+                     error=e.kind, reason=e.reason, duration_ms=elapsed_ms(t0))
             raise CallFailed(status_name(e), error_details(e)) from None
         except Exception as e:  # a bug: one line, and the VM's start is the Plugin's failureStrategy's call
             reason = one_line(f"{type(e).__name__}: {e}")
@@ -286,7 +294,7 @@ def plugin_context_skip(domain_type: str, context: str) -> str | None:
     if context == BOOT:
         return None
     if context.startswith("Migration"):
-        return (f"invocation context {context}: a VM with passthrough GPUs and NICs cannot live-migrate, "
+        return (f"invocation context {context[:40]}: a VM with passthrough GPUs and NICs cannot live-migrate, "
                 f"and virt-launcher does not use this reply; left as sent")
     return f"invocation context {context[:40]!r} is not one pcitopo knows ({', '.join(PLUGIN_CONTEXTS)}); left as sent"
 

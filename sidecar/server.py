@@ -214,7 +214,8 @@ class HookServer:
     """The server's lifecycle: build, bind, open the door, wait, stop, clean up."""
 
     def __init__(self, socket_path: str, sysfs: str, log: JsonLog | None = None, workers: int = WORKERS,
-                 fabric: str | None = None, module_map: str | None = None, door: str = "hook", permitted=None):
+                 fabric: str | None = None, module_map: str | None = None, door: str = "hook", permitted=None,
+                 doctor_report: str | None = None):
         self.door = door
         self.socket_path = os.path.abspath(socket_path)
         self.sysfs = sysfs
@@ -227,7 +228,12 @@ class HookServer:
             from pcitopo.topology.paths.fabric import FabricFile
 
             self.fabric = FabricFile(fabric, module_map, self.host)
-        self.hooks = Hooks(self.host, self.log, self.stop_event, self.fabric, permitted)
+        doctor_file = None
+        if door != "node-hook":  # the node hook has its own, in its settings (``permitted``)
+            from .plugin.doctorfile import DEFAULT_DOCTOR_REPORT, DoctorFile
+
+            doctor_file = DoctorFile(doctor_report or DEFAULT_DOCTOR_REPORT)
+        self.hooks = Hooks(self.host, self.log, self.stop_event, self.fabric, permitted, doctor_file)
         self._server: grpc.Server | None = None
         self._ident: tuple[int, int] | None = None
 
@@ -350,7 +356,8 @@ def serve_main(argv: list[str]) -> int:
     if args.module_map and not args.fabric:
         raise ConfigError("--module-map needs --fabric")
     door, socket_path, permitted = _door_of(args)
-    server = HookServer(socket_path, args.sysfs, fabric=args.fabric, module_map=args.module_map, door=door, permitted=permitted)
+    server = HookServer(socket_path, args.sysfs, fabric=args.fabric, module_map=args.module_map, door=door, permitted=permitted,
+                        doctor_report=args.doctor_report)
     if ignored:
         server.log("args", level="warning", ignored=f"--version {ignored}",
                    reason=f"pcitopo serves every hook API version ({', '.join(VERSIONS)}); virt-launcher picks one")
@@ -378,9 +385,10 @@ def _serve_parser() -> Parser:
                         help="--node-hook: the KubeVirt CR (YAML or JSON), whose permittedHostDevices map a VM's GPU and host "
                         "device resource names to vendor:device (default $PCITOPO_KUBEVIRT_CR; without it: every "
                         "vfio-pci GPU and NIC of the node)")
-    parser.add_argument("--doctor-report", default=None, metavar="FILE",
-                        help="--node-hook: what `pcitopo doctor --json-out FILE` wrote (default /var/run/pcitopo/doctor.json), "
-                        "for the checks an unprivileged node hook cannot make (ACS, ATS); missing or stale: they stay unknown")
+    parser.add_argument("--doctor-report", default=os.environ.get("PCITOPO_DOCTOR_REPORT") or None, metavar="FILE",
+                        help="what `pcitopo doctor --json-out FILE` wrote (default $PCITOPO_DOCTOR_REPORT or "
+                        "/var/run/pcitopo/doctor.json), for the checks an unprivileged hook cannot make (ACS, ATS); missing or "
+                        "stale: they stay unknown, and pcitopo.kubevirt.io/doctor: require refuses the VM")
     parser.add_argument(
         "--version", nargs="?", const="", metavar="HOOK_API_VERSION",
         help="alone: print pcitopo's version; with a hook API version (KubeVirt's example sidecars pass "
@@ -394,9 +402,8 @@ def _door_of(args) -> tuple[str, str, object]:
     never dial is a one-line error before anything binds."""
     from .plugin import sockets
 
-    for given, flag in ((args.permitted_host_devices, "--permitted-host-devices"), (args.doctor_report, "--doctor-report")):
-        if given and not args.node_hook:
-            raise ConfigError(f"{flag} is for --node-hook")
+    if args.permitted_host_devices and not args.node_hook:
+        raise ConfigError("--permitted-host-devices is for --node-hook")
     if args.plugin is not None:
         path = args.socket or sockets.domain_socket(args.plugin)
         sockets.check_domain_socket(path, args.plugin)

@@ -8,7 +8,9 @@ arguments; the new domain XML is our stdout, and a non-zero exit fails the VM st
 - stdout carries only the XML (raw bytes, never empty);
 - a failure is exit 2 (our typed errors) or 3 (a bug) with one line on stderr;
 - the sysfs root comes from ``$PCITOPO_SYSFS`` (default ``/sys``), since the shim passes
-  nothing else; ``--sysfs`` is accepted for people running it by hand.
+  nothing else; ``--sysfs`` is accepted for people running it by hand; the doctor's report
+  (for ``doctor: require``'s ACS and ATS checks) from ``$PCITOPO_DOCTOR_REPORT`` (default
+  ``/var/run/pcitopo/doctor.json``).
 The shim collects our stderr but does not show it on failure (its log says only "exit status
 2"); use the pcitopo image (``pcitopo serve``) to get our reason into virt-launcher's log.
 
@@ -94,7 +96,10 @@ def run(argv: Sequence[str]) -> int:
         from pcitopo.topology.paths.fabric import FabricFile
 
         fabric = FabricFile(os.environ["PCITOPO_FABRIC"], os.environ.get("PCITOPO_MODULE_MAP") or None, host)
-    outcome = handle_define_domain(domain, vmi, host, fabric)
+    from .plugin.doctorfile import DEFAULT_DOCTOR_REPORT, DoctorFile
+
+    doctor_file = DoctorFile(os.environ.get("PCITOPO_DOCTOR_REPORT") or DEFAULT_DOCTOR_REPORT)
+    outcome = handle_define_domain(domain, vmi, host, fabric, doctor_file)
     out = sys.stdout.buffer
     out.write(outcome.xml)
     out.flush()

@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from testkit import REPO as ROOT
 
@@ -244,7 +245,16 @@ def test_i25_deploy_injected_container_is_what_the_plugin_needs(pod, injector, p
     assert out["spec"]["containers"][:-1] == pod["spec"]["containers"]  # appended, nothing else changed
     assert c["image"] == PINNED and "command" not in c
     entry = json.loads(re.search(r"^ENTRYPOINT (.*)$", (ROOT / "Containerfile").read_text(), re.M)[1])
-    assert entry + c["args"] == ["pcitopo", "serve", "--plugin", "pcitopo", "--sysfs", "/sys"]
+    assert entry + c["args"] == ["pcitopo", "serve", "--plugin", "pcitopo", "--sysfs", "/sys",
+                                 "--doctor-report", "/var/run/pcitopo/doctor.json"]
+    # the doctor's report (doctor: require): the folder the doctor DaemonSet writes, read-only,
+    # whole (the doctor renames a new file over the old: a file mount would keep the old one)
+    (report,) = [m for m in c["volumeMounts"] if m["name"] == "pcitopo-doctor-report"]
+    (vol,) = [v for v in out["spec"]["volumes"] if v["name"] == "pcitopo-doctor-report"]
+    doctor = next(d for d in yaml.safe_load_all((ROOT / "deploy/base/doctor.yaml").read_text()) if d and d["kind"] == "DaemonSet")
+    written = {v["name"]: v for v in doctor["spec"]["template"]["spec"]["volumes"]}["reports"]["hostPath"]["path"]
+    assert report == {"name": "pcitopo-doctor-report", "mountPath": "/var/run/pcitopo", "readOnly": True}
+    assert vol["hostPath"] == {"path": written, "type": "DirectoryOrCreate"} and c["args"][-1].startswith(report["mountPath"] + "/")
     sc = c["securityContext"]
     assert (sc["runAsUser"], sc["runAsGroup"], sc["runAsNonRoot"]) == (107, 107, True)
     assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}

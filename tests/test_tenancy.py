@@ -86,6 +86,7 @@ ALLOWED = {
     "with the fabric and a module map": sidecars({**FABRIC, "args": ["--fabric", "/etc/pcitopo/fabric.json",
                                                                      "--module-map", "/etc/pcitopo/module-map.json"]}),
     "two entries, compact JSON": json.dumps([OURS, {"image": IMAGE}], separators=(",", ":")),
+    "with the doctor's report": sidecars({**FABRIC, "pvc": {"name": "pcitopo-doctor-report", "volumePath": "/var/run/pcitopo"}}),
 }
 # Refused by the shape policy (no params needed)
 MALFORMED = {
@@ -100,6 +101,11 @@ MALFORMED = {
     "a hookPath that climbs out": sidecars({"image": IMAGE, "configMap": {
         "name": "x", "key": "run", "hookPath": "/etc/pcitopo/../../opt/pcitopo/bin/pcitopo"}}),
     "a pvc": sidecars({"image": IMAGE, "pvc": {"name": "data", "volumePath": "/data", "sharedComputePath": "/x"}}),
+    "the doctor's report shared with compute": sidecars({"image": IMAGE, "pvc": {
+        "name": "pcitopo-doctor-report", "volumePath": "/var/run/pcitopo", "sharedComputePath": "/var/run/pcitopo"}}),
+    "another claim at the report's path": sidecars({"image": IMAGE, "pvc": {"name": "data", "volumePath": "/var/run/pcitopo"}}),
+    "the report's claim over the entrypoint": sidecars({"image": IMAGE, "pvc": {
+        "name": "pcitopo-doctor-report", "volumePath": "/opt/pcitopo/bin"}}),
     "a second entry by tag": sidecars(OURS, {"image": "evil.example/x:latest"}),
     "Go's case-insensitive key": '[{"image": "%s", "Image": "evil.example/x:latest"}]' % IMAGE,
     "an escaped key": '[{"image": "%s", "\\u0069mage": "evil.example/x:latest"}]' % IMAGE,

@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import threading
 import time
-from typing import Mapping
+from typing import Collection, Mapping
 
 from pcitopo.topology.checks.doctor import STATUSES, DoctorReport, Finding
 
@@ -26,6 +27,7 @@ DEFAULT_DOCTOR_REPORT = "/var/run/pcitopo/doctor.json"
 CONFIG_CHECKS = ("acs", "ats")
 MAX_AGE_S = 1800  # three rounds of the DaemonSet's doctor (every 600 s)
 MAX_BYTES = 16 * 1024 * 1024
+_ADDRESS = re.compile(r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
 
 
 def boot_time() -> float | None:
@@ -114,3 +116,13 @@ def with_doctor_file(report: DoctorReport, doctor: DoctorFile | None) -> tuple[D
         out.append(f)
     note = why or f"{used} of {len(unknown)} unknown acs/ats findings from {doctor.path}"
     return dataclasses.replace(report, findings=tuple(out)), note
+
+
+def owner_text(f: Finding, mine: Collection[str] = frozenset()) -> str:
+    """The finding in one line for the VM's owner (a refusal reaches the VM's events): the check
+    first, then where and what, with any address not in ``mine`` (the VM's devices and the
+    bridges above them) shown as "another device": an IOMMU group's other member may be another
+    VM's. Both hooks refuse with it (the node hook, the domain hook)."""
+    where = f"{f.label} {f.bdf}" if f.label and f.bdf else (f.bdf or "the host")
+    text = f"{f.check} {where}: {f.message}" + (f"; fix: {f.fix}" if f.fix else "")
+    return _ADDRESS.sub(lambda m: m.group(0) if m.group(0) in mine else "another device", text)

@@ -12,12 +12,18 @@ VM's: a host-wide check, a failing device of a request whose candidates are all 
 request more of whose candidates fail than the VM can avoid (named by its resource, never by
 another VM's device). ``warn`` logs and lets it start. Hook points fire again while the VM is
 not running, so this is a pure function of the node, the doctor's report and the VMI.
+
+It is an early, best-effort refusal, never an admission: the domain hook (``sidecar.core``)
+sees the VM's exact devices at define and decides ``require`` there, also for what the node
+hook lets through. A DRA device's address is only in the KEP-5304 file inside the VM's pod; the
+kubelet's pod-resources socket would name it, but would also show this DaemonSet every pod's
+devices on the node, so DRA VMs are left to the domain hook (docs/VM.md, "What `doctor:
+require` guarantees").
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -26,7 +32,7 @@ from pcitopo.topology.errors import ConfigError, DoctorError, VmiError
 from pcitopo.topology.model.tree import Topology
 
 from .devices import Request, failing_candidates, listed, paths_of, requested_devices
-from .doctorfile import DoctorFile, with_doctor_file
+from .doctorfile import DoctorFile, owner_text, with_doctor_file
 
 
 @dataclass(frozen=True)
@@ -69,12 +75,12 @@ class PermittedDevices:
         return cls({k: tuple(v) for k, v in out.items()})
 
 
-# The largest VMI JSON the node hook reads. Kubernetes keeps objects in etcd, whose default
-# request limit (--max-request-bytes) is 1.5 MiB, so no VMI virt-handler sends is larger; twice
-# that leaves room for an etcd configured higher, and keeps one call's parse to about 20 MiB
-# (measured: tests/sidecar/test_plugin_nodehook.py, the memory test).
-MAX_VMI_BYTES = 3 * 1024 * 1024
-_ADDRESS = re.compile(r"\b[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\b")
+# The largest VMI JSON the node hook reads: etcd's default request limit (--max-request-bytes,
+# 1.5 MiB), the most a Kubernetes object holds on a default cluster, so no VMI virt-handler sends
+# there is larger. It follows from the memory a call takes: the server's peak (VmHWM) with both
+# workers parsing a VMI this large at once stays well under the container's 160Mi
+# (tests/sidecar/test_plugin_nodehook.py, the peak test; docs/SECURITY.md gives the figures).
+MAX_VMI_BYTES = 3 * 512 * 1024
 
 
 @dataclass(frozen=True)
@@ -95,27 +101,17 @@ def node_settings(permitted_path: str | None, doctor_report: str | None) -> Node
     return NodeSettings(permitted, DoctorFile(doctor_report or DEFAULT_DOCTOR_REPORT))
 
 
-def _vmi_doc(vmi_json: bytes) -> dict:
-    try:
-        doc = json.loads(vmi_json) if vmi_json else {}
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise VmiError("VMI JSON is malformed") from None
-    if not isinstance(doc, dict):
-        raise VmiError("VMI JSON is not an object")
-    return doc
-
-
 def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[str]:
     """What is surely the VM's among the failures, each in one line for its owner: host-wide
     checks, failing devices of a certain group, and groups more of whose candidates fail than
     the VM can avoid."""
     failed = report.failed
-    out = [_finding_text(f) for f in failed if f.bdf is None]
+    out = [owner_text(f) for f in failed if f.bdf is None]
     failed_at = {f.bdf for f in failed if f.bdf}
     for g in req.groups:
         if g.certain:
             mine = paths_of(topo, g.candidates)
-            out += [_finding_text(f, mine) for f in failed if f.bdf in mine]
+            out += [owner_text(f, mine) for f in failed if f.bdf in mine]
             continue
         bad = failing_candidates(topo, g, failed_at)
         if len(bad) > len(g.candidates) - g.count:
@@ -123,14 +119,6 @@ def _blames(report: DoctorReport, topo: Topology, req: Request) -> list[str]:
             out.append(f"{g.what}: {len(bad)} of the {len(g.candidates)} devices it can be given on this node "
                        f"fail {', '.join(checks)}, so at least one of this VM's {g.count} does")
     return list(dict.fromkeys(out))
-
-
-def _finding_text(f: Finding, mine: set[str] = frozenset()) -> str:
-    """The finding in one line, with any address that is not on the VM's own paths (an IOMMU
-    group's other member, say) shown as "another device": the refusal reaches the VM's owner."""
-    where = f"{f.label} {f.bdf}" if f.bdf else "the host"
-    text = f"{f.check} {where}: {f.message}" + (f"; fix: {f.fix}" if f.fix else "")
-    return _ADDRESS.sub(lambda m: m.group(0) if m.group(0) in mine else "another device", text)
 
 
 def refusal(blames: list[str], req: Request, node: str, policy_note: str) -> DoctorError:
@@ -165,25 +153,44 @@ def _request(doc: dict, host: Any, settings: NodeSettings) -> tuple[Topology, Re
     return topo, req
 
 
-def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | None) -> NodeVerdict:
+@dataclass(frozen=True)
+class NodeVmi:
+    """The VMI of one ExecuteNodeHook call, parsed once: the document, who it is, its options."""
+
+    doc: dict
+    facts: Any  # sidecar.config.VmiFacts
+    options: Any  # sidecar.config.HookOptions
+
+    @classmethod
+    def read(cls, vmi_json: bytes) -> "NodeVmi":
+        """Raises VmiError for a VMI over :data:`MAX_VMI_BYTES` (before parsing: a parse takes
+        several times the bytes in memory) or malformed, ConfigError for a bad annotation."""
+        from ..config import load_vmi, options_from_annotations, vmi_facts
+
+        if len(vmi_json) > MAX_VMI_BYTES:
+            raise VmiError(f"the VMI is {len(vmi_json)} bytes, over the node hook's {MAX_VMI_BYTES} (etcd's default "
+                           f"object limit): not a VMI virt-handler sends")
+        doc = load_vmi(vmi_json) or {}
+        facts = vmi_facts(doc)
+        return cls(doc, facts, options_from_annotations(facts.annotations))
+
+
+def check_node(vmi: "NodeVmi | bytes", node: str, host: Any, settings: NodeSettings | None) -> NodeVerdict:
     """The doctor's checks for the devices this VMI can have on this node. ``host`` is the
     server's HostCache (the model, kept fresh for these devices); the findings are kept with the model
     per allocation, as the domain hook keeps them (``allocation_checks``).
     Raises PcitopoError for a malformed VMI or annotation, or a node that cannot be read."""
     from pcitopo.topology.checks.doctor import allocation_checks
 
-    from ..config import annotation, options_from_vmi
+    from ..config import annotation
 
     settings = settings or NodeSettings()
-    if len(vmi_json) > MAX_VMI_BYTES:  # answered before parsing: a parse is ~10x the bytes in memory
-        return NodeVerdict("not-ready", {"vmi_bytes": len(vmi_json)}, VmiError(
-            f"the VMI is {len(vmi_json)} bytes, over the node hook's {MAX_VMI_BYTES} (twice etcd's default object "
-            f"limit): not a VMI virt-handler sends"))
-    vmi, options = options_from_vmi(vmi_json)
-    fields: dict[str, Any] = {"vmi": vmi.ref}
+    vmi = vmi if isinstance(vmi, NodeVmi) else NodeVmi.read(vmi)
+    options = vmi.options
+    fields: dict[str, Any] = {"vmi": vmi.facts.ref}
     if options.doctor == "off":
         return NodeVerdict("skipped", {**fields, "reason": f"annotation {annotation('doctor')} is off"})
-    topo, req = _request(_vmi_doc(vmi_json), host, settings)
+    topo, req = _request(vmi.doc, host, settings)
     fields.update(device_source=req.source, vm_devices={g.what: g.count for g in req.groups[:16]} or None,
                   devices=len(req.devices), could_not_know=list(req.unknown[:16]) or None)
     if not req.devices:
@@ -196,10 +203,17 @@ def check_node(vmi_json: bytes, node: str, host: Any, settings: NodeSettings | N
                   doctor_report=doctor_report, sure_failures=len(blames))
     if not blames:
         if not report.failed:
+            fields["reason"] = DECIDED_AT_DEFINE
             return NodeVerdict("ready", fields)
         fields["reason"] = ("no failing check is surely this VM's: it may get other devices than the failing ones"
-                            + (f" (could not tell which devices are the VM's for {listed(req.unknown)})" if req.unknown else ""))
+                            + (f" (could not tell which devices are the VM's for {listed(req.unknown)})" if req.unknown else "")
+                            + f"; {DECIDED_AT_DEFINE}")
         return NodeVerdict("not-ready", fields)
     if options.doctor == "require":
         return NodeVerdict("not-ready", fields, refusal(blames, req, node, f"annotation {annotation('doctor')} is require"))
     return NodeVerdict("not-ready", fields)
+
+
+# What a node hook that does not refuse says: it never admits for the domain hook, which sees the
+# VM's exact devices when the domain is defined and decides there (docs/VM.md, "doctor: require").
+DECIDED_AT_DEFINE = "the domain hook decides at define, on the VM's exact devices"

@@ -178,23 +178,32 @@ def test_doctor_require_stops_a_passthrough():
     assert len(checked) == 19 and "0000:77:00.0" not in {str(b) for b in checked}
 
 
-def test_doctor_require_passes_a_passthrough_of_a_ready_host(h100):
+def test_doctor_require_refuses_a_passthrough_with_a_device_it_cannot_check(h100):
+    """A ready host, but one of the domain's hostdevs is not on it: under require nothing may go
+    unchecked, so the VM does not start; under warn the rest is checked and logged."""
+    from pcitopo.topology.checks.doctor import DoctorError
+
     ann = {**PASSTHROUGH, f"{PREFIX}doctor": "require"}
     one = fixture_domain("hgx-h100", "one-pair").replace(b'bus="0x18" slot="0x00"', b'bus="0x77" slot="0x00"', 1)
-    out = handle_define_domain(one, vmi_json(one, ann), h100)
+    with pytest.raises(DoctorError, match=r"the host has no device 0000:77:00.0, a hostdev of this domain"):
+        handle_define_domain(one, vmi_json(one, ann), h100)
+    out = handle_define_domain(one, vmi_json(one, PASSTHROUGH), h100)
     assert out.outcome == "passthrough" and out.summary["doctor"]["fail"] == 0
 
 
 def test_require_on_a_passthrough_whose_host_cannot_be_read():
-    """Nothing to check the GPUs against: nvlink: require cannot confirm NVLink, so it stops the
-    VM (one line naming why); doctor: require logs that it could not run, as after a rewrite."""
-    from pcitopo.topology.errors import NvlinkError
+    """Nothing to check the GPUs against: nvlink: require cannot confirm NVLink, and doctor:
+    require cannot confirm the host's readiness, so each stops the VM (one line naming why);
+    doctor: warn logs that it could not run."""
+    from pcitopo.topology.errors import DoctorError, NvlinkError
 
     dom = fixture_domain("hgx-h100")
     host = lambda: open_host("/nonexistent/sysfs")  # noqa: E731
     with pytest.raises(NvlinkError, match=r"cannot check the GPUs' NVLink .*: sysfs: "):
         handle_define_domain(dom, vmi_json(dom, {**PASSTHROUGH, f"{PREFIX}nvlink": "require"}), host)
-    out = handle_define_domain(dom, vmi_json(dom, {**PASSTHROUGH, f"{PREFIX}doctor": "require"}), host)
+    with pytest.raises(DoctorError, match=r"cannot check the host's readiness .*: sysfs: "):
+        handle_define_domain(dom, vmi_json(dom, {**PASSTHROUGH, f"{PREFIX}doctor": "require"}), host)
+    out = handle_define_domain(dom, vmi_json(dom, PASSTHROUGH), host)
     assert out.outcome == "passthrough" and out.summary["doctor"]["error"].startswith("sysfs: ")
 
 

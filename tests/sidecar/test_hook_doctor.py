@@ -76,12 +76,109 @@ def unprivileged(name: str) -> Topology:
     return Topology(SysfsReader(tree))
 
 
-def test_unknown_never_stops_a_vm_under_require():
+def gpu_domain(bdf: str, alias: str = "ua-gpu-gpu0") -> bytes:
+    """ONE_PAIR with one GPU only, at ``bdf``; ``alias`` ``ua-dra-gpu-<name>`` makes it a DRA GPU
+    as KubeVirt's DRA path writes it (dra/gpu_hostdev.go: the same hostdev, another alias)."""
+    from lxml import etree
+
+    root = etree.fromstring(ONE_PAIR)
+    gpu, nic = root.findall("devices/hostdev")
+    nic.getparent().remove(nic)
+    dom, rest = bdf.split(":", 1)
+    bus, slot_fn = rest.split(":")
+    slot, fn = slot_fn.split(".")
+    gpu.find("source/address").attrib.update({"domain": f"0x{dom}", "bus": f"0x{bus}", "slot": f"0x{slot}", "function": f"0x{fn}"})
+    gpu.find("alias").set("name", alias)
+    return etree.tostring(root)
+
+
+def dra_vmi(domain: bytes, annotations: dict[str, str]) -> bytes:
+    """The VMI of a DRA GPU VM (KubeVirt GPUsWithDRA: claimName/requestName, no deviceName)."""
+    vmi = json.loads(vmi_json(domain, annotations))
+    vmi["spec"]["domain"]["devices"]["gpus"] = [{"name": "gpu0", "claimName": "gpus", "requestName": "gpu0"}]
+    vmi["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "one-h100"}]
+    return json.dumps(vmi).encode()
+
+
+REQUIRE = {f"{PREFIX}doctor": "require"}
+GPU7 = "0000:db:00.0"  # below 0000:d9:01.0, whose ACS has RR cleared (fixtures/hgx-h100-faults/README.md)
+
+
+@pytest.fixture(scope="module")
+def faults_report(tmp_path_factory) -> str:
+    """What the doctor DaemonSet writes on the faults host: `pcitopo doctor --json-out`, with
+    the whole config space (the privileged doctor)."""
+    out = tmp_path_factory.mktemp("doctor") / "doctor.json"
+    r = subprocess.run([str(BIN / "pcitopo"), "doctor", "--sysfs", fixture_sysfs("hgx-h100-faults"), "--json-out", str(out)],
+                       capture_output=True, timeout=120)
+    assert r.returncode in (0, 1) and out.is_file(), r.stderr
+    return str(out)
+
+
+def test_require_refuses_what_it_cannot_confirm_without_the_doctors_report():
+    """Unprivileged, ACS and ATS are unknown; no report answers them: under require the VM does
+    not start, and the line names the check it could not confirm."""
+    from pcitopo.sidecar.plugin.doctorfile import DoctorFile
+
     host = unprivileged("hgx-h100")
-    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, {f"{PREFIX}doctor": "require"}), host)
-    assert out.outcome == "rewritten"
-    assert out.summary["doctor"]["unknown"] > 0 and out.summary["doctor_unknown"] == ["acs", "ats"]
-    assert all(f.message.endswith("(needs root)") for f in out.doctor.findings if f.status == "unknown")
+    with pytest.raises(DoctorError) as e:
+        handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, REQUIRE), host, doctor_file=DoctorFile("/nonexistent/doctor.json"))
+    msg = e.value.reason
+    assert msg.startswith("host readiness not confirmed (annotation pcitopo.kubevirt.io/doctor is require): ats NIC0 0000:19:00.0: "
+                          "ATS state unknown (needs root); the doctor's report /nonexistent/doctor.json is missing"), msg
+    assert "\n" not in msg
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR), host)  # warn: logged, the VM starts
+    assert out.outcome == "rewritten" and out.summary["doctor_unknown"] == ["acs", "ats"]
+
+
+@pytest.mark.parametrize("alias", ["ua-gpu-gpu0", "ua-dra-gpu-gpu0"], ids=["device-plugin", "dra"])
+def test_require_refuses_a_gpu_whose_root_port_fails_acs_from_the_doctors_report(alias, faults_report):
+    """GPU7 read unprivileged: its downstream port's ACS is unknown to the hook; the doctor's
+    report says RR is cleared. Device plugin or DRA: the domain has the exact device."""
+    from pcitopo.sidecar.plugin.doctorfile import DoctorFile
+
+    domain = gpu_domain(GPU7, alias)
+    vmi = dra_vmi(domain, REQUIRE) if "dra" in alias else vmi_json(domain, REQUIRE)
+    with pytest.raises(DoctorError) as e:
+        handle_define_domain(domain, vmi, unprivileged("hgx-h100-faults"), doctor_file=DoctorFile(faults_report))
+    assert e.value.reason.startswith("host not ready (annotation pcitopo.kubevirt.io/doctor is require): acs downstream-port "
+                                     "above GPU7 0000:d9:01.0: ACS control 0x59 (SV|CR|UF|DT): RR/CR cleared"), e.value.reason
+    print(f"refusal ({alias}): pcitopo: {e.value.kind}: {e.value.reason}")
+
+
+def test_require_starts_a_ready_gpu_with_the_doctors_report(faults_report):
+    from pcitopo.sidecar.plugin.doctorfile import DoctorFile
+
+    domain = gpu_domain("0000:18:00.0", "ua-dra-gpu-gpu0")  # GPU0: nothing fails on or above it
+    out = handle_define_domain(domain, dra_vmi(domain, REQUIRE), unprivileged("hgx-h100-faults"), doctor_file=DoctorFile(faults_report))
+    assert out.outcome == "rewritten" and out.summary["doctor"]["unknown"] == 0 and out.summary["doctor"]["fail"] == 0
+    assert out.summary["doctor_report"].endswith(f"unknown acs/ats findings from {faults_report}")
+
+
+def test_require_does_not_trust_a_stale_doctors_report(faults_report, tmp_path):
+    import os
+    import shutil
+
+    from pcitopo.sidecar.plugin.doctorfile import DoctorFile
+
+    stale = tmp_path / "doctor.json"
+    shutil.copy(faults_report, stale)
+    old = os.stat(stale).st_mtime - 7200
+    os.utime(stale, (old, old))
+    domain = gpu_domain("0000:18:00.0")
+    with pytest.raises(DoctorError, match=r"host readiness not confirmed .*: acs .* unknown \(needs root\); the doctor's report "
+                                          r".* is stale"):
+        handle_define_domain(domain, vmi_json(domain, REQUIRE), unprivileged("hgx-h100-faults"), doctor_file=DoctorFile(str(stale)))
+
+
+def test_the_refusal_names_no_other_devices_address(faults):
+    """GPU3 shares its IOMMU group with NIC5, which may be another VM's: the refusal reaching
+    this VM's owner says "another device" (as the node hook's does)."""
+    domain = gpu_domain("0000:5d:00.0")
+    with pytest.raises(DoctorError) as e:
+        handle_define_domain(domain, vmi_json(domain, REQUIRE), faults)
+    msg = e.value.reason
+    assert "iommu-group GPU3 0000:5d:00.0: IOMMU group 900 also holds another device: " in msg and "5c:00.0" not in msg, msg
 
 
 def test_the_shim_log_line_carries_the_findings(tmp_path):
@@ -94,9 +191,9 @@ def test_the_shim_log_line_carries_the_findings(tmp_path):
     assert record["doctor"]["fail"] >= 11 and any(f.startswith("fail acs 0000:17:01.0") for f in record["doctor_findings"])
 
 
-def test_a_doctor_that_cannot_run_is_logged_and_never_stops_the_vm(clean):
-    """The checks need a sysfs source; a host model without one (or any failure inside the
-    checks) is an error entry in the log line, under require too."""
+def test_a_doctor_that_cannot_run_is_logged_under_warn_and_stops_the_vm_under_require(clean):
+    """The checks need a sysfs source; on a host model without one they raise inside the
+    doctor: an error entry in the log line under warn, a refusal under require."""
     from pcitopo.topology.model.tree import Topology as Topo
 
     class NoSource:  # a loader with no sysfs behind it, like a guest layout
@@ -113,8 +210,49 @@ def test_a_doctor_that_cannot_run_is_logged_and_never_stops_the_vm(clean):
             return self._t.numa_nodes()
 
     host = Topo(NoSource(clean))
-    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, {f"{PREFIX}doctor": "require"}), host)
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR), host)
     assert out.outcome == "rewritten" and out.doctor is None and "error" in out.summary["doctor"]
+    with pytest.raises(DoctorError, match=r"^cannot check the host's readiness \(annotation pcitopo.kubevirt.io/doctor is require\): "):
+        handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, REQUIRE), host)
+
+
+def test_require_under_passthrough_on_an_unreadable_host_does_not_start(tmp_path):
+    """on-error: passthrough hands the domain back when the host cannot be read, but
+    doctor: require has nothing to check it on: the VM does not start (as pairing: require)."""
+    from pcitopo.sidecar.hooks import HostCache
+    from pcitopo.topology.errors import SysfsError
+
+    cache = HostCache(str(tmp_path / "no-sys"))
+    passthrough = {f"{PREFIX}on-error": "passthrough"}
+    out = handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, passthrough), cache)
+    assert out.outcome == "passthrough" and out.summary["error"] == "sysfs"
+    with pytest.raises(DoctorError, match=r"^cannot check the host's readiness \(annotation pcitopo.kubevirt.io/doctor is "
+                                          r"require\): sysfs: "):
+        handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, {**passthrough, **REQUIRE}), cache)
+    with pytest.raises(SysfsError):  # on-error: fail says the host's own error
+        handle_define_domain(ONE_PAIR, vmi_json(ONE_PAIR, REQUIRE), cache)
+
+
+def test_require_under_passthrough_refuses_a_hostdev_the_host_lacks(clean):
+    domain = gpu_domain("0000:77:00.0")  # no such device on this host: the rewrite fails
+    vmi = vmi_json(domain, {f"{PREFIX}on-error": "passthrough", **REQUIRE})
+    with pytest.raises(DoctorError, match=r"the host has no device 0000:77:00.0, a hostdev of this domain"):
+        handle_define_domain(domain, vmi, clean)
+
+
+def test_require_checks_the_devices_under_mode_off_too(faults, tmp_path):
+    from pcitopo.sidecar.hooks import HostCache
+
+    off = {f"{PREFIX}mode": "off"}
+    domain = gpu_domain(GPU7)
+    out = handle_define_domain(domain, vmi_json(domain, off), HostCache(str(tmp_path / "no-sys")))
+    assert out.outcome == "unchanged-off"  # warn: nothing read, as before
+    with pytest.raises(DoctorError, match=r"acs downstream-port above GPU7 0000:d9:01.0"):
+        handle_define_domain(domain, vmi_json(domain, {**off, **REQUIRE}), faults)
+    with pytest.raises(DoctorError, match=r"^cannot check the host's readiness .*: sysfs: "):
+        handle_define_domain(domain, vmi_json(domain, {**off, **REQUIRE}), HostCache(str(tmp_path / "no-sys")))
+    ok = handle_define_domain(gpu_domain("0000:18:00.0"), vmi_json(gpu_domain("0000:18:00.0"), {**off, **REQUIRE}), faults)
+    assert ok.outcome == "unchanged-off" and ok.summary["doctor"]["fail"] == 0
 
 
 def test_require_over_the_socket_is_failed_precondition():

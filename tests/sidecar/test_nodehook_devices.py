@@ -112,11 +112,34 @@ def test_a_refusal_for_the_vms_own_device_names_no_other_device(faults):
     assert set(BDF.findall(msg)) <= gpus | bridges
 
 
-def test_doctor_report_option_is_for_the_node_hook_only(tmp_path):
+def test_permitted_host_devices_option_is_for_the_node_hook_only(tmp_path):
     import subprocess
 
     from testkit.server_proc import serve_argv
 
-    r = subprocess.run([*serve_argv(tmp_path / "s.sock", fixture_sysfs("hgx-b200")), "--doctor-report", str(tmp_path / "d.json")],
+    r = subprocess.run([*serve_argv(tmp_path / "s.sock", fixture_sysfs("hgx-b200")), "--permitted-host-devices", str(tmp_path / "k.yaml")],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--doctor-report is for --node-hook" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--permitted-host-devices is for --node-hook" in r.stderr
+
+
+def test_logged_and_refused_names_are_bounded(faults):
+    """virt-handler sends the node's name, the hook point and the VMI's names; a local client can
+    send any length. The log line and the refusal carry at most 80 characters of each (a
+    Kubernetes name's characters), and the VMI's namespace/name at most 253 each."""
+    import io
+    import threading
+
+    from pcitopo.sidecar.hooks import CallFailed, Hooks, JsonLog
+
+    stream = io.StringIO()
+    hooks = Hooks(faults, JsonLog(stream), threading.Event(), permitted=NodeSettings(H100))
+    long = "n" * 100_000
+    doc = json.loads(vmi(plugin_gpus(8)))
+    doc["metadata"]["name"] = "v" * 100_000
+    with pytest.raises(CallFailed) as e:
+        hooks.execute_node_hook("PreVMStart", json.dumps(doc).encode(), long)
+    hooks.execute_node_hook("x\n" * 50_000, b"{}", long)
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert first["outcome"] == "refused" and first["node"] == "n" * 80 + "..." and len(first["vmi"]) == len("ns/") + 256
+    assert len(e.value.details) < 2000 and ("n" * 80 + "... cannot give this VM") in e.value.details
+    assert second["outcome"] == "ignored" and len(second["hook_point"]) == 83 and "\n" not in second["hook_point"]
