@@ -133,7 +133,9 @@ GUEST_MODULES = (
     "topology/model/cpuinfo.py",
     "topology/model/tree.py",
     "topology/host/__init__.py",
+    "topology/host/files.py",
     "topology/host/sources.py",
+    "topology/host/tarball.py",
     "topology/host/sysfs.py",
     "topology/paths/__init__.py",
     "topology/paths/classify.py",
@@ -214,17 +216,14 @@ def guest_tool_bytes() -> bytes:
 
 def write_guest_tool(path: str) -> int:
     """Write the guest file to ``path`` (mode 0755, its directory made); returns its size."""
+    from pcitopo.topology.host.files import write_atomic
+
     data = guest_tool_bytes()
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e.strerror or e}") from None
+    write_atomic(path, data, mode=0o755, error=ConfigError)
     return len(data)
 
 

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..errors import DomainError
+from ..errors import ConfigError, DomainError
 from ..libvirt.domain import parse_cpuset
 from ..model.tree import NumaNode
 
@@ -150,12 +150,13 @@ def _state(facts: KubeletFacts, data: bytes, numa: Mapping[int, NumaNode]) -> No
 
 
 def _config(facts: KubeletFacts, data: bytes) -> None:
-    import yaml  # a dependency already (kubevirt/manifest.py); only the doctor on a node needs it here
+    from ..host.yamltext import yaml_documents  # PyYAML: only the doctor on a node needs it here
 
     try:
-        doc = yaml.safe_load(data)
-    except yaml.YAMLError:
-        doc = None
+        docs = yaml_documents(data, str(facts.config_path))
+    except ConfigError:
+        docs = []
+    doc = docs[0] if len(docs) == 1 else None
     if not isinstance(doc, dict):
         facts.unread.append(f"{facts.config_path} (not a KubeletConfiguration)")
         return
