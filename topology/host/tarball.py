@@ -87,17 +87,24 @@ def _decompressed(raw: BinaryIO) -> BinaryIO:
 
 _HEADER_TYPES = (b"x", b"g", b"L", b"K")  # PAX and GNU headers: their data is the next member's names
 _NO_DATA_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")  # what tarfile does not skip a size for
+_SCAN_CHUNK = 256 * 1024
 
 
 def _count_members(stream: BinaryIO, name: str) -> None:
     """Refuse a tarball with too many members before ``tarfile`` parses any (it takes ~30 us a
-    member; this scan a few): walks the 512-byte headers, skipping data as tarfile does, and
-    stops quietly at anything unusual (sparse files, bad numbers), which tarfile then reads
-    under its own bounds."""
-    pos = count = 0
+    member; this scan a few): walks the 512-byte headers a chunk at a time, skipping data as
+    tarfile does, and stops quietly at anything unusual (sparse files, bad numbers), which
+    tarfile then reads under its own bounds."""
+    count = 0
+    chunk, at, base = b"", 0, 0  # ``chunk`` holds the stream from ``base``; ``at`` is in it
     while True:
-        block = stream.read(512)
-        if len(block) < 512 or not block.strip(b"\0"):
+        if at + 512 > len(chunk):
+            stream.seek(base + at)
+            base, chunk, at = base + at, stream.read(_SCAN_CHUNK), 0
+            if len(chunk) < 512:
+                return
+        block = chunk[at:at + 512]
+        if not block.strip(b"\0"):
             return
         kind = block[156:157]
         try:
@@ -113,10 +120,9 @@ def _count_members(stream: BinaryIO, name: str) -> None:
             count += 1
             if count > MAX_ENTRIES:
                 raise SysfsError(f"{name}: more than {MAX_ENTRIES} members, not a capture")
-        pos += 512 + (0 if kind in _NO_DATA_TYPES else -(-size // 512) * 512)
-        if pos > MAX_STREAM_BYTES:
+        at += 512 + (0 if kind in _NO_DATA_TYPES else -(-size // 512) * 512)
+        if base + at > MAX_STREAM_BYTES:
             raise SysfsError(f"{name}: more than {MAX_STREAM_BYTES} bytes of tar stream, not a capture")
-        stream.seek(pos)
 
 
 def members(name: str, max_file_bytes: int) -> Iterator[Member]:
