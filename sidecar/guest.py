@@ -51,12 +51,9 @@ def verify_command(args: argparse.Namespace, prog: str) -> int:
     from pcitopo.topology.checks.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
     from pcitopo.topology.host.sysfs import open_host
 
-    try:
-        with open(args.expect, "rb") as fh:
-            data = fh.read(MAX_EXPECT_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"cannot read {args.expect}: {e.strerror or e}") from None
-    expect = load_expectation(data, args.expect)
+    from pcitopo.topology.host.files import read_bounded
+
+    expect = load_expectation(read_bounded(args.expect, MAX_EXPECT_BYTES, "prediction"), args.expect)
     nccl_file, system = _nccl_topo_file(args.nccl_topo)
     v = verify_guest(expect, open_host(args.sysfs), system)
     for line in v.problems:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..errors import ConfigError, DomainError
+from ..host.files import read_bounded
 from ..libvirt.domain import parse_cpuset
 from ..model.tree import NumaNode
 
@@ -109,16 +110,11 @@ class KubeletFacts:
 
 
 def _read(path: str) -> tuple[bytes | None, str | None]:
+    """(the bytes, None), or (None, why not): an absent file is a fact here, not an error."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None, "absent"
-    except OSError as e:
-        return None, e.strerror or str(e)
-    if len(data) > MAX_BYTES:
-        return None, f"larger than {MAX_BYTES} bytes"
-    return data, None
+        return read_bounded(path, MAX_BYTES, "kubelet file"), None
+    except ConfigError as e:
+        return None, "absent" if not os.path.lexists(path) else e.reason
 
 
 def _node_of(numa: Mapping[int, NumaNode]) -> dict[int, int]:
