@@ -88,7 +88,11 @@ class Licences:
         self.refs: dict[str, dict] = {}
 
     def ref(self, key: str, text: str, name: str) -> str:
-        ident = "LicenseRef-" + re.sub(r"[^A-Za-z0-9.-]+", "-", key).strip("-")
+        """One ``LicenseRef-`` per distinct text: ``GPL-2+`` and ``GPL-2`` stay apart, and
+        two names that spell the same after the ID's character set get a hash each."""
+        ident = "LicenseRef-" + re.sub(r"[^A-Za-z0-9.-]+", "-", key.replace("+", "-plus")).strip("-")
+        if ident in self.refs and self.refs[ident]["extractedText"] != text:
+            ident += "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
         self.refs.setdefault(ident, {"licenseId": ident, "extractedText": text, "name": name})
         return ident
 
