@@ -18,16 +18,19 @@ scoped.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from pcitopo.topology.errors import ConfigError
+from pcitopo.topology.host.files import read_bounded
+from pcitopo.topology.host.yamltext import yaml_documents
 
 KUBEVIRT_KIND = "KubeVirt"
 PLUGIN_KIND = "Plugin"
 PLUGIN_GROUP = "plugin.kubevirt.io"
+# One dump file: `kubectl get ... -o yaml` of a thousand nodes and their VMs is a few tens of MB;
+# read once, whole, so this is also what a dump may cost in memory before it is parsed.
+MAX_DUMP_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -123,12 +126,7 @@ def read_dump(paths: Iterable[str]) -> ClusterDump:
 
 
 def _read(path: str) -> bytes:
-    if path == "-":
-        return sys.stdin.buffer.read()
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cluster dump {path}: {e.strerror or e}") from None
+    return read_bounded(path, MAX_DUMP_BYTES, "cluster dump")
 
 
 def _documents(data: bytes, name: str) -> list[Any]:
@@ -142,8 +140,6 @@ def _documents(data: bytes, name: str) -> list[Any]:
     docs = _json_stream(text)
     if docs is not None:
         return docs
-    from .manifest import yaml_documents
-
     return yaml_documents(text, f"cluster dump {name}")
 
 
@@ -156,7 +152,7 @@ def _json_stream(text: str) -> list[Any] | None:
     while i < len(text):
         try:
             value, i = decoder.raw_decode(text, i)
-        except ValueError:
+        except (ValueError, RecursionError):  # too deep for json: the YAML reader refuses it in one line
             return None
         out.append(value)
         while i < len(text) and text[i].isspace():

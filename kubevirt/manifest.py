@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pcitopo.topology.errors import ConfigError
+from pcitopo.topology.host.yamltext import yaml_documents
 
 VMI_KIND = "VirtualMachineInstance"
 VM_KIND = "VirtualMachine"
@@ -141,19 +142,6 @@ def _json_or_none(data: bytes) -> Any:
 
 def _load_yaml(data: bytes, name: str) -> list[Any]:
     return yaml_documents(data, f"VMI {name}")
-
-
-def yaml_documents(data: bytes | str, what: str) -> list[Any]:
-    """Every document of the YAML text (``---`` separates them), empty ones left out (safe
-    loader: plain data only); one line naming ``what`` and the line when it is not YAML."""
-    import yaml  # only here: see the module docstring
-
-    try:
-        return [d for d in yaml.safe_load_all(data) if d is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{what} is neither JSON nor YAML{where}: {getattr(e, 'problem', None) or e}") from None
 
 
 def _the_vm_document(docs: list[Any], name: str) -> Any:

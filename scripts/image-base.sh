@@ -11,8 +11,9 @@
 #   scripts/image-base.sh --preflight [ARCH] checks only what the build needs (one line each
 #                                            missing thing, exit 2), makes nothing
 #
-# The root tarball is cached under .cache/image/ (keyed by this script and the architecture), so
-# only the first run pays mmdebstrap (about 80 s for amd64; arm64 runs its maintainer scripts
+# The root tarball is cached under .cache/image/ (keyed by this script, the architecture and the
+# Debian package versions the mirror resolves now, so a mirror update rebuilds it and says which
+# packages changed), so only the first run after a change pays mmdebstrap (about 80 s for amd64; arm64 runs its maintainer scripts
 # under qemu-user). A foreign architecture needs qemu-user-static and binfmt-support
 # (scripts/setup-debian.sh installs them and enables the handler) and arch-test, with which
 # mmdebstrap decides how to run the foreign root's programs (without it mmdebstrap ends with a
@@ -72,9 +73,47 @@ if [[ $PREFLIGHT == 1 ]]; then
     exit 0
 fi
 
-# The cache key: what decides the tarball's content besides the archive's state.
-KEY=$( { cat "${BASH_SOURCE[0]}"; echo "$ARCH $SUITE $PACKAGES"; } | sha256sum | cut -c1-12)
+# The Debian packages (name and version) the mirror resolves today for this root: everything
+# mmdebstrap's minbase takes (Priority: required, and apt) plus $PACKAGES, as apt would install
+# them on an empty system. Resolved with apt's own solver against a private copy of the
+# indexes (this machine's apt state is not touched), so a point release or security update on
+# the mirror changes the list, hence the cache key, hence the base.
+resolve_versions() {
+    local state="$CACHE/apt-$SUITE-$ARCH" parts
+    parts="$state/sources.list.d"
+    mkdir -p "$state/lists/partial" "$state/cache/archives/partial" "$parts"
+    cp "$SOURCES" "$parts/debian.sources"
+    local apt=(-o "APT::Architecture=$ARCH" -o "APT::Architectures=$ARCH" -o Debug::NoLocking=1
+               -o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$parts"
+               -o "Dir::State::Lists=$state/lists" -o "Dir::Cache=$state/cache" -o Dir::State::Status=/dev/null
+               -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null)
+    apt-get "${apt[@]}" -qq update >/dev/null 2>&1 || return 1
+    apt-get "${apt[@]}" -s -qq install '?priority(required)' apt ${PACKAGES//,/ } 2>/dev/null \
+        | sed -n 's/^Inst \([^ ]*\) (\([^ ]*\) .*/\1 \2/p' | LC_ALL=C sort
+}
+
+VERSIONS_FILE="$CACHE/base-$SUITE-$ARCH.versions"  # what the current base was made from
+mkdir -p "$CACHE"
+if versions=$(resolve_versions) && [[ -n $versions ]]; then
+    :
+elif [[ -s $VERSIONS_FILE ]]; then
+    log "cannot resolve package versions from $SOURCES (offline?): keeping the base made from $(basename "$VERSIONS_FILE")"
+    versions=$(cat "$VERSIONS_FILE")
+else
+    log "cannot resolve package versions from $SOURCES with apt-get (is the mirror reachable?)"
+    exit 2
+fi
+
+# The cache key: what decides the tarball's content, the resolved versions included.
+KEY=$( { cat "${BASH_SOURCE[0]}"; echo "$ARCH $SUITE $PACKAGES"; echo "$versions"; } | sha256sum | cut -c1-12)
 TAR="$CACHE/base-$SUITE-$ARCH-$KEY.tar"
+
+# What changed since the base in use was made (make image prints it before rebuilding).
+if [[ -s $VERSIONS_FILE ]] && ! changed=$(diff <(cat "$VERSIONS_FILE") <(echo "$versions")); then
+    log "the mirror's packages changed since the last base ($(grep -c '^>' <<<"$changed") new versions); rebuilding:"
+    LC_ALL=C join -a1 -a2 -e '-' -o 0,1.2,2.2 <(cat "$VERSIONS_FILE") <(echo "$versions") \
+        | awk '$2 != $3 { printf "image-base:   %s %s -> %s\n", $1, $2, $3 }' >&2
+fi
 
 have=$(podman image inspect --format '{{index .Config.Labels "io.pcitopo.base.key"}}' "$NAME" 2>/dev/null || true)
 if [[ $have == "$KEY" ]]; then
@@ -109,6 +148,7 @@ if [[ ! -s $TAR ]]; then
         --customize-hook='rm -f "$1/etc/resolv.conf" "$1/etc/hostname"' \
         "$SUITE" "$tmp" "$SOURCES"
     mv "$tmp" "$TAR"
+    echo "$versions" >"$VERSIONS_FILE"
     log "made $(basename "$TAR") in $(( $(date +%s) - start )) s ($(du -m "$TAR" | cut -f1) MB)"
 fi
 

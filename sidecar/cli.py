@@ -159,7 +159,8 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from pcitopo.topology.checks.doctor import run_checks
     from pcitopo.topology.checks.kubelet import KUBELET_DIR
-    from pcitopo.topology.checks.fleet import nfd_text, pix_facts, prometheus_text, write_atomic
+    from pcitopo.topology.checks.fleet import nfd_text, pix_facts, prometheus_text
+    from pcitopo.topology.host.files import write_atomic
     from pcitopo.topology.checks.screen import report_text
     from pcitopo.topology.model.tree import Bdf, Topology
     from pcitopo.topology.host.sysfs import SysfsReader
@@ -289,7 +290,9 @@ def _cmd_domain(args: argparse.Namespace) -> int:
     from pcitopo.kubevirt.launcher.request import predicted_domain
     from pcitopo.topology.host.sysfs import open_host
 
-    from .doors import MAX_VMI_BYTES, read_bounded
+    from pcitopo.topology.host.files import read_bounded, write_atomic
+
+    from .doors import MAX_VMI_BYTES
 
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI")
     host = open_host(args.sysfs)
@@ -301,11 +304,7 @@ def _cmd_domain(args: argparse.Namespace) -> int:
     for line in notes:
         print(f"pcitopo domain: {line}", file=sys.stderr)
     if args.output and args.output != "-":
-        try:
-            with open(args.output, "wb") as fh:
-                fh.write(xml)
-        except OSError as e:
-            raise ConfigError(f"cannot write {args.output}: {e.strerror or e}") from None
+        write_atomic(args.output, xml, error=ConfigError)
     else:
         sys.stdout.buffer.write(xml)
         sys.stdout.flush()

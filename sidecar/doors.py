@@ -1,5 +1,5 @@
 """What the doors (``pcitopo``, ``pcitopo serve``, ``xmlfix``, ``onDefineDomain``) share: exit
-codes, the argument parser, reading a named input (a file or standard input, bounded), and the catch-all that turns every failure into one line on stderr
+codes, the argument parser, the bound on a named manifest (read by topology/host/files.py), and the catch-all that turns every failure into one line on stderr
 and an exit code, never a traceback.
 """
 
@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Callable
 
-from pcitopo.topology.errors import ConfigError, PcitopoError
+from pcitopo.topology.errors import PcitopoError
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # xmlfix --check: the domain is not placed as the host requires
@@ -67,20 +67,3 @@ def run_door(prog: str, body: Callable[[], int], *, with_kind: bool = False, out
 
 # A VM or VMI manifest as people keep it; the hook itself never reads files.
 MAX_VMI_BYTES = 4 * 1024 * 1024
-
-
-def read_bounded(path: str, limit: int, what: str, error: type[PcitopoError] = ConfigError) -> bytes:
-    """The bytes of ``path`` (``-``: standard input, which can be read once only: read it here
-    and hand the bytes on), at most ``limit``; one line naming ``what`` when it cannot be read or
-    is larger."""
-    try:
-        if path == "-":
-            data = sys.stdin.buffer.read(limit + 1)
-        else:
-            with open(path, "rb") as fh:
-                data = fh.read(limit + 1)
-    except OSError as e:
-        raise error(f"cannot read {what} {path}: {e.strerror or e}") from None
-    if len(data) > limit:
-        raise error(f"{what} {path} is larger than {limit} bytes")
-    return data

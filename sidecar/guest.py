@@ -51,12 +51,9 @@ def verify_command(args: argparse.Namespace, prog: str) -> int:
     from pcitopo.topology.checks.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
     from pcitopo.topology.host.sysfs import open_host
 
-    try:
-        with open(args.expect, "rb") as fh:
-            data = fh.read(MAX_EXPECT_BYTES + 1)
-    except OSError as e:
-        raise ConfigError(f"cannot read {args.expect}: {e.strerror or e}") from None
-    expect = load_expectation(data, args.expect)
+    from pcitopo.topology.host.files import read_bounded
+
+    expect = load_expectation(read_bounded(args.expect, MAX_EXPECT_BYTES, "prediction"), args.expect)
     nccl_file, system = _nccl_topo_file(args.nccl_topo)
     v = verify_guest(expect, open_host(args.sysfs), system)
     for line in v.problems:
@@ -133,7 +130,9 @@ GUEST_MODULES = (
     "topology/model/cpuinfo.py",
     "topology/model/tree.py",
     "topology/host/__init__.py",
+    "topology/host/files.py",
     "topology/host/sources.py",
+    "topology/host/tarball.py",
     "topology/host/sysfs.py",
     "topology/paths/__init__.py",
     "topology/paths/classify.py",
@@ -214,17 +213,14 @@ def guest_tool_bytes() -> bytes:
 
 def write_guest_tool(path: str) -> int:
     """Write the guest file to ``path`` (mode 0755, its directory made); returns its size."""
+    from pcitopo.topology.host.files import write_atomic
+
     data = guest_tool_bytes()
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot write {path}: {e.strerror or e}") from None
+    write_atomic(path, data, mode=0o755, error=ConfigError)
     return len(data)
 
 

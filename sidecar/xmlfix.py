@@ -26,21 +26,12 @@ from typing import Sequence
 from pcitopo.topology import __version__
 from pcitopo.topology.libvirt.document import MAX_DOMAIN_BYTES
 from pcitopo.topology.errors import ConfigError, DomainError
+from pcitopo.topology.host.files import read_bounded, write_atomic
 from pcitopo.topology.host.sources import default_sysfs
 
-from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser, read_bounded
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser
 from pcitopo.kubevirt.doors import DEFAULT_DOOR, DOORS
 
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.xmlfix-tmp"
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise DomainError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +155,7 @@ def xmlfix(argv: Sequence[str]) -> int:
     if args.diff:  # only what changed in meaning (both sides serialised alike)
         sys.stdout.write(diff_text(domain, out, "-" if args.domain == "-" else args.domain))
     if args.output:
-        _write_atomic(args.output, out)
+        write_atomic(args.output, out, error=DomainError)
     elif not (args.explain or args.dot or args.diff or args.check or args.json or args.nccl_topo or args.summary):
         sys.stdout.buffer.write(out)
         sys.stdout.flush()

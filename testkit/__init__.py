@@ -46,3 +46,13 @@ def fixture_script(name: str) -> ModuleType:
             del sys.modules[module_name]
             raise
     return sys.modules[module_name]
+
+
+def spdx_problems(path: Path) -> str:
+    """What ``pyspdxtools -i`` (spdx-tools, the ``test`` extra) says about an SPDX document:
+    empty when it is valid. The tool exits 0 with nothing on stdout or stderr then."""
+    import subprocess
+
+    tool = Path(sys.executable).with_name("pyspdxtools")
+    r = subprocess.run([str(tool), "-i", str(path)], capture_output=True, text=True, timeout=600)
+    return "" if r.returncode == 0 and not (r.stdout + r.stderr).strip() else f"exit {r.returncode}: {r.stdout}{r.stderr}"

@@ -143,8 +143,11 @@ def test_decode_offered_and_install(tmp_path):
 
 
 def test_guest_module_is_stdlib_only_python38():
-    """The guest tool carries this module: standard library only, Python 3.8 syntax."""
-    for mod in (ncclxml, nccltree, ncclinstall):
+    """The guest tool carries these modules (and the one writer they install with): standard
+    library only, Python 3.8 syntax."""
+    from pcitopo.topology.host import files
+
+    for mod in (ncclxml, nccltree, ncclinstall, files):
         _stdlib_only(Path(mod.__file__).read_text())
 
 
@@ -153,8 +156,8 @@ def _stdlib_only(src: str) -> None:
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
     relative = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
-    assert relative <= {"ncclxml"}, relative  # only the guest modules' own
-    assert imported <= {"argparse", "base64", "binascii", "os", "re", "subprocess", "sys", "typing"}, imported
+    assert relative <= {"ncclxml", "errors", "host.files"}, relative  # only the guest modules' own
+    assert imported <= {"__future__", "argparse", "base64", "binascii", "os", "re", "stat", "subprocess", "sys", "typing"}, imported
 
 
 class _HeldSysfs(DirSysfs):

@@ -5,15 +5,19 @@ the file a link points to keeps its content, mode and owner."""
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
-from pcitopo.sidecar.cli import pcitopo_main
+from pcitopo.sidecar.cli import pcitopo_main, xmlfix_main
 from pcitopo.sidecar.plugin.sockets import hand_to
-from pcitopo.topology.checks.fleet import TMP_SUFFIX, write_atomic
+from pcitopo.topology.host import files
+from pcitopo.topology.host.files import TMP_SUFFIX, write_atomic
 from pcitopo.topology.errors import ConfigError
 from testkit import FIXTURES
 from testkit.hookkit import serve_argv
@@ -79,21 +83,18 @@ def test_write_atomic_never_opens_an_existing_name(tmp_path, victim, monkeypatch
     """Whatever the random name comes out as, a link already there is refused by O_EXCL, and
     the writer takes another name: planting links at the first hundred candidates does not
     make it write through any of them."""
-    import tempfile
-
     names = iter(f"cand{i:03d}" for i in range(1000))
     planted = []
 
-    class Planting:
-        def __next__(self):
-            n = next(names)
-            if len(planted) < 100:
-                link = tmp_path / f".report.json.{n}{TMP_SUFFIX}"
-                link.symlink_to(victim)
-                planted.append(link)
-            return n
+    def planting() -> str:
+        n = next(names)
+        if len(planted) < 100:
+            link = tmp_path / f".report.json.{n}{TMP_SUFFIX}"
+            link.symlink_to(victim)
+            planted.append(link)
+        return n
 
-    monkeypatch.setattr(tempfile, "_get_candidate_names", lambda: Planting())
+    monkeypatch.setattr(files, "_candidate", planting)
     target = tmp_path / "report.json"
     write_atomic(str(target), "{}\n")
     assert target.read_text() == "{}\n" and untouched(victim)
@@ -130,6 +131,132 @@ def test_guest_nccl_topology_install_does_not_follow_symlinks(tmp_path, victim):
     dest.symlink_to(victim)
     ncclxml.install(good, str(dest))
     assert untouched(victim) and not dest.is_symlink() and dest.read_bytes() == good
+
+
+# -- every command's output goes through the one writer (topology/host/files.py) --------------
+# Each: (argv for pcitopo_main or xmlfix_main, the fixed temporary names it used before the one
+# writer, what its output starts with). ``{out}`` is the output path.
+H100 = FIXTURES / "hgx-h100"
+COMMANDS = {
+    "xmlfix -o": (["xmlfix", "--sysfs", str(H100), "-o", "{out}", str(H100 / "domain.xml")], ["{out}.xmlfix-tmp"], b"<domain"),
+    "pcitopo capture -o": (["capture", "--sysfs", str(H100), "-o", "{out}"], ["{out}.tmp"], b"\x1f\x8b"),
+    "pcitopo guest-tool -o": (["guest-tool", "-o", "{out}"], ["{out}.tmp{pid}"], b"#!/usr/bin/env python3"),
+    "pcitopo doctor --prometheus-out": (["doctor", "--sysfs", str(H100), "--prometheus-out", "{out}"],
+                                        [".{name}.pcitopo-tmp"], b"# HELP"),
+    "pcitopo doctor --json-out": (["doctor", "--sysfs", str(H100), "--json-out", "{out}"], [".{name}.pcitopo-tmp"], b"{"),
+}
+
+
+def _run(command: str, out) -> int:
+    argv = [a.format(out=out) for a in COMMANDS[command][0]]
+    return xmlfix_main(argv[1:]) if argv[0] == "xmlfix" else pcitopo_main(argv)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_no_command_writes_through_a_link_at_a_temporary_name(command, tmp_path, victim, monkeypatch, capsys):
+    """Links planted at each command's old fixed temporary name and at the writer's first
+    candidates are never written through; the output is whole and no temporary file is left."""
+    out = tmp_path / "out" / "result"
+    out.parent.mkdir()
+    for name in COMMANDS[command][1]:
+        (out.parent / os.path.basename(name.format(out=out, pid=os.getpid(), name=out.name))).symlink_to(victim)
+    names = iter(f"cand{i}" for i in range(100))
+    planted = []
+
+    def planting() -> str:
+        n = next(names)
+        if len(planted) < 5:
+            planted.append(out.parent / f".{out.name}.{n}{TMP_SUFFIX}")
+            planted[-1].symlink_to(victim)
+        return n
+
+    monkeypatch.setattr(files, "_candidate", planting)
+    assert _run(command, out) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert untouched(victim) and len(planted) == 5
+    assert out.read_bytes().startswith(COMMANDS[command][2]) and not out.is_symlink()
+    assert [p.name for p in out.parent.iterdir() if not p.is_symlink() and p != out] == []
+
+
+def _drained_fifo(path):
+    """A FIFO at ``path`` with a reader collecting what is written (a writer blocks without one)."""
+    os.mkfifo(path)
+    got = []
+
+    def drain():
+        with open(path, "rb") as fh:
+            got.append(fh.read())
+
+    t = threading.Thread(target=drain, daemon=True)
+    t.start()
+    return t, got
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a character device node needs root")
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_character_device_stays_a_device(command, tmp_path, capsys):
+    """``--prometheus-out /dev/null`` and the like: renaming over a device as root leaves the node
+    without it. A character node (c 1 3, the null device) made for the test is written in place:
+    still the same character device after the command."""
+    node = tmp_path / "null"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    assert _run(command, node) == 0, capsys.readouterr().err
+    st = os.lstat(node)
+    assert stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3)
+    assert [p.name for p in tmp_path.iterdir()] == ["null"]  # no temporary file left beside it
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_fifo_is_written_in_place(command, tmp_path, capsys):
+    fifo = tmp_path / "pipe"
+    reader, got = _drained_fifo(fifo)
+    assert _run(command, fifo) == 0, capsys.readouterr().err
+    reader.join(timeout=60)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and got and got[0].startswith(COMMANDS[command][2])
+
+
+def test_a_block_device_a_socket_or_a_folder_is_refused_in_one_line(tmp_path, capsys):
+    """What is neither a file nor a character device or FIFO is not written at all: one line,
+    exit 2, the thing left as it was."""
+    targets = [tmp_path / "folder"]
+    targets[0].mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock"))
+    targets.append(tmp_path / "sock")
+    if os.geteuid() == 0:  # only looked at (lstat), never opened
+        os.mknod(tmp_path / "blk", 0o600 | stat.S_IFBLK, os.makedev(7, 250))
+        targets.append(tmp_path / "blk")
+    try:
+        for target in targets:
+            before = os.lstat(target)
+            assert pcitopo_main(["doctor", "--sysfs", str(H100), "--prometheus-out", str(target)]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"cannot write {target}: it is a" in err, err
+            after = os.lstat(target)
+            assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino)
+    finally:
+        sock.close()
+
+
+def test_a_descriptor_name_is_the_descriptor_and_dash_is_standard_output(tmp_path, capsys):
+    """``/dev/fd/N`` (like ``/dev/stdout``) names a descriptor this process holds: written there,
+    the link itself left alone; ``-o -`` is standard output."""
+    r, w = os.pipe()
+    try:
+        write_atomic(f"/dev/fd/{w}", "through the descriptor\n")
+        write_atomic(f"/proc/self/fd/{w}", b"twice\n")
+        os.close(w)
+        with os.fdopen(r, "rb") as fh:
+            assert fh.read() == b"through the descriptor\ntwice\n"
+    finally:
+        for fd in (r, w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    assert pcitopo_main(["doctor", "--sysfs", str(H100), "--json-out", "-"]) == 0
+    assert capsys.readouterr().out.lstrip().startswith("{")
+    assert not (Path.cwd() / "-").exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the socket is handed to the compute container's uid only as root")

@@ -29,6 +29,8 @@ from typing import Any, Mapping
 
 from pcitopo.topology.checks.doctor import DoctorReport, Finding
 from pcitopo.topology.errors import ConfigError, DoctorError, VmiError
+from pcitopo.topology.host.files import read_bounded
+from pcitopo.topology.host.yamltext import yaml_documents
 from pcitopo.topology.model.tree import Topology
 
 from .devices import Request, failing_candidates, listed, paths_of, requested_devices
@@ -44,16 +46,10 @@ class PermittedDevices:
     @classmethod
     def read(cls, path: str) -> "PermittedDevices":
         """From a file holding the KubeVirt CR as YAML or JSON (one line on any error)."""
-        import yaml  # PyYAML reads JSON too
-
-        try:
-            with open(path, "rb") as f:
-                doc = yaml.safe_load(f.read(4 * 1024 * 1024))
-        except OSError as e:
-            raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path} is neither YAML nor JSON: {getattr(e, 'problem', None) or e}") from None
-        return cls.from_kubevirt_cr(doc, path)
+        docs = yaml_documents(read_bounded(path, 4 * 1024 * 1024, "KubeVirt CR"), f"KubeVirt CR {path}")  # YAML reads JSON too
+        if len(docs) > 1:
+            raise ConfigError(f"KubeVirt CR {path} holds {len(docs)} YAML documents: give the one KubeVirt CR")
+        return cls.from_kubevirt_cr(docs[0] if docs else None, path)
 
     @classmethod
     def from_kubevirt_cr(cls, doc: Any, name: str) -> "PermittedDevices":

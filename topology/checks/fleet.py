@@ -11,12 +11,9 @@ and Node Feature Discovery local features.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..errors import OutputError
 from ..model.labels import mark_host_labels
 from ..model.tree import Role, Topology
 from ..paths.classify import Nccl, Nvml, classify
@@ -25,7 +22,6 @@ from .doctor import CHECKS, STATUSES, DoctorReport, Target
 
 STATUS_CODE = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
 NFD_PREFIX = "pcitopo.kubevirt.io/"
-TMP_SUFFIX = ".pcitopo-tmp"  # write_atomic's temporary files: .<name>.<random>.pcitopo-tmp
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,28 +150,3 @@ def nfd_text(report: DoctorReport, pix: PixFacts) -> str:
     lines = ["# pcitopo doctor: host readiness for GPUDirect RDMA in VMs (Node Feature Discovery local features)"]
     lines += [f"{NFD_PREFIX}{k}={v}" for k, v in features.items()]
     return "\n".join(lines) + "\n"
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Write ``path`` whole or not at all: a hidden temporary file in the same directory, then a
-    rename, so node-exporter (``*.prom``) and NFD (every file in ``features.d``) never read half
-    a file. The doctor runs as root in other components' directories, so nothing there is
-    trusted: the temporary file gets a random name and is created with O_EXCL|O_NOFOLLOW
-    (``tempfile.mkstemp``), so a symlink or file planted there is never written through; its
-    mode is set on the open file (fchmod), and the rename replaces a symlink at ``path`` itself
-    instead of following it."""
-    directory, name = os.path.split(os.path.abspath(path))
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=TMP_SUFFIX, dir=directory)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None

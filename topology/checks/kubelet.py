@@ -20,7 +20,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..errors import DomainError
+from ..errors import ConfigError, DomainError
+from ..host.files import read_bounded
 from ..libvirt.domain import parse_cpuset
 from ..model.tree import NumaNode
 
@@ -109,16 +110,11 @@ class KubeletFacts:
 
 
 def _read(path: str) -> tuple[bytes | None, str | None]:
+    """(the bytes, None), or (None, why not): an absent file is a fact here, not an error."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None, "absent"
-    except OSError as e:
-        return None, e.strerror or str(e)
-    if len(data) > MAX_BYTES:
-        return None, f"larger than {MAX_BYTES} bytes"
-    return data, None
+        return read_bounded(path, MAX_BYTES, "kubelet file"), None
+    except ConfigError as e:
+        return None, "absent" if not os.path.lexists(path) else e.reason
 
 
 def _node_of(numa: Mapping[int, NumaNode]) -> dict[int, int]:
@@ -150,12 +146,13 @@ def _state(facts: KubeletFacts, data: bytes, numa: Mapping[int, NumaNode]) -> No
 
 
 def _config(facts: KubeletFacts, data: bytes) -> None:
-    import yaml  # a dependency already (kubevirt/manifest.py); only the doctor on a node needs it here
+    from ..host.yamltext import yaml_documents  # PyYAML: only the doctor on a node needs it here
 
     try:
-        doc = yaml.safe_load(data)
-    except yaml.YAMLError:
-        doc = None
+        docs = yaml_documents(data, str(facts.config_path))
+    except ConfigError:
+        docs = []
+    doc = docs[0] if len(docs) == 1 else None
     if not isinstance(doc, dict):
         facts.unread.append(f"{facts.config_path} (not a KubeletConfiguration)")
         return

@@ -27,9 +27,6 @@ PCI_DEVICES_DIR = "bus/pci/devices"
 MAX_ATTR_BYTES = 4096
 MAX_SYMLINK_HOPS = 40
 
-# Bounds for capture tarballs (a capture of a host with thousands of VFs is a few MB).
-MAX_TAR_MEMBERS = 2_000_000
-MAX_TAR_BYTES = 256 * 1024 * 1024
 
 
 class Unreadable:
@@ -162,6 +159,7 @@ class MemoryTree:
         self.cpu_is_local = True
         self._entries: dict[str, _File | _Link | _Dir] = {}
         self._children: dict[str, set[str]] = {"": set()}
+        self.path_bytes = 0  # every entry's path and link target: what a capture's bounds count
 
     # -- building -------------------------------------------------------------------------
     def _add_parents(self, rel: str) -> None:
@@ -174,6 +172,7 @@ class MemoryTree:
                     raise SysfsError(f"{self.name}: {parent} is not a directory")
                 break
             self._entries[parent] = _DIR
+            self.path_bytes += len(parent)
             parent, _, leaf = parent.rpartition("/")
 
     @staticmethod
@@ -189,17 +188,20 @@ class MemoryTree:
             return
         self._add_parents(rel)
         self._entries[rel] = _DIR
+        self.path_bytes += len(rel)
         self._children.setdefault(rel, set())
 
     def add_file(self, rel: str, data: str | bytes) -> None:
         rel = self._norm(rel)
         self._add_parents(rel)
         self._entries[rel] = _File(data.encode() if isinstance(data, str) else data)
+        self.path_bytes += len(rel)
 
     def add_link(self, rel: str, target: str) -> None:
         rel = self._norm(rel)
         self._add_parents(rel)
         self._entries[rel] = _Link(target)
+        self.path_bytes += len(rel) + len(target)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -230,12 +232,11 @@ class MemoryTree:
             yield rel, self._entries[rel]
 
     def write_tarball(self, out: str | os.PathLike) -> None:
-        """Write a deterministic ``.tar.gz``: sorted members, mtime 0, root-owned."""
-        data = self.tarball_bytes()
-        tmp = f"{os.fspath(out)}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, out)
+        """Write a deterministic ``.tar.gz``: sorted members, mtime 0, root-owned (through
+        topology/host/files.py's writer: ``pcitopo capture -o`` runs as root)."""
+        from .files import write_atomic
+
+        write_atomic(os.fspath(out), self.tarball_bytes(), error=SysfsError)
 
     def tarball_bytes(self) -> bytes:
         """The deterministic ``.tar.gz`` (see :meth:`write_tarball`) as bytes."""
@@ -288,39 +289,32 @@ class MemoryTree:
 
     @classmethod
     def from_tarball(cls, path: str | os.PathLike) -> "MemoryTree":
-        """Load a capture. Never extracts to disk, so member names cannot escape anywhere."""
-        import gzip
+        """Load a capture. Never extracts to disk, so member names cannot escape anywhere; read
+        within the bounds of topology/host/tarball.py, the tree's own entries and path bytes
+        (the folders a name implies included) counted against them as it grows."""
+        import lzma
         import tarfile
+        import zlib
+
+        from .tarball import MAX_ENTRIES, MAX_PATH_BYTES, members
 
         name = os.fspath(path)
         tree = cls(name)
-        total = 0
         try:
-            with tarfile.open(name, mode="r:*") as tar:
-                for count, member in enumerate(tar, 1):
-                    if count > MAX_TAR_MEMBERS:
-                        raise SysfsError(f"{name}: more than {MAX_TAR_MEMBERS} members, not a capture")
-                    rel = member.name
-                    if rel.startswith("./"):
-                        rel = rel[2:]
-                    if not rel or rel == ".":
-                        continue
-                    if member.isdir():
-                        tree.add_dir(rel)
-                    elif member.issym():
-                        tree.add_link(rel, member.linkname)
-                    elif member.isfile():
-                        if member.size > MAX_ATTR_BYTES:
-                            raise SysfsError(f"{name}: member {rel} is {member.size} bytes, not a sysfs attribute")
-                        total += member.size
-                        if total > MAX_TAR_BYTES:
-                            raise SysfsError(f"{name}: more than {MAX_TAR_BYTES} bytes of content")
-                        fh = tar.extractfile(member)
-                        tree.add_file(rel, fh.read() if fh else b"")
-                    # hard links, devices, fifos: not part of a capture; ignored
+            for m in members(name, MAX_ATTR_BYTES):
+                if m.kind == "dir":
+                    tree.add_dir(m.rel)
+                elif m.kind == "link":
+                    tree.add_link(m.rel, str(m.payload))
+                else:
+                    tree.add_file(m.rel, m.payload)
+                if len(tree) > MAX_ENTRIES:
+                    raise SysfsError(f"{name}: more than {MAX_ENTRIES} entries, not a capture")
+                if tree.path_bytes > MAX_PATH_BYTES:
+                    raise SysfsError(f"{name}: more than {MAX_PATH_BYTES} bytes of names and link targets, not a capture")
         except SysfsError:
             raise
-        except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile) as e:
+        except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as e:  # gzip's and bz2's are OSErrors
             raise SysfsError(_not_a_capture(name, e)) from None
         return tree
 

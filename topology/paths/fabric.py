@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Iterable
 
 from ..errors import ConfigError, FabricError, MalformedBdfError
+from ..host.files import read_bounded
 from ..model.tree import NVIDIA, Bdf, Role, Topology
 from .classify import NvlinkBoard, NvlinkTable
 
@@ -183,13 +184,7 @@ def _models():
 
 def _read_json(path: str | os.PathLike, what: str) -> object:
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as fh:
-            data = fh.read(MAX_FABRIC_BYTES + 1)
-    except OSError as e:
-        raise FabricError(f"cannot read {what} {name}: {e.strerror or e}") from None
-    if len(data) > MAX_FABRIC_BYTES:
-        raise FabricError(f"{what} {name} is larger than {MAX_FABRIC_BYTES} bytes")
+    data = read_bounded(name, MAX_FABRIC_BYTES, what, FabricError)
     try:
         return json.loads(data)
     except RecursionError:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from typing import List, Optional, Sequence
 
+from ..errors import OutputError
 from .ncclxml import DEFAULT_TOPO_FILE, FWCFG_DIR, FWCFG_NAME, NcclXmlError, decode_offered, fwcfg_raw_path, install
 
 EXIT_OK, EXIT_NONE, EXIT_BAD = 0, 1, 2
@@ -57,6 +58,9 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "install-nccl-topo") 
             print("{}: {}".format(prog, line), file=sys.stderr)
     except NcclXmlError as e:
         print("{}: {}: not installed: {}".format(prog, source, e), file=sys.stderr)
+        return EXIT_BAD
+    except OutputError as e:  # the destination (write_atomic's one line)
+        print("{}: {}".format(prog, e), file=sys.stderr)
         return EXIT_BAD
     except OSError as e:
         print("{}: {}: {}".format(prog, e.filename or source, e.strerror or e), file=sys.stderr)

@@ -30,6 +30,8 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..host.files import write_atomic
+
 MAX_STR_LEN = 255
 MAX_ATTR_COUNT = 16
 MAX_SUBS = 640
@@ -332,21 +334,5 @@ def install(data: bytes, dest: str = DEFAULT_TOPO_FILE) -> None:
     """Check ``data`` under NCCL's rules and write it to ``dest`` atomically (its directory is
     created, the file is world-readable: every NCCL process reads it)."""
     parse(data)
-    folder = os.path.dirname(dest) or "."
-    os.makedirs(folder, exist_ok=True)
-    # Root writes here at every boot: a random temporary name created with O_EXCL|O_NOFOLLOW,
-    # so nothing planted in the folder is written through or chmod-ed (no tempfile: the guest
-    # tool keeps to a few standard modules).
-    tmp = os.path.join(folder, ".{}.{}.tmp".format(os.path.basename(dest), binascii.hexlify(os.urandom(8)).decode()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(data)
-        os.replace(tmp, dest)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    write_atomic(dest, data, mode=0o644)  # root writes here at every boot: see its rules
