@@ -122,7 +122,7 @@ def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, assume: 
             f"the KubeVirt CR {cr.name} has no status.observedKubeVirtVersion: name its release with --assume-release"))
     after = before.with_target(tgt)
     notes = [before.assumed] if before.assumed else []
-    if assume and assume.startswith("main") and not (seen and _is_read_main(seen)):
+    if before.release == assume and assume.startswith("main") and not (seen and _is_read_main(seen)):
         notes.append(_newer_main_note())
     report = Preflight(tgt, cr.name, before, after, tgt.fits(before.release),
                        tuple(g for g in tgt.gates if g not in before.gates), plugins, nodes, notes=notes, seen=seen)

@@ -269,15 +269,19 @@ def check_assumed(text: str) -> str:
 
 
 def judged_as(seen: str | None, assume: str | None) -> tuple[str, str]:
-    """The release to judge and what was assumed ("" when none): ``assume`` (an
-    ``--assume-release`` value, checked) wins over ``seen`` and is said; without it ``seen`` must
-    be a read release (:class:`ReleaseUnknown` otherwise)."""
-    if assume:
-        name = check_assumed(assume)
-        try:
-            same = seen is not None and resolve(seen) == resolve(name)
-        except ReleaseUnknown:
-            same = False
-        return name, "" if same else f"KubeVirt {seen or '(no version)'} judged as {name} (--assume-release)"
-    resolve(seen)
-    return str(seen).strip(), ""
+    """The release to judge and what was assumed ("" when nothing was). A read ``seen`` is judged
+    as itself, whatever ``assume`` says (said when they differ); an unread or missing one only as
+    ``assume`` (an ``--assume-release`` value, checked), else :class:`ReleaseUnknown`."""
+    name = check_assumed(assume) if assume else None
+    try:
+        read = resolve(seen) if seen else None
+    except ReleaseUnknown:
+        if name is None:
+            raise
+        read = None
+    if read is not None:
+        ignored = name is not None and resolve(name) != read
+        return str(seen).strip(), f"--assume-release {name} not used: {seen} is a release pcitopo read" if ignored else ""
+    if name is None:
+        resolve(seen)  # raises: no version at all
+    return name, f"KubeVirt {seen or '(no version)'} judged as {name} (--assume-release)"

@@ -119,7 +119,8 @@ def _kubevirt_lines(report) -> list[str]:
     if report.kubevirt is None:
         head = f"kubevirt: no KubeVirt CR in the dump; judged as {b.release} with no gate"
     else:
-        head = f"kubevirt: {b.release} ({report.kubevirt}), gates {gates}"
+        judged = f"{report.seen}, judged as {b.release}" if report.seen and report.seen != b.release else b.release
+        head = f"kubevirt: {judged} ({report.kubevirt}), gates {gates}"
     if report.release_fits is False:
         fit = next((x.name for x in TARGETS if x.fits(b.release)), None)
         head += f"; the target does not fit this release ({report.target.releases})" + (f": use {fit}" if fit else "")
