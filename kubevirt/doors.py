@@ -13,9 +13,7 @@ Facts (kubevirt/kubevirt, user-guide; docs/SOURCES.md, "KubeVirt Plugins"):
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from .releases import DOOR_NOTES, DOOR_ROWS, ReadRelease
+from .releases import DOOR_NOTES, DOOR_ROWS
 
 DOORS = ("plugin", "hook")
 # The label a VMI carries to be selected by the pcitopo Plugin's conditions (deploy/targets/kubevirt-main):
@@ -31,23 +29,6 @@ PCITOPO_PLUGIN = "pcitopo"
 def plugin_selects(labels: dict | None) -> bool:
     """Whether the shipped Plugin's conditions select a VMI with these labels."""
     return (labels or {}).get(PLUGIN_LABEL) == PLUGIN_LABEL_VALUE
-
-
-def explain_door(vmi: Mapping[str, Any] | None, release: ReadRelease | None) -> str:
-    """The door ``xmlfix --explain`` describes when none is given: the hook sidecar wherever a
-    Plugin object would stop VMs (KubeVirt writes no hostdev ``mode``: v1.9.0, main as read) or
-    there is no Plugin API, or when the release is unknown; where KubeVirt writes ``mode``, the
-    door the VM asks for (its label, else its hook annotation), else the Plugin."""
-    from .manifest import HOOK_SIDECARS
-
-    if release is None or not (release.plugins and release.writes_mode):
-        return "hook"
-    meta = vmi.get("metadata") if isinstance(vmi, Mapping) else None
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
-    if plugin_selects(labels if isinstance(labels, Mapping) else None):
-        return "plugin"
-    return "hook" if isinstance(annotations, Mapping) and HOOK_SIDECARS in annotations else "plugin"
 
 
 def door_text(door: str, why: str = "") -> str:

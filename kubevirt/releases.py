@@ -23,8 +23,6 @@ from dataclasses import dataclass
 MAIN_COMMIT = "d923fdb815cd2016ddaebdaaa51db04133576d72"
 MAIN_DATE = "2026-08-22"
 PLUGIN_API = "plugin.kubevirt.io/v1alpha1 with domainHooks"
-# What KubeVirt's hack/version.sh makes of that commit (git describe, semver): a build of it reports this.
-MAIN_BUILD = "v1.9.0-beta.0.1264+d923fdb815cd20"
 # VEP 190 Alpha 2: what a later main may have done to the Plugin API pcitopo read.
 NEXT_PLUGIN_API = ("VEP 190 Alpha 2 (kubevirt/enhancements#407) renames domainHooks to launcherHooks, and kubevirt "
                    "PR #19160 implements it")
@@ -205,14 +203,6 @@ def row(name: str) -> ReadRelease:
     raise KeyError(name)
 
 
-def reparse_of(release: ReadRelease) -> Reparse:
-    return next(g for g in REPARSE if g.name == release.reparse)
-
-
-def target_facts(name: str) -> TargetFacts:
-    return next(t for t in TARGETS if t.name == name)
-
-
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?(.*)", re.S)
 _MAIN_BUILD = re.compile(r"-(?:alpha|beta|rc)\.\d+(?:\.\d+\+([0-9a-f]{7,40}))?")
 
@@ -224,7 +214,8 @@ def is_version(text: str) -> bool:
 
 def resolve(version: str | None) -> ReadRelease:
     """The read release ``version`` is: a read tag (``v`` optional; a line alone is its newest
-    patch), ``main``, ``main+pr18866``, or a build of main at :data:`MAIN_COMMIT`. Anything else
+    patch), ``main``, ``main+pr18866``, or a build of main at :data:`MAIN_COMMIT` (KubeVirt's
+    hack/version.sh writes ``git describe`` as semver: ``v1.9.0-beta.0.1264+d923fdb815cd20``). Anything else
     raises :class:`ReleaseUnknown` naming the read release it would resemble."""
     text = (version or "").strip()
     if text in ("main", "main+pr18866"):

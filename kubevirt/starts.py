@@ -183,6 +183,19 @@ def doors_needed(cluster: Cluster) -> tuple[str, ...]:
     return ("plugin",) if cluster.writes_mode else ("hook", "plugin")
 
 
+def explain_door(vmi: Mapping[str, Any] | None, release: ReadRelease | None) -> str:
+    """The door ``xmlfix --explain`` describes when none is given: the hook sidecar wherever a
+    Plugin object would stop VMs (KubeVirt writes no hostdev ``mode``: v1.9.0, main as read) or
+    there is no Plugin API, or when the release is unknown; where KubeVirt writes ``mode``, the
+    door the VM asks for (its label, else its hook annotation), else the Plugin."""
+    if release is None or not (release.plugins and release.writes_mode):
+        return "hook"
+    vmi = vmi if isinstance(vmi, Mapping) else {}
+    if plugin_selects(_labels(vmi)):
+        return "plugin"
+    return "hook" if HOOK_SIDECARS in _annotations(vmi) else "plugin"
+
+
 def domain_facts(domain_xml: bytes) -> tuple[bool | None, tuple[str, ...]]:
     """Whether a (rewritten) domain holds a PCI hostdev, and which of :data:`SETTINGS` it
     carries; (None, all of them) when it cannot be read."""

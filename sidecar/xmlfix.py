@@ -101,9 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> bytes:
+def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> bytes | None:
     """The domain to rewrite: the argument's, or without one (and with --vmi, whose bytes
-    ``manifest`` are) the predicted one, said first, on stderr and as --explain's first line."""
+    ``manifest`` are) the predicted one, said first, on stderr and as --explain's first line;
+    None, said, when the release to predict for is not one pcitopo read."""
     if args.domain is not None:
         for opt in ("devices", "cpu_policy"):
             if getattr(args, opt) is not None:
@@ -113,7 +114,11 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
         raise ConfigError("no domain: give DOMAIN.xml (or - for stdin), or --vmi FILE to predict the domain")
     from pcitopo.kubevirt.launcher.request import predicted_domain
 
-    pred = predicted_domain(args, manifest, args.vmi, host)
+    try:
+        pred = predicted_domain(args, manifest, args.vmi, host)
+    except ReleaseUnknown as e:
+        print(f"xmlfix: {'check: ' if args.check else ''}unknown: {e.line}", file=sys.stderr)
+        return None
     first = (f"domain predicted (no domain argument): what KubeVirt {pred.version}'s virt-launcher would hand "
              f"the hook for {args.vmi} on this node (pcitopo domain)")
     print(f"xmlfix: {first}", file=sys.stderr)
@@ -145,10 +150,8 @@ def xmlfix(argv: Sequence[str]) -> int:
 
         vmi = vmi_as_json(manifest, args.vmi)
     host = open_host(args.sysfs)
-    try:
-        domain = _domain_input(args, host, manifest)
-    except ReleaseUnknown as e:  # no domain can be predicted for a release nobody read
-        print(f"xmlfix: {'check: ' if args.check else ''}unknown: {e.line}", file=sys.stderr)
+    domain = _domain_input(args, host, manifest)
+    if domain is None:  # no domain can be predicted for a release nobody read (said)
         return EXIT_UNKNOWN
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
@@ -192,8 +195,9 @@ def _explain_door(args: argparse.Namespace, vmi: bytes | None) -> str:
     """--explain's door section: --door, or the VMI's door on the release judged as --check judges it."""
     import json
 
-    from pcitopo.kubevirt.doors import door_text, explain_door
+    from pcitopo.kubevirt.doors import door_text
     from pcitopo.kubevirt.releases import DEFAULT_VERSION, judged_as, resolve
+    from pcitopo.kubevirt.starts import explain_door
 
     if args.door:
         return door_text(args.door)

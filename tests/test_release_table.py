@@ -31,6 +31,7 @@ STRANGER = DUMPS / "v1.9.0-stranger.yaml"
 B200 = ROOT / "fixtures" / "hgx-b200"
 DOMAIN = B200 / "examples" / "vmi-gpu" / "domain.xml"
 VMI = ROOT / "deploy" / "vmi-gpu.yaml"
+MAIN_BUILD = "v1.9.0-beta.0.1264+d923fdb815cd20"  # KubeVirt's own version of a build of the commit read
 UNREAD = ("v1.9.1", "v1.10.0", "v1.9.0-vendor.3", "1.9.0~custom build")
 DOOR_NAMES = {"hook": "hook sidecar", "plugin": "Plugin"}
 
@@ -77,7 +78,7 @@ def test_the_targets_are_the_tables():
 def test_only_read_releases_resolve():
     assert releases.resolve("v1.8.4").name == "v1.8" and releases.resolve("1.6").name == "v1.6"
     assert releases.resolve("v1.9.0").target == "kubevirt-v1.9.0"
-    assert releases.resolve(releases.MAIN_BUILD).name == "main"  # a build of the commit read
+    assert releases.resolve(MAIN_BUILD).name == "main"  # a build of the commit read
     assert not releases.resolve("main").writes_mode and releases.resolve("main+pr18866").writes_mode
     for version, like in [("v1.9.1", "v1.9"), ("v1.10.0", "v1.9"), ("v1.9.0-vendor.3", "v1.9"), ("v1.8.5", "v1.8"),
                           ("v1.10.0-alpha.0", "main"), ("v1.9.0-beta.0.1300+0123abc", "main"), ("garbage", None),
@@ -164,7 +165,7 @@ def test_main_is_a_release_wherever_one_is(tmp_path):
     assert r.returncode == 0 and "on KubeVirt main (" in r.stderr.splitlines()[-1], r.stderr
     r = run("pcitopo", "domain", "--vmi", str(VMI), "--sysfs", str(B200), "--kubevirt", "main")
     assert r.returncode == 0 and "KubeVirt main (--kubevirt)" in r.stderr
-    r = run("pcitopo", "preflight", "--target", "kubevirt-main", str(dump_of(tmp_path, releases.MAIN_BUILD)))
+    r = run("pcitopo", "preflight", "--target", "kubevirt-main", str(dump_of(tmp_path, MAIN_BUILD)))
     assert "the target fits this release" in r.stdout
     # main as read writes no hostdev mode: its Plugin object stops the strangers' VMs, as on v1.9.0
     assert r.returncode == 1 and "research/train-0 (stops starting)" in r.stdout.splitlines()[-1]

@@ -26,8 +26,7 @@ import pytest
 
 from testkit import REPO as ROOT
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import test_quickstarts as qs  # noqa: E402  the quick starts' offline cluster and stand-in kubectl
+import test_quickstarts as qs  # the quick starts' offline cluster and stand-in kubectl
 
 BLOCKS = dict(re.findall(r"<!-- upgrade-kubevirt: ([^>]+?) -->\n```sh\n(.*?)```", qs.DEPLOY_MD, re.S))
 NEW_RELEASE = "v1.10.0"

@@ -26,8 +26,6 @@ from ..targets import parse_version
 
 # Where virt-launcher's image keeps OVMF (pkg/virt-config/virt-config.go DefaultARCHOVMFPath).
 OVMF_DIR = "/usr/share/edk2/ovmf"
-# The tags each group was read at (kubevirt/kubevirt): every patch release of the line.
-PATCHES = {r.name: r.patches for r in table.RELEASES if r.line is not None}
 DEFAULT_VERSION = table.DEFAULT_VERSION  # the newest tag, what `pcitopo domain` assumes without --kubevirt or --cluster
 
 
