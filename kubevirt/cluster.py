@@ -68,8 +68,12 @@ class ClusterDump:
 
     @property
     def kubevirt(self) -> KubeVirtCR | None:
-        """The KubeVirt CR (the first, as a cluster has one), or None when the dump lacks it."""
+        """The KubeVirt CR, or None when the dump lacks it; two are one line (virt-operator runs
+        one KubeVirt per cluster, so two mean dumps of different clusters were mixed)."""
         crs = self.of_kind(KUBEVIRT_KIND)
+        if len(crs) > 1:
+            raise ConfigError(f"cluster dump {', '.join(self.sources)}: {len(crs)} KubeVirt CRs "
+                              f"({', '.join(name_of(c) for c in crs)}); a cluster has one: dump one cluster")
         return kubevirt_cr(crs[0]) if crs else None
 
     @property

@@ -19,7 +19,8 @@ from .cluster import ClusterDump, mapping, name_of
 from .sidecar_policy import Refusal, refusal
 from .doors import PCITOPO_PLUGIN
 from .starts import Cluster, Start, Verdict, cluster_of, doors_needed, judge, opted_in, pci_devices
-from .targets import GPU_NODE_TERMS, Target, is_dev_build, is_gpu_node
+from .releases import ReleaseUnknown
+from .targets import GPU_NODE_TERMS, Target, is_gpu_node
 
 DOOR_NAMES = {"hook": "the hook sidecar (hooks.kubevirt.io/hookSidecars)",
               "plugin": "the pcitopo Plugin (label pcitopo.kubevirt.io/plugin: \"true\")"}
@@ -66,8 +67,8 @@ class PolicyHarm:
 class Preflight:
     target: Target
     kubevirt: str | None  # "kubevirt/kubevirt" or None: no KubeVirt CR in the dump
-    before: Cluster
-    after: Cluster
+    before: Cluster | None  # None: the release is unknown
+    after: Cluster | None
     release_fits: bool | None  # None: no release to judge
     gates_added: tuple[str, ...]
     plugins: tuple[tuple[str, bool], ...]  # (name, pcitopo's), as dumped
@@ -75,6 +76,8 @@ class Preflight:
     workloads: list[Workload] = field(default_factory=list)
     policy: list[PolicyHarm] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    unknown: str = ""  # why nothing was judged: no KubeVirt CR, or a release pcitopo did not read
+    seen: str | None = None  # the release as the dump gives it
 
     @property
     def harmed(self) -> list[Workload]:
@@ -87,39 +90,63 @@ class Preflight:
 
     @property
     def fails(self) -> bool:
-        return bool(self.harmed) or bool(self.refused) or self.release_fits is False
+        return not self.unknown and (bool(self.harmed) or bool(self.refused) or self.release_fits is False)
 
     def doors(self) -> tuple[str, ...]:
-        return doors_needed(self.after)
+        return doors_needed(self.after) if self.after is not None else ()
 
 
-def preflight(dump: ClusterDump, tgt: Target, image: str | None = None) -> Preflight:
-    """``image``: the image the user pins in the target's PodTemplate (None: not known)."""
+def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, assume: str | None = None) -> Preflight:
+    """``image``: the image the user pins in the target's PodTemplate (None: not known);
+    ``assume``: ``--assume-release``, the read release to judge the dump's as. Without a KubeVirt
+    CR, or on a release pcitopo did not read, nothing is judged: :attr:`Preflight.unknown` says why."""
+    from .releases import check_assumed
+
     cr = dump.kubevirt
-    before = cluster_of(dump)
-    notes = []
-    if before is None:  # judged on the target's own release, and said
-        release = "v{}.{}.{}".format(*tgt.min_version)
-        before = cluster_of(dump, release)
-        before = Cluster(release, before.gates, before.plugins, before.not_pci,
-                         f"the dump has no KubeVirt CR{'' if cr is None else ' status'}: judged as {tgt.name}'s first release")
-        notes.append(f"no KubeVirt CR with status.observedKubeVirtVersion in the dump: the release is assumed to be {release} "
-                     f"({tgt.name}'s first), and no feature gate is on; dump `kubectl get kubevirt -A -o yaml` to judge for real")
-    after = before.with_target(tgt)
-    fits = tgt.fits(before.release) if not before.assumed else None
-    if is_dev_build(before.release):
-        notes.append(f"KubeVirt {before.release} is a development build: its version does not say whether it carries "
-                     "PR #18866 (KubeVirt writes the hostdev mode itself), so it is judged as the release it names, "
-                     "without it; if it does carry it, use --target kubevirt-main (and xmlfix --check --kubevirt v1.10.0)")
-    report = Preflight(tgt, cr.name if cr else None, before, after, fits,
-                       tuple(g for g in tgt.gates if g not in before.gates),
-                       tuple((name_of(p), name_of(p) == PCITOPO_PLUGIN) for p in dump.plugins), notes=notes)
+    assume = check_assumed(assume) if assume else None
+    seen = cr.version if cr is not None else None
     permitted = {p.resource for p in cr.permitted_pci} if cr else set()
-    report.nodes = [n for n in (_gpu_node(node, permitted) for node in dump.nodes) if n is not None]
+    nodes = [n for n in (_gpu_node(node, permitted) for node in dump.nodes) if n is not None]
+    plugins = tuple((name_of(p), name_of(p) == PCITOPO_PLUGIN) for p in dump.plugins)
+    if cr is None:
+        return Preflight(tgt, None, None, None, None, (), plugins, nodes, unknown=(
+            "the dump has no KubeVirt CR: its release, gates and permitted host devices are unknown; dump "
+            "`kubectl get kubevirt,plugins.plugin.kubevirt.io,namespaces,nodes,vmis,vms -A -o yaml` to judge for real"))
+    try:
+        before = cluster_of(dump, None, assume)
+    except ReleaseUnknown as e:
+        notes = [_newer_main_note()] if e.newer_main else []
+        return Preflight(tgt, cr.name, None, None, None, (), plugins, nodes, notes=notes, unknown=e.line, seen=seen)
+    if before is None:
+        return Preflight(tgt, cr.name, None, None, None, (), plugins, nodes, seen=seen, unknown=(
+            f"the KubeVirt CR {cr.name} has no status.observedKubeVirtVersion: name its release with --assume-release"))
+    after = before.with_target(tgt)
+    notes = [before.assumed] if before.assumed else []
+    if before.release == assume and assume.startswith("main") and not (seen and _is_read_main(seen)):
+        notes.append(_newer_main_note())
+    report = Preflight(tgt, cr.name, before, after, tgt.fits(before.release),
+                       tuple(g for g in tgt.gates if g not in before.gates), plugins, nodes, notes=notes, seen=seen)
     report.workloads = _workloads(dump, before, after)
     report.policy = _policy_harms(dump, image) if tgt.sidecar_policy else []
     report.notes += _foreign_plugin_notes(report)
     return report
+
+
+def _is_read_main(version: str) -> bool:
+    from .releases import resolve
+
+    try:
+        return resolve(version).name.startswith("main")
+    except ReleaseUnknown:
+        return False
+
+
+def _newer_main_note() -> str:
+    from .releases import MAIN_COMMIT, MAIN_DATE, NEXT_PLUGIN_API, PLUGIN_API
+
+    return (f"pcitopo read KubeVirt main's Plugin API ({PLUGIN_API}) at {MAIN_COMMIT} ({MAIN_DATE}); it cannot "
+            f"tell whether this build's Plugin API still has domainHooks: {NEXT_PLUGIN_API}. A Plugin object "
+            "written with domainHooks may not work after that change")
 
 
 def _workloads(dump: ClusterDump, before: Cluster, after: Cluster) -> list[Workload]:
@@ -203,13 +230,14 @@ def as_json(report: Preflight) -> dict:
     def verdict(v: Verdict) -> dict:
         return {"start": v.start.name.lower(), "line": v.line, "lost": list(v.lost)}
 
+    b, a = report.before, report.after
     return {
         "target": report.target.name,
-        "kubevirt": {"found": report.kubevirt is not None, "release": report.before.release,
-                     "assumed": report.before.assumed or None, "gates": sorted(report.before.gates),
+        "kubevirt": {"found": report.kubevirt is not None, "release": b.release if b else report.seen,
+                     "assumed": (b.assumed or None) if b else None, "gates": sorted(b.gates) if b else [],
                      "target_fits": report.release_fits, "gates_added": list(report.gates_added)},
         "plugins": [{"name": n, "pcitopo": ours} for n, ours in report.plugins],
-        "plugins_after": list(report.after.plugins),
+        "plugins_after": list(a.plugins) if a else [],
         "gpu_nodes": [{"name": n.name, "why": list(n.why), "daemonset": n.daemonset} for n in report.nodes],
         "workloads": [{"name": w.name, "kind": w.kind, "devices": list(w.devices), "opted_in": w.opted_in,
                        "before": verdict(w.before), "after": verdict(w.after), "harm": w.harm,
@@ -220,7 +248,8 @@ def as_json(report: Preflight) -> dict:
                            for p in report.policy],
         "harmed": [w.name for w in report.harmed] + [p.name for p in report.refused],
         "notes": list(report.notes),
-        "ok": not report.fails,
+        "unknown": report.unknown or None,
+        "ok": not report.fails and not report.unknown,
     }
 
 

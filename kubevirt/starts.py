@@ -12,8 +12,8 @@ verdict carries one line naming the cause. The rules, read from KubeVirt's sourc
 - Plugins exist from v1.9.0 (gate ``Plugins``); virt-handler sends every Plugin object to every
   launcher only while the gate is on (``buildPluginsJSON``), and virt-launcher then runs the
   pipeline whatever the conditions (``SetDomainSpecStrWithHooks``): ``translate.ToLibvirtDomain``
-  refuses a PCI hostdev without ``mode``, which KubeVirt writes (kubevirt#18861; fixed by PR
-  #18866, from the ``kubevirt-main`` target's range on). Only pcitopo's hook sets ``mode``.
+  refuses a PCI hostdev without ``mode``, which KubeVirt writes (kubevirt#18861; PR #18866, open,
+  is in no read release: the release table's ``writes_mode``). Only pcitopo's hook sets ``mode``.
 - with any Plugin object, the hook's reply is first re-read into KubeVirt's struct
   (``ApplySidecarHooks``), which drops ``<maxphysaddr>``, ``<qemu:override>`` and controller model
   names; only a Plugin that selects the VMI (pcitopo's, by its label) writes them again.
@@ -28,11 +28,10 @@ from typing import Any, Iterable, Mapping
 from .cluster import mapping
 from .doors import PLUGIN_LABEL, PLUGIN_LABEL_VALUE, PCITOPO_PLUGIN, plugin_selects
 from .manifest import HOOK_SIDECARS, NOT_STARTED, hook_sidecar_attachment
-from .targets import parse_version, target
+from .releases import DEFAULT_VERSION, ReadRelease, ReleaseUnknown, resolve
 
 SIDECAR_GATE = "Sidecar"
 PLUGINS_GATE = "Plugins"
-FIRST_WITH_PLUGINS = (1, 9, 0)  # Plugin API and gate Plugins: Alpha since v1.9.0
 # What KubeVirt's struct (api.DomainSpec) keeps no field for, in the order people know them.
 SETTINGS = ("maxphysaddr", "qemu:override", "controller model names")
 
@@ -76,12 +75,13 @@ class Cluster:
     assumed: str = ""  # what was assumed and why ("" when all of it was read from a cluster)
 
     @property
-    def version(self) -> tuple[int, int, int]:
-        return parse_version(self.release) or (0, 0, 0)
+    def read(self) -> ReadRelease:
+        """The release table's row for :attr:`release` (a read release: callers resolve first)."""
+        return resolve(self.release)
 
     @property
     def has_plugins_api(self) -> bool:
-        return self.version >= FIRST_WITH_PLUGINS
+        return self.read.plugins
 
     @property
     def pipeline_runs(self) -> bool:
@@ -91,7 +91,7 @@ class Cluster:
     @property
     def writes_mode(self) -> bool:
         """KubeVirt itself sets ``mode`` on PCI hostdevs (PR #18866)."""
-        return target("kubevirt-main").fits(self.release)
+        return self.read.writes_mode
 
     def with_target(self, tgt) -> "Cluster":
         """The cluster after ``tgt`` (a :class:`~pcitopo.kubevirt.targets.Target`) is applied."""
@@ -113,7 +113,7 @@ def assumed_cluster(vmi: Mapping[str, Any], release: str, why: str, door: str | 
     gates = {SIDECAR_GATE} if annotations.get(HOOK_SIDECARS) else set()
     plugins: tuple[str, ...] = ()
     wants_plugin = door == "plugin" or (door is None and plugin_selects(labels))
-    if wants_plugin and parse_version(release) and parse_version(release) >= FIRST_WITH_PLUGINS:
+    if wants_plugin and resolve(release).plugins:
         gates.add(PLUGINS_GATE)
         plugins = (PCITOPO_PLUGIN,)
     said = "the pcitopo Plugin object, as its label implies" if plugins else "no Plugin object"
@@ -183,6 +183,19 @@ def doors_needed(cluster: Cluster) -> tuple[str, ...]:
     return ("plugin",) if cluster.writes_mode else ("hook", "plugin")
 
 
+def explain_door(vmi: Mapping[str, Any] | None, release: ReadRelease | None) -> str:
+    """The door ``xmlfix --explain`` describes when none is given: the hook sidecar wherever a
+    Plugin object would stop VMs (KubeVirt writes no hostdev ``mode``: v1.9.0, main as read) or
+    there is no Plugin API, or when the release is unknown; where KubeVirt writes ``mode``, the
+    door the VM asks for (its label, else its hook annotation), else the Plugin."""
+    if release is None or not (release.plugins and release.writes_mode):
+        return "hook"
+    vmi = vmi if isinstance(vmi, Mapping) else {}
+    if plugin_selects(_labels(vmi)):
+        return "plugin"
+    return "hook" if HOOK_SIDECARS in _annotations(vmi) else "plugin"
+
+
 def domain_facts(domain_xml: bytes) -> tuple[bool | None, tuple[str, ...]]:
     """Whether a (rewritten) domain holds a PCI hostdev, and which of :data:`SETTINGS` it
     carries; (None, all of them) when it cannot be read."""
@@ -199,57 +212,71 @@ def domain_facts(domain_xml: bytes) -> tuple[bool | None, tuple[str, ...]]:
     return has_pci or None, tuple(s for s in SETTINGS if found[s]) or SETTINGS
 
 
-def cluster_of(dump, release: str | None = None) -> Cluster | None:
+def cluster_of(dump, release: str | None = None, assume: str | None = None) -> Cluster | None:
     """The deciding facts of a cluster dump (:class:`~pcitopo.kubevirt.cluster.ClusterDump`);
-    ``release`` overrides its version. None when neither gives a release."""
+    ``release`` (``--kubevirt``) overrides its version, ``assume`` (``--assume-release``) judges
+    it as that read release. None when neither the dump nor ``release`` gives a version; a
+    version pcitopo did not read raises :class:`~pcitopo.kubevirt.releases.ReleaseUnknown`."""
     from .cluster import name_of
+    from .releases import judged_as
 
     cr = dump.kubevirt
     version = release or (cr.version if cr is not None else None)
-    if not version:
+    if not version and not assume:
         return None
-    return Cluster(version, frozenset(cr.gates if cr else ()), tuple(name_of(p) for p in dump.plugins),
-                   frozenset(cr.not_pci if cr else ()), "release from --kubevirt" if release else "")
+    name, said = judged_as(version, assume)
+    why = "; ".join(x for x in ("release from --kubevirt" if release else "", said) if x)
+    return Cluster(name, frozenset(cr.gates if cr else ()), tuple(name_of(p) for p in dump.plugins),
+                   frozenset(cr.not_pci if cr else ()), why)
 
 
 # -- xmlfix --check: the VMI judged on the release named, or the one assumed --------------------
 
-DEFAULT_RELEASE = "v1.9.0"  # the latest release (targets.py: kubevirt-v1.9.0), and the strictest
+DEFAULT_RELEASE = DEFAULT_VERSION  # the newest read tag (kubevirt-v1.9.0), and the strictest
 
 
 @dataclass(frozen=True)
 class ReleaseCheck:
-    verdict: Verdict
-    cluster: Cluster
+    verdict: Verdict | None  # None: the release is unknown (:attr:`unknown` says why)
+    cluster: Cluster | None
     lines: tuple[str, ...]  # what fails the check, one line each, tagged "sidecar:"/"plugin:"/"kubevirt:"
+    unknown: str = ""  # the release is not one pcitopo read: the line that says so
 
     @property
     def on(self) -> str:
         """The verdict line's part: which release (and Plugin objects) the VMI was judged on."""
+        if self.verdict is None or self.cluster is None:
+            return "KubeVirt release unknown (above)"
         return f"{self.verdict.start.value if self.verdict.ok else 'judged'} on {self.cluster.describe()}"
 
 
 def release_check(vmi: Mapping[str, Any], door: str | None, dump_paths: list[str] | None, release: str | None,
-                  domain_xml: bytes = b"") -> ReleaseCheck:
+                  domain_xml: bytes = b"", assume: str | None = None) -> ReleaseCheck:
     """``xmlfix --check --vmi``: the VMI on the cluster of ``dump_paths`` (``--cluster``), or on
     ``release`` (``--kubevirt``) or :data:`DEFAULT_RELEASE` with the gates and Plugin objects its
-    doors (or ``door``) imply. ``door`` also asks that the VMI come through that door."""
+    doors (or ``door``) imply; ``assume`` (``--assume-release``) judges an unread release as a
+    read one. ``door`` also asks that the VMI come through that door."""
     from pcitopo.topology.errors import ConfigError
 
     from .manifest import attachment
+    from .releases import check_kubevirt, judged_as
 
-    if release is not None and parse_version(release) is None:
-        raise ConfigError(f"--kubevirt {release!r}: give a KubeVirt release such as v1.9.0")
-    if dump_paths:
-        from .cluster import read_dump
+    if release is not None:
+        check_kubevirt(release)
+    try:
+        if dump_paths:
+            from .cluster import read_dump
 
-        cluster = cluster_of(read_dump(dump_paths), release)
-        if cluster is None:
-            raise ConfigError(f"cluster dump {', '.join(dump_paths)} has no KubeVirt CR with status.observedKubeVirtVersion: "
-                              "give --kubevirt VERSION as well")
-    else:
-        why = "release from --kubevirt" if release else "no --cluster or --kubevirt"
-        cluster = assumed_cluster(vmi, release or DEFAULT_RELEASE, why, door)
+            cluster = cluster_of(read_dump(dump_paths), release, assume)
+            if cluster is None:
+                raise ConfigError(f"cluster dump {', '.join(dump_paths)} has no KubeVirt CR with "
+                                  "status.observedKubeVirtVersion: give --kubevirt VERSION as well")
+        else:
+            name, said = judged_as(release or DEFAULT_RELEASE, assume)
+            why = "; ".join(x for x in ("release from --kubevirt" if release else "no --cluster or --kubevirt", said) if x)
+            cluster = assumed_cluster(vmi, name, why, door)
+    except ReleaseUnknown as e:
+        return ReleaseCheck(None, None, (), e.line)
     has_pci, settings = domain_facts(domain_xml) if domain_xml else (None, SETTINGS)
     verdict = judge(vmi, cluster, pci=has_pci, settings=settings)
     lines = []

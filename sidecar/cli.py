@@ -15,7 +15,7 @@ from typing import Sequence
 from pcitopo.topology import __version__
 from pcitopo.topology.errors import ConfigError
 
-from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, Parser, run_door
 from .preflight import add_preflight_parser, cmd_preflight
 
 
@@ -294,9 +294,15 @@ def _cmd_domain(args: argparse.Namespace) -> int:
 
     from .doors import MAX_VMI_BYTES
 
+    from pcitopo.kubevirt.releases import ReleaseUnknown
+
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI")
     host = open_host(args.sysfs)
-    pred = predicted_domain(args, manifest, args.vmi, host)
+    try:
+        pred = predicted_domain(args, manifest, args.vmi, host)
+    except ReleaseUnknown as e:  # no domain for a release nobody read: unknown, not a guess
+        print(f"pcitopo domain: unknown: {e.line}", file=sys.stderr)
+        return EXIT_UNKNOWN
     xml, notes = pred.xml, list(pred.notes)
     if args.call is not None:
         xml, line = _hook_input(pred, args.call, args.hook, host)

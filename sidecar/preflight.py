@@ -4,7 +4,8 @@
     pcitopo preflight --target kubevirt-v1.9.0 cluster.yaml      # or: ... -o yaml | pcitopo preflight --target NAME -
 
 Exit 0 when applying the target harms no VM, 1 when it would (each VM named) or when the target
-is not for the cluster's release, 2 for unreadable input (one line). The judgement is
+is not for the cluster's release, 4 (unknown) when the dump has no KubeVirt CR or its release is
+not one pcitopo read (``--assume-release`` judges it as a read one), 2 for unreadable input (one line). The judgement is
 kubevirt/preflight.py's; this module only prints it.
 """
 
@@ -14,7 +15,14 @@ import argparse
 import json
 import sys
 
-from .doors import EXIT_CHECK_FAILED, EXIT_OK
+from .doors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
+
+
+def assume_names() -> list[str]:
+    """``--assume-release``'s values, lines and main (the patches are accepted too)."""
+    from pcitopo.kubevirt.releases import RELEASES
+
+    return [r.newest for r in RELEASES]
 
 
 def add_preflight_parser(sub) -> None:
@@ -28,11 +36,14 @@ def add_preflight_parser(sub) -> None:
         "device that would stop starting or lose pcitopo's settings once the target is applied, every VM whose "
         "hooks.kubevirt.io/hookSidecars the target's Sidecar policy would refuse at its next start, and the doors each "
         "opted-in VM needs. Exit 0: no VM harmed; 1: some VM harmed (named) or the target is not for this release; "
-        "2: unreadable input.")
+        "4: unknown (no KubeVirt CR, or a release pcitopo did not read); 2: unreadable input.")
     p.add_argument("--target", required=True, choices=[t.name for t in TARGETS], metavar="NAME",
                    help="the deploy target, a folder under deploy/targets/: " + ", ".join(t.name for t in TARGETS))
     p.add_argument("--image", metavar="REF", help="the image your overlay pins (REPOSITORY@sha256:...): the hook targets' "
                    "Sidecar policy admits only that one in hooks.kubevirt.io/hookSidecars")
+    p.add_argument("--assume-release", metavar="RELEASE", help="judge the cluster's KubeVirt as this release pcitopo "
+                   "read (a release it did not read, v1.9.1 or v1.10.0 say, is unknown: exit 4): "
+                   + ", ".join(assume_names()))
     p.add_argument("--json", action="store_true", help="the same facts as one JSON document")
     p.add_argument("dump", nargs="*", default=["-"], metavar="FILE",
                    help="cluster dump files, - for standard input (the default)")
@@ -43,12 +54,14 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from pcitopo.kubevirt.preflight import as_json, preflight
     from pcitopo.kubevirt.targets import target
 
-    report = preflight(read_dump(args.dump), target(args.target), args.image)
+    report = preflight(read_dump(args.dump), target(args.target), args.image, args.assume_release)
     if args.json:
         json.dump(as_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write("\n".join(text_lines(report, args.dump)) + "\n")
+    if report.unknown:
+        return EXIT_UNKNOWN
     return EXIT_CHECK_FAILED if report.fails else EXIT_OK
 
 
@@ -56,6 +69,12 @@ def text_lines(report, sources: list[str]) -> list[str]:
     t = report.target
     out = [f"target {t.name}: {t.releases}; doors {', '.join(t.doors)}; gates {', '.join(t.gates)}; "
            f"Plugin objects {', '.join(t.plugin_objects) or 'none'}  (dump: {', '.join(sources)})"]
+    if t.plugin_objects:
+        from pcitopo.kubevirt.releases import MAIN_COMMIT, MAIN_DATE, PLUGIN_API
+
+        out.append(f"  Plugin API read: {PLUGIN_API}, at kubevirt/kubevirt main {MAIN_COMMIT} ({MAIN_DATE})")
+    if report.unknown:
+        return out + _unknown_lines(report)
     out += _kubevirt_lines(report)
     out += _node_lines(report)
     out += _workload_lines(report)
@@ -68,6 +87,16 @@ def text_lines(report, sources: list[str]) -> list[str]:
         out.append(f"verdict: {t.name} is not for KubeVirt {report.before.release}: see the kubevirt line above")
     else:
         out.append(f"verdict: ok: applying {t.name} harms no VM")
+    return out
+
+
+def _unknown_lines(report) -> list[str]:
+    """Nothing judged: what the dump says, the GPU nodes (they do not hang on the release), why unknown."""
+    where = f" ({report.kubevirt})" if report.kubevirt else ""
+    out = [f"kubevirt: {report.seen or 'no release'}{where}: not judged"]
+    out += _node_lines(report)
+    out += [f"note: {n}" for n in report.notes]
+    out.append(f"verdict: unknown: {report.unknown}")
     return out
 
 
@@ -90,7 +119,8 @@ def _kubevirt_lines(report) -> list[str]:
     if report.kubevirt is None:
         head = f"kubevirt: no KubeVirt CR in the dump; judged as {b.release} with no gate"
     else:
-        head = f"kubevirt: {b.release} ({report.kubevirt}), gates {gates}"
+        judged = f"{report.seen}, judged as {b.release}" if report.seen and report.seen != b.release else b.release
+        head = f"kubevirt: {judged} ({report.kubevirt}), gates {gates}"
     if report.release_fits is False:
         fit = next((x.name for x in TARGETS if x.fits(b.release)), None)
         head += f"; the target does not fit this release ({report.target.releases})" + (f": use {fit}" if fit else "")

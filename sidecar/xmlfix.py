@@ -30,7 +30,8 @@ from pcitopo.topology.host.files import read_bounded, write_atomic
 from pcitopo.topology.host.sources import default_sysfs
 
 from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser
-from pcitopo.kubevirt.doors import DEFAULT_DOOR, DOORS
+from pcitopo.kubevirt.doors import DOORS
+from pcitopo.kubevirt.releases import DOOR_ROWS, RELEASES, ReleaseUnknown
 
 
 
@@ -64,10 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nccl-topo", action="store_true", help="NCCL's topology file for the predicted guest (what the hook passes "
                    "through fw_cfg under nccl-topo: fwcfg), for the guest's /var/run/nvidia-topologyd/virtualTopology.xml")
     p.add_argument("--door", choices=DOORS, default=None,
-                   help=f"the KubeVirt door the VM comes through: plugin, the pcitopo Plugin (KubeVirt v1.9+); hook, the "
-                   f"hook sidecar (v1.6-v1.8). --explain says what reaches libvirt through it (default {DEFAULT_DOOR}); "
-                   "--check --vmi checks that the VMI asks for it and, without --cluster, assumes the cluster runs that door "
-                   "(default: the doors the VMI asks for)")
+                   help=f"the KubeVirt door the VM comes through: plugin, the pcitopo Plugin ({DOOR_ROWS[3].releases}); "
+                   f"hook, the hook sidecar ({DOOR_ROWS[0].releases}; {DOOR_ROWS[1].releases}). --explain says what "
+                   "reaches libvirt through it (default: the VMI's door on the release judged, the hook sidecar wherever "
+                   "a Plugin object stops VMs); --check --vmi checks that the VMI asks for it and, without --cluster, "
+                   "assumes the cluster runs that door (default: the doors the VMI asks for)")
     p.add_argument("--cluster", metavar="FILE", action="append",
                    help="with --check --vmi: judge the VMI on this cluster's KubeVirt release, gates and Plugin objects; "
                    "with --vmi and no domain argument, also predict its domain from it (permittedHostDevices, claims, instance "
@@ -76,7 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubevirt", metavar="VERSION",
                    help="with --check --vmi: judge the VMI on this KubeVirt release (e.g. v1.8.0), with the gates and Plugin "
                    "objects its doors (or --door) imply; with --vmi and no domain argument, also predict that release's "
-                   "domain; with --cluster, overrides the dump's release (default v1.9.0, assumed)")
+                   "domain; with --cluster, overrides the dump's release (default v1.9.0, assumed); main is main as read; "
+                   "a release pcitopo did not read is unknown (exit 4)")
+    p.add_argument("--assume-release", metavar="RELEASE",
+                   help="judge the release (--cluster's or --kubevirt's) as this release pcitopo read: "
+                   + ", ".join(r.newest for r in RELEASES))
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
@@ -86,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> bytes:
+def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> bytes | None:
     """The domain to rewrite: the argument's, or without one (and with --vmi, whose bytes
-    ``manifest`` are) the predicted one, said first, on stderr and as --explain's first line."""
+    ``manifest`` are) the predicted one, said first, on stderr and as --explain's first line;
+    None, said, when the release to predict for is not one pcitopo read."""
     if args.domain is not None:
         for opt in ("devices", "cpu_policy"):
             if getattr(args, opt) is not None:
@@ -98,7 +105,11 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
         raise ConfigError("no domain: give DOMAIN.xml (or - for stdin), or --vmi FILE to predict the domain")
     from pcitopo.kubevirt.launcher.request import predicted_domain
 
-    pred = predicted_domain(args, manifest, args.vmi, host)
+    try:
+        pred = predicted_domain(args, manifest, args.vmi, host)
+    except ReleaseUnknown as e:
+        print(f"xmlfix: {'check: ' if args.check else ''}unknown: {e.line}", file=sys.stderr)
+        return None
     first = (f"domain predicted (no domain argument): what KubeVirt {pred.version}'s virt-launcher would hand "
              f"the hook for {args.vmi} on this node (pcitopo domain)")
     print(f"xmlfix: {first}", file=sys.stderr)
@@ -118,8 +129,9 @@ def xmlfix(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     _one_document(args)
     predicted = args.domain is None and args.vmi  # they also choose the release the domain is predicted for
-    if (args.cluster or args.kubevirt) and not ((args.check and args.vmi) or predicted):
-        raise ConfigError("--cluster and --kubevirt judge a VMI on a KubeVirt release: use them with --check --vmi FILE")
+    if (args.cluster or args.kubevirt or args.assume_release) and not ((args.check and args.vmi) or predicted or args.explain):
+        raise ConfigError("--cluster, --kubevirt and --assume-release judge a VMI on a KubeVirt release: use them with "
+                          "--check --vmi FILE or --explain")
     if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
         raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
@@ -130,6 +142,8 @@ def xmlfix(argv: Sequence[str]) -> int:
         vmi = vmi_as_json(manifest, args.vmi)
     host = open_host(args.sysfs)
     domain = _domain_input(args, host, manifest)
+    if domain is None:  # no domain can be predicted for a release nobody read (said)
+        return EXIT_UNKNOWN
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
         from pcitopo.topology.paths.fabric import FabricFile
@@ -147,7 +161,7 @@ def xmlfix(argv: Sequence[str]) -> int:
         _print_prediction(outcome, host, fabric)
     if args.nccl_topo:
         _print_nccl_topo(outcome)
-    _print_explanation(args, outcome, host, fabric)
+    _print_explanation(args, outcome, host, fabric, vmi)
     if args.summary and result is not None:
         from pcitopo.topology.views.explain import summary_lines
 
@@ -168,12 +182,41 @@ def xmlfix(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
+def _explain_door(args: argparse.Namespace, vmi: bytes | None) -> str:
+    """--explain's door section: --door, or the VMI's door on the release judged as --check judges it."""
+    import json
+
+    from pcitopo.kubevirt.doors import door_text
+    from pcitopo.kubevirt.releases import DEFAULT_VERSION, judged_as, resolve
+    from pcitopo.kubevirt.starts import explain_door
+
+    if args.door:
+        return door_text(args.door)
+    try:
+        doc = json.loads(vmi) if vmi is not None else None
+    except ValueError:
+        doc = None
+    version, said = args.kubevirt, "--kubevirt"
+    if args.cluster and not version:
+        from pcitopo.kubevirt.cluster import read_dump
+
+        cr = read_dump(args.cluster).kubevirt
+        version, said = (cr.version if cr else None), "the dump's KubeVirt CR"
+    if not version and not args.assume_release:
+        version, said = DEFAULT_VERSION, "assumed: give --cluster, --kubevirt or --assume-release"
+    try:
+        name, assumed = judged_as(version, args.assume_release)
+        release, why = resolve(name), f"Door for KubeVirt {name} ({assumed or said})."
+    except ReleaseUnknown as e:
+        release, why = None, f"Door: the hook sidecar, as the release is unknown: {e.line}."
+    door = explain_door(doc if isinstance(doc, dict) else None, release)
+    return door_text(door, why)
+
+
+def _print_explanation(args: argparse.Namespace, outcome, host, fabric, vmi: bytes | None = None) -> None:
     """--dot (the explanation as a picture), or --explain, with the placed devices' readiness."""
     from pcitopo.topology.views.explain import explain_text
     from pcitopo.topology.views.report import wrap_text
-
-    from pcitopo.kubevirt.doors import door_text
 
     result = outcome.result
     if args.dot:
@@ -185,7 +228,7 @@ def _print_explanation(args: argparse.Namespace, outcome, host, fabric) -> None:
             sys.stdout.write(wrap_text(f"domain left unchanged ({outcome.outcome}): {outcome.reason}") + "\n")
         else:
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
-            sys.stdout.write("\n" + door_text(args.door or DEFAULT_DOOR))
+            sys.stdout.write("\n" + _explain_door(args, vmi))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
                 from pcitopo.topology.checks.screen import report_text
 
@@ -281,6 +324,8 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
     when nothing failed but something the check needs is missing."""
     import json
 
+    from dataclasses import replace
+
     from pcitopo.topology.guest.predict import check_verdict
 
     from pcitopo.kubevirt.starts import release_check
@@ -295,9 +340,11 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
         except ValueError:
             doc = None
         judged = release_check(doc if isinstance(doc, dict) else {}, getattr(args, "door", None), getattr(args, "cluster", None),
-                               getattr(args, "kubevirt", None), outcome.xml)
+                               getattr(args, "kubevirt", None), outcome.xml, getattr(args, "assume_release", None))
     detached = list(judged.lines) if judged is not None else []
     v = check_verdict(outcome.result, host, fabric, gdr)
+    if judged is not None and judged.unknown:  # a release nobody read: neither ok nor failed
+        v = replace(v, unknowns=(*v.unknowns, f"kubevirt: {judged.unknown}"))
     problems = detached + list(v.problems)
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)

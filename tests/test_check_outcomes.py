@@ -82,7 +82,8 @@ def test_the_same_vm_without_nics_is_not_judged_on_gdr(tmp_path, capsys):
 
 def test_pairing_off_counts_gdr_without_failing(tmp_path, capsys):
     dom = _domain(tmp_path, H100, GPUS + NICS_NODE0)
-    on_main = ["--cluster", str(ROOT / "fixtures" / "clusters" / "main-pcitopo-plugin.yaml")]  # where the label starts it
+    on_main = ["--cluster", str(ROOT / "fixtures" / "clusters" / "main-pcitopo-plugin.yaml"),  # where the label starts it
+               "--assume-release", "main+pr18866"]
     for extra in (["--pairing", "off"], ["--vmi", _vmi(tmp_path, "off"), *on_main]):
         rc, err = _check(capsys, H100, dom, *extra)
         assert rc == EXIT_OK, (extra, err)

@@ -115,11 +115,16 @@ def test_each_release_writes_its_efi_loader(version, loader):
 
 
 def test_release_versions():
+    from pcitopo.kubevirt.releases import ReleaseUnknown
+
     assert release_of("v1.6.3") is Release.V1_7 and release_of("1.8") is Release.V1_9
-    assert release_of("v1.9.0-rc.1") is Release.V1_9 and release_of("main") is Release.MAIN
-    for bad in ("v1.5.0", "v1.9.1", "v2.0.0", "latest"):
-        with pytest.raises(ConfigError, match="unknown KubeVirt release"):
-            release_of(bad)
+    assert release_of("main") is Release.MAIN and release_of("v1.9.0-beta.0.1264+d923fdb815cd20") is Release.MAIN
+    # issue 37: a build suffix (rc, vendor) or a patch nobody read is unknown, not its tag
+    for unread in ("v1.9.0-rc.1", "v1.9.0-vendor.3", "v1.5.0", "v1.9.1", "v2.0.0", "v1.10.0-alpha.0"):
+        with pytest.raises(ReleaseUnknown):
+            release_of(unread)
+    with pytest.raises(ConfigError, match="not a KubeVirt release"):
+        release_of("latest")
 
 
 def write(tmp_path: Path, name: str, doc) -> str:
@@ -152,7 +157,8 @@ def test_a_manifest_kubevirt_rejects_is_one_line_naming_the_field(tmp_path, spec
     (["--devices", "0000:ff:00.0"], "0000:ff:00.0 is not a PCI function of the node"),
     (["--devices", "0000:1b:00.0"], "0000:1b:00.0 is a nic, not a gpu"),
     (["--devices", "18:00"], "is not a PCI address"),
-    (["--kubevirt", "v1.5.2"], "--kubevirt v1.5.2: unknown KubeVirt release"),
+    (["--kubevirt", "latest"], "--kubevirt latest: not a KubeVirt release"),
+    (["--assume-release", "v1.10.0"], "--assume-release v1.10.0: not a release pcitopo read"),
     (["--cpu-policy", "spread"], "--cpu-policy spread: unknown"),
 ])
 def test_bad_options_are_one_line_naming_them(args, said):

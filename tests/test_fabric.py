@@ -247,9 +247,9 @@ def test_json_prediction_and_check_follow_the_fabric(tmp_path):
     assert gpu_pair_nvlink(tmp_path, "hgx-h100", {1, 2}) == [None]
     assert gpu_pair_nvlink(tmp_path, "hgx-h100", {1, 2}, variant="") == [18]  # board table, no fabric
     # the VMIs carry the Plugin label alone: judged on a release with kubevirt PR #18866
-    ok = xmlfix_nvlink(tmp_path, "hgx-h100", {1, 3}, "warn", extra=("--check", "--kubevirt", "v1.10.0"))
+    ok = xmlfix_nvlink(tmp_path, "hgx-h100", {1, 3}, "warn", extra=("--check", "--kubevirt", "main+pr18866"))
     assert "check: NVLink" not in ok.stderr.decode()
-    bad = xmlfix_nvlink(tmp_path, "hgx-h100", {1, 2}, "warn", extra=("--check", "--kubevirt", "v1.10.0"))
+    bad = xmlfix_nvlink(tmp_path, "hgx-h100", {1, 2}, "warn", extra=("--check", "--kubevirt", "main+pr18866"))
     assert bad.returncode == 1 and "xmlfix: check: NVLink: GPUs" in bad.stderr.decode(), bad.stderr
     # the closing failure line says NVLink is why (the pairs alone would read as fine)
     last = bad.stderr.decode().strip().splitlines()[-1]

@@ -281,7 +281,7 @@ def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
     assert out.out.startswith("<domain")
     assert [line[:40] for line in out.err.splitlines()] == ["xmlfix: warning: mmio-firmware: SeaBIOS "]
     # label only: judged on a release with kubevirt PR #18866, where the Plugin alone is the door
-    assert xmlfix_main(["--check", "--kubevirt", "v1.10.0", *base]) == 1
+    assert xmlfix_main(["--check", "--kubevirt", "main+pr18866", *base]) == 1
     err = capsys.readouterr().err.splitlines()
     assert "xmlfix: check: mmio-firmware: SeaBIOS 1.16.3" in "\n".join(err)
     assert err[-1].startswith("xmlfix: check: failed: NCCL: 190/190 pairs as on the host") and err[-1].endswith("; mmio-firmware (above)")

@@ -78,12 +78,14 @@ def test_gpu_nodes_the_daemonset_runs_on_and_misses():
     assert "  MISSES  gpu-unlabelled-0 (allocatable nvidia.com/GH100_H100_SXM5_80GB: 8; label it" in out
 
 
-def test_a_dump_without_the_kubevirt_cr_is_reported_not_a_traceback():
+def test_a_dump_without_the_kubevirt_cr_is_unknown_not_ok():
+    """Issue 38: without the CR the release, gates and permitted devices are unknown, and unknown is
+    not ok (once judged as the target's first release, exit 0)."""
     r = run("--target", "kubevirt-v1.9.0", str(DUMPS / "no-kubevirt.yaml"))
     out = r.stdout.decode()
-    assert r.stderr == b"" and "kubevirt: no KubeVirt CR in the dump; judged as v1.9.0 with no gate" in out
-    assert "note: no KubeVirt CR with status.observedKubeVirtVersion in the dump" in out
-    assert r.returncode == 0  # judged as the target's release: it adds no Plugin object, nobody is harmed
+    assert r.stderr == b"" and "kubevirt: no release: not judged" in out
+    assert out.splitlines()[-1].startswith("verdict: unknown: the dump has no KubeVirt CR")
+    assert r.returncode == 4
 
 
 def test_the_json_carries_the_same_facts():
@@ -149,9 +151,11 @@ def test_the_doors_per_release():
     both = gpu_vmi(LABEL, HOOK)
     with_ours = Cluster("v1.9.0", frozenset({"Sidecar", "Plugins"}), ("acme-netplug", "pcitopo"))
     assert judge(both, with_ours).ok and judge(gpu_vmi(annotations=HOOK), with_ours).start is Start.LOST
-    main = Cluster("v1.10.0", frozenset({"Plugins"}), ("pcitopo",))
-    assert judge(gpu_vmi(LABEL), main).ok
-    assert judge(gpu_vmi(annotations=HOOK), Cluster("v1.10.0", frozenset({"Sidecar", "Plugins"}), ("pcitopo",))).start is Start.LOST
+    fixed = Cluster("main+pr18866", frozenset({"Plugins"}), ("pcitopo",))  # KubeVirt writes mode: the Plugin alone
+    assert judge(gpu_vmi(LABEL), fixed).ok
+    assert judge(gpu_vmi(annotations=HOOK), Cluster("main+pr18866", frozenset({"Sidecar", "Plugins"}), ("pcitopo",))).start is Start.LOST
+    read_main = Cluster("main", frozenset({"Plugins"}), ("pcitopo",))  # main as read (d923fdb8) writes no mode
+    assert judge(gpu_vmi(LABEL), read_main).start is Start.NO_START
     v18 = Cluster("v1.8.0", frozenset({"Sidecar", "Plugins"}), ("pcitopo",))  # no Plugin API before v1.9.0
     assert judge(gpu_vmi(annotations=HOOK), v18).ok
     label_only = judge(gpu_vmi(LABEL), v18)
@@ -162,7 +166,7 @@ def test_the_hook_annotation_needs_its_gate_and_valid_json_everywhere():
     no_gate = judge(gpu_vmi(annotations=HOOK), Cluster("v1.8.0"))
     assert no_gate.start is Start.NO_START and "gate Sidecar is off" in no_gate.cause
     bad = {"hooks.kubevirt.io/hookSidecars": '[{"image": "pcitopo"}'}
-    for cluster in (Cluster("v1.6.0", frozenset({"Sidecar"})), V190, Cluster("v1.10.0", frozenset({"Sidecar", "Plugins"}), ("pcitopo",))):
+    for cluster in (Cluster("v1.6.0", frozenset({"Sidecar"})), V190, Cluster("main+pr18866", frozenset({"Sidecar", "Plugins"}), ("pcitopo",))):
         v = judge(gpu_vmi(LABEL, bad), cluster)
         assert v.start is Start.NO_START and "not valid JSON" in v.line, cluster
 
@@ -178,22 +182,29 @@ def test_the_doors_each_opted_in_vm_needs_on_the_release(tmp_path):
     assert "  ml/llm-0: has plugin; add hook" in out
     main = tmp_path / "main.yaml"
     main.write_text(text.replace("observedKubeVirtVersion: v1.9.0", "observedKubeVirtVersion: v1.10.0"))
-    r = run("--target", "kubevirt-main", str(main))
+    r = run("--target", "kubevirt-main", "--assume-release", "main+pr18866", str(main))
     out = r.stdout.decode()
     assert r.returncode == 0, out  # KubeVirt writes mode itself: the strangers' VMs keep starting
-    assert "doors on KubeVirt v1.10.0 after the target: the pcitopo Plugin" in out and "  ml/llm-0: has hook, plugin" in out
+    assert "doors on KubeVirt main+pr18866 after the target: the pcitopo Plugin" in out and "  ml/llm-0: has hook, plugin" in out
 
 
-def test_a_development_build_is_judged_as_the_release_it_names_and_said_to_be_unknowable():
-    """KubeVirt's version of a main build is `git describe`: it names the last tag, not the fixes."""
+def test_a_development_build_is_main_only_at_the_commit_read():
+    """KubeVirt's version of a main build is `git describe`: it names the last tag, not the fixes.
+    A build of the commit pcitopo read is main; one of any other commit is unknown, and said to be
+    a later main whose Plugin API may have changed (VEP 190 Alpha 2)."""
     from pcitopo.kubevirt.cluster import ClusterDump
     from pcitopo.kubevirt.preflight import preflight
-    from pcitopo.kubevirt.targets import is_dev_build, target
+    from pcitopo.kubevirt.targets import target
 
-    assert is_dev_build("v1.9.0-beta.0.1264+d923fdb815cd20") and is_dev_build("v1.10.0-alpha.0.12+abc")
-    assert not is_dev_build("v1.9.0") and not is_dev_build("v1.9.0-rc.1")
-    cr = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
-          "spec": {}, "status": {"observedKubeVirtVersion": "v1.9.0-beta.0.1264+d923fdb815cd20"}}
-    report = preflight(ClusterDump([cr]), target("kubevirt-v1.9.0"))
-    assert report.release_fits is True
-    assert any("development build" in n and "PR #18866" in n for n in report.notes)
+    def cr(version):
+        return {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+                "spec": {}, "status": {"observedKubeVirtVersion": version}}
+
+    read = preflight(ClusterDump([cr("v1.9.0-beta.0.1264+d923fdb815cd20")]), target("kubevirt-main"))
+    assert read.release_fits is True and not read.unknown and read.before.release.endswith("+d923fdb815cd20")
+    later = preflight(ClusterDump([cr("v1.9.0-beta.0.1301+0123abcd4567")]), target("kubevirt-main"))
+    assert later.unknown and "a build of KubeVirt main other than d923fdb8" in later.unknown
+    assert "--assume-release main" in later.unknown
+    assert any("domainHooks" in n and "launcherHooks" in n and "#407" in n and "#19160" in n for n in later.notes)
+
+

@@ -2,7 +2,7 @@
 to, and what each group does differently (the re-parse's struct fields between hook calls,
 the EFI loader, how ``allocateHotplugPorts`` makes hotplug room).
 
-The groups (``api.DomainSpec`` in ``pkg/virt-launcher/virtwrap/api/schema.go`` per tag;
+The groups (the release table's ``REPARSE``, kubevirt/releases.py; ``api.DomainSpec`` in ``pkg/virt-launcher/virtwrap/api/schema.go`` per tag;
 docs/SOURCES.md, "KubeVirt's re-parse, per release"):
 
 ============  ====================  ===================  ===========  =========================
@@ -14,61 +14,62 @@ main          present                kept                 kept         restored
 ============  ====================  ===================  ===========  =========================
 
 :func:`release_of` reads a version as a user or a cluster writes it (``v1.9.0``,
-``status.observedKubeVirtVersion``); anything else is one line naming it.
+``status.observedKubeVirtVersion``); a release pcitopo did not read is ``unknown``.
 """
 
 from __future__ import annotations
 
-import re
 from enum import Enum
 
-from pcitopo.topology.errors import ConfigError
-
+from .. import releases as table
 from ..targets import parse_version
 
 # Where virt-launcher's image keeps OVMF (pkg/virt-config/virt-config.go DefaultARCHOVMFPath).
 OVMF_DIR = "/usr/share/edk2/ovmf"
-# The tags each group was read at (kubevirt/kubevirt): every patch release of the line.
-PATCHES = {"v1.6": 6, "v1.7": 4, "v1.8": 4, "v1.9": 0}
-DEFAULT_VERSION = "v1.9.0"  # the newest tag, what `pcitopo domain` assumes without --kubevirt or --cluster
+DEFAULT_VERSION = table.DEFAULT_VERSION  # the newest tag, what `pcitopo domain` assumes without --kubevirt or --cluster
 
 
 class Release(Enum):
-    """A group of KubeVirt releases whose ``api.DomainSpec`` reads the hook's XML alike."""
+    """A group of KubeVirt releases whose ``api.DomainSpec`` reads the hook's XML alike; its
+    traits are the release table's (kubevirt/releases.py ``REPARSE``)."""
 
     V1_7 = "v1.7"  # v1.6.0 .. v1.7.4
     V1_9 = "v1.8-1.9"  # v1.8.0 .. v1.9.0 (modelled on v1.9.0)
     MAIN = "main"
 
     @property
+    def _traits(self) -> table.Reparse:
+        return next(g for g in table.REPARSE if g.name == self.value)
+
+    @property
     def controller_target(self) -> bool:
-        return self is not Release.V1_7
+        return self._traits.controller_target
 
     @property
     def target_hotplug(self) -> bool:
-        return self is Release.MAIN
+        return self._traits.target_hotplug
 
     @property
     def commandline_restored(self) -> bool:
-        return self is Release.MAIN
+        return self._traits.commandline_restored
 
     @property
     def empty_address_type(self) -> bool:
         """``type=""`` on an address read without ``type`` (no ``omitempty``)."""
-        return self is Release.V1_7
+        return self._traits.empty_address_type
 
     @property
     def hostdev_driver(self) -> bool:
-        return self is not Release.V1_7
+        return self._traits.hostdev_driver
 
     @property
     def os_firmware(self) -> bool:
-        return self is not Release.V1_7
+        return self._traits.os_firmware
 
     @property
     def model_tag(self) -> str:
         """The tag the group is modelled on."""
-        return {Release.V1_7: "v1.7.4", Release.V1_9: "v1.9.0", Release.MAIN: "main"}[self]
+        return self._traits.model_tag
 
     @property
     def ovmf_code(self) -> str:
@@ -82,28 +83,18 @@ class Release(Enum):
         once and read back), ``"append"`` (v1.8, v1.9: max(0, 4 − interfaces) placeholders, read
         back only when there are any, then root ports appended up to index 31), ``"readback"``
         (main: always read back, append, ``hotplug='off'`` on occupied root ports)."""
-        return {Release.V1_7: "placeholders", Release.V1_9: "append", Release.MAIN: "readback"}[self]
+        return self._traits.hotplug_ports
 
 
 RELEASES = tuple(Release)
 
 
 def release_of(version: str) -> Release:
-    """The group of ``version``: ``v1.6.0`` .. ``v1.9.0`` (``v`` optional, a line alone means its
-    newest patch) or ``main``; a KubeVirt build suffix (``v1.9.0-rc.1``, ``v1.8.2+abc``) counts as
-    its tag, and v1.10 on (what a build of main reports) is main. Any other version:
-    :class:`ConfigError` naming it."""
-    text = str(version).strip()
-    if text == "main":
-        return Release.MAIN
-    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[-+].*)?", text)
-    line = f"v{m[1]}.{m[2]}" if m else None
-    if m and int(m[1]) == 1 and int(m[2]) >= 10:  # a build of main reports the next line: v1.10.0-alpha.0
-        return Release.MAIN
-    if line not in PATCHES or (m[3] is not None and int(m[3]) > PATCHES[line]):
-        known = ", ".join(f"{k}.0-{k}.{n}" if n else f"{k}.0" for k, n in PATCHES.items())
-        raise ConfigError(f"--kubevirt {text}: unknown KubeVirt release (known: {known}, main)")
-    return Release.V1_7 if line in ("v1.6", "v1.7") else Release.V1_9
+    """The group of ``version``, a read release (kubevirt/releases.py :func:`resolve`: ``v1.6.0``
+    .. ``v1.9.0``, ``v`` optional, a line alone its newest patch; ``main``; a build of the main
+    commit read). A version not read raises :class:`~pcitopo.kubevirt.releases.ReleaseUnknown`
+    (``unknown``, exit 4); a string that is no version at all is one line (:class:`ConfigError`)."""
+    return Release(table.resolve(table.check_kubevirt(str(version))).reparse)
 
 
 def ovmf_code(version: str) -> str:
@@ -119,4 +110,4 @@ def ovmf_code(version: str) -> str:
 def version_text(version: str) -> str:
     """``version`` as the output names it: ``v1.9.0``, ``v1.8`` (its newest patch) or ``main``."""
     text = str(version).strip()
-    return text if text == "main" or text.startswith("v") else f"v{text}"
+    return text if text.startswith(("main", "v")) else f"v{text}"

@@ -16,7 +16,10 @@ def add_prediction_args(p: argparse.ArgumentParser, shared: bool = True) -> None
     whose own ``--kubevirt`` and ``--cluster`` serve it too: ``shared`` False)."""
     if shared:
         p.add_argument("--kubevirt", metavar="VERSION", help="the KubeVirt release whose virt-launcher builds the domain: "
-                       "v1.6.0 to v1.9.0 or main (default: the dump's observedKubeVirtVersion, else v1.9.0)")
+                       "v1.6.0 to v1.9.0 or main (default: the dump's observedKubeVirtVersion, else v1.9.0); a release "
+                       "pcitopo did not read is unknown (exit 4)")
+        p.add_argument("--assume-release", metavar="RELEASE", help="build the domain of this release pcitopo read for "
+                       "the one --kubevirt or the dump names (v1.9.0 for a v1.9.1, say)")
         p.add_argument("--cluster", metavar="FILE", action="append",
                        help="the cluster dump `pcitopo preflight` reads (`kubectl get kubevirt,plugins.plugin.kubevirt.io,"
                        "namespaces,nodes,vmis,vms -A -o yaml`), with resourceclaims,resourceslices,"
@@ -41,16 +44,23 @@ class Predicted:
 
 
 def _release(args: argparse.Namespace, dump):
+    """The release group, its name, and where it came from; a release pcitopo did not read raises
+    :class:`~pcitopo.kubevirt.releases.ReleaseUnknown` unless ``--assume-release`` names one."""
+    from ..releases import check_kubevirt, judged_as
     from .releases import DEFAULT_VERSION, release_of, version_text
 
     cr = dump.kubevirt if dump is not None else None
+    assume = getattr(args, "assume_release", None)
     if args.kubevirt:
-        version, why = args.kubevirt, "--kubevirt"
+        version, why = check_kubevirt(args.kubevirt), "--kubevirt"
     elif cr is not None and cr.version:
         version, why = cr.version, "the dump's KubeVirt CR"
+    elif assume:
+        version, why = None, "--assume-release"
     else:
         version, why = DEFAULT_VERSION, "assumed: give --kubevirt or --cluster"
-    return release_of(version), version_text(version), why
+    name, said = judged_as(version, assume)
+    return release_of(name), version_text(name), said or why
 
 
 def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host) -> Predicted:
