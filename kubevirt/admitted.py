@@ -135,3 +135,25 @@ def sidecar_entry(image: str) -> str:
 
 def configmap_entry(namespace: str, name: str) -> str:
     return entry("configmap", f"{namespace}/{name}", f"{namespace}.{name}")
+
+
+def in_dump(dump) -> Admitted | None:
+    """The params the dump holds (``kubectl get podtemplates -n pcitopo``), or None."""
+    found = [o for o in dump.of_kind("PodTemplate")
+             if (o.get("metadata") or {}).get("namespace") == PARAMS[0] and (o.get("metadata") or {}).get("name") == PARAMS[1]]
+    return from_params(found[0]) if found else None
+
+
+def judged(dumped: Admitted | None, images: Iterable[str] = (), allow: Iterable[str] = ()) -> Admitted:
+    """What the target's policies will admit: the dump's params, with ``images`` (``--image``:
+    the pin your overlay sets, then earlier pcitopo images it still admits) in place of the
+    dump's pin (its earlier ones stay: an overlay keeps its annotations), and ``allow``
+    (``--allow-sidecar``) added."""
+    base = dumped or Admitted()
+    pins = [image_ref(i, "--image") for i in images]
+    ours = (*pins, *base.pcitopo[1:]) if pins else base.pcitopo
+    out = Admitted(tuple(dict.fromkeys(ours)), base.sidecars, base.configmaps)
+    for flag in allow:
+        extra = from_flag(flag)
+        out = out.with_(sidecars=extra.sidecars, configmaps=extra.configmaps)
+    return out

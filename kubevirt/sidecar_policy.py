@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .admitted import ZERO, Admitted, configmap_entry, sidecar_entry
+from .admitted import ZERO, Admitted, configmap_entry, entry, sidecar_entry
 
 NAMESPACE_LABEL = ("pcitopo.kubevirt.io/hook-sidecars", "allowed")
 FILES = ("/etc/pcitopo/fabric.json", "/etc/pcitopo/module-map.json")
@@ -108,6 +108,9 @@ def _entry(pairs: Any, where: _Where) -> Refusal | None:
     if not where.admitted.pcitopo and _named_pcitopo(image):
         return Refusal(f"the Sidecar policy admits only the pcitopo image you pin; this VM runs {image} "
                        "(give --image to judge)", False)
+    if repository(image) in {repository(p) for p in where.admitted.pcitopo}:  # pcitopo's own, another digest
+        return Refusal(f"the Sidecar policy refuses its hook sidecar {image}, a pcitopo digest no longer admitted: {ONLY}",
+                       True, entry("pcitopo", image, "previous"))
     return Refusal(f"the Sidecar policy refuses its hook sidecar {image}: {ONLY}", True, sidecar_entry(image))
 
 

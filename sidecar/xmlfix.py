@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --check --vmi: judge the VMI on this KubeVirt release (e.g. v1.8.0), with the gates and Plugin "
                    "objects its doors (or --door) imply; with --vmi and no domain argument, also predict that release's "
                    "domain; with --cluster, overrides the dump's release (default v1.9.0, assumed)")
+    p.add_argument("--image", metavar="REF", action="append", default=[],
+                   help="the pcitopo image your overlay pins (REPOSITORY@sha256:<64 hex>, a mirror's or renamed one "
+                   "included; repeatable): the VMI's hook sidecar is pcitopo's when it runs exactly that (default: the "
+                   "--cluster dump's PodTemplate pcitopo/pcitopo-image, else an image named pcitopo)")
+    p.add_argument("--target", metavar="NAME",
+                   help="with --check --vmi: also judge the VMI by this deploy target's Sidecar policy, as `pcitopo "
+                   "preflight` does (a dump with pcitopo's params and gate Sidecar is judged without it)")
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
@@ -129,6 +136,8 @@ def xmlfix(argv: Sequence[str]) -> int:
     predicted = args.domain is None and args.vmi  # they also choose the release the domain is predicted for
     if (args.cluster or args.kubevirt) and not ((args.check and args.vmi) or predicted):
         raise ConfigError("--cluster and --kubevirt judge a VMI on a KubeVirt release: use them with --check --vmi FILE")
+    if (args.target or args.image) and not (args.check and args.vmi):
+        raise ConfigError("--target and --image judge a VMI: use them with --check --vmi FILE")
     if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
         raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
@@ -303,9 +312,13 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
             doc = json.loads(vmi)
         except ValueError:
             doc = None
-        judged = release_check(doc if isinstance(doc, dict) else {}, getattr(args, "door", None), getattr(args, "cluster", None),
-                               getattr(args, "kubevirt", None), outcome.xml)
+        doc = doc if isinstance(doc, dict) else {}
+        policy, pinned = _policy(doc, args)
+        judged = release_check(doc, getattr(args, "door", None), getattr(args, "cluster", None),
+                               getattr(args, "kubevirt", None), outcome.xml, pinned)
     detached = list(judged.lines) if judged is not None else []
+    if judged is not None and policy is not None:  # the target's Sidecar policy, as preflight judges it
+        detached.append(f"policy: {policy.why}" + (f" (to admit it, vetted: {policy.admit})" if policy.admit else ""))
     v = check_verdict(outcome.result, host, fabric, gdr)
     problems = detached + list(v.problems)
     for line in problems:
@@ -324,6 +337,26 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
         return EXIT_UNKNOWN
     print(f"xmlfix: check: ok: {why}", file=sys.stderr)
     return EXIT_OK
+
+
+def _policy(vmi: dict, args: argparse.Namespace | None):
+    """The Sidecar policy's refusal of ``vmi`` (None: admitted or not judged) and the pcitopo
+    images the admin pinned (``--image``, else the dump's params)."""
+    from pcitopo.kubevirt.admitted import in_dump, judged
+    from pcitopo.kubevirt.cluster import read_dump
+    from pcitopo.kubevirt.preflight import vmi_policy_refusal
+    from pcitopo.kubevirt.targets import TARGETS, target
+
+    if args is None:
+        return None, ()
+    images, dump_paths = tuple(getattr(args, "image", None) or ()), list(getattr(args, "cluster", None) or [])
+    name = getattr(args, "target", None)
+    if name is not None and name not in [t.name for t in TARGETS]:
+        raise ConfigError(f"--target {name!r}: give one of {', '.join(t.name for t in TARGETS)}")
+    dump = read_dump(dump_paths) if dump_paths else None
+    refusal = vmi_policy_refusal(vmi, dump, target(name) if name else None, images)
+    pinned = judged(in_dump(dump) if dump is not None else None, images).pcitopo
+    return (refusal if refusal is not None and refusal.certain else None), pinned
 
 
 def _print_prediction(outcome, host, fabric=None) -> None:
