@@ -14,8 +14,11 @@ from __future__ import annotations
 import copy
 import json
 import re
+import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -30,6 +33,7 @@ OLD = "sha256:" + "4f2c0d3b" * 8  # what the dump's pcitopo VM runs (fixtures/cl
 NEW = "sha256:" + "9a1e" * 16
 REPO = "registry.example.com/pcitopo"
 HOOKS = "hooks.kubevirt.io/hookSidecars"
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}  # this checkout's pcitopo
 
 
 def block(target: str = "kubevirt-v1.9.0") -> list[str]:
@@ -88,7 +92,7 @@ class Cluster:
         elif line.startswith("kubectl apply -k "):
             self.apply(line.split()[-1])
         elif line.startswith("pcitopo preflight "):
-            r = subprocess.run(line.split(), cwd=self.workdir, capture_output=True, text=True, timeout=300)
+            r = subprocess.run(line.split(), cwd=self.workdir, capture_output=True, text=True, timeout=300, env=ENV)
             assert r.returncode == 0, r.stdout + r.stderr
             self.preflights.append(r.stdout)
         else:
@@ -149,7 +153,7 @@ def test_without_the_old_digest_kept_preflight_names_every_vm_with_the_entry_tha
     cluster = before(tmp_path)
     cluster.dump("cluster.yaml")
     r = subprocess.run(["pcitopo", "preflight", "--target", "kubevirt-v1.9.0", "--image", f"{REPO}@{NEW}", "--json",
-                        "cluster.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                        "cluster.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
     assert r.returncode == 1, r.stdout + r.stderr
     report = json.loads(r.stdout)
     assert sorted(p["name"] for p in report["sidecar_policy"]) == ["ml/llm-0", "ml/llm-1"]
