@@ -99,10 +99,11 @@ class Preflight:
 
 
 def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, *, images: tuple[str, ...] = (),
-              allow: tuple[str, ...] = ()) -> Preflight:
+              allow: tuple[str, ...] = (), components: tuple[str, ...] = ()) -> Preflight:
     """``image``, then ``images``: the pcitopo image the user pins in the target's PodTemplate,
     then earlier ones it still admits (none: the dump's params say, or not known); ``allow``:
-    ``--allow-sidecar`` entries, as if the params admitted them (kubevirt/admitted.py)."""
+    ``--allow-sidecar`` entries, as if the params admitted them (kubevirt/admitted.py);
+    ``components``: the optional components the overlay adds (``hook-sidecars-policy``)."""
     admitted = judged(in_dump(dump), ((image,) if image else ()) + tuple(images), allow)
     cr = dump.kubevirt
     before = cluster_of(dump)
@@ -129,9 +130,10 @@ def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, *, image
     report.nodes = [n for n in (_gpu_node(node, permitted) for node in dump.nodes) if n is not None]
     report.workloads = _workloads(dump, before, after)
     report.admitted = admitted
-    report.policy = _policy_harms(dump, admitted) if tgt.sidecar_policy else []
-    report.on_pcitopo = _on_pcitopo(dump, admitted) if tgt.sidecar_policy else {}
-    report.sidecar_open = _sidecar_open(dump, tgt, before)
+    policy = tgt.sidecar_policy or SIDECAR_POLICY_COMPONENT.rsplit("/", 1)[1] in components
+    report.policy = _policy_harms(dump, admitted) if policy else []
+    report.on_pcitopo = _on_pcitopo(dump, admitted) if policy else {}
+    report.sidecar_open = None if policy else _sidecar_open(dump, tgt, before)
     report.notes += _foreign_plugin_notes(report)
     return report
 
@@ -251,8 +253,8 @@ def _sidecar_open(dump: ClusterDump, tgt: Target, before) -> str | None:
         return None
     return (f"the KubeVirt gate Sidecar is on and {tgt.name} renders no Sidecar policy: any tenant can run any image, "
             f"command or script as a hook sidecar in its VMs' virt-launcher pods; add the component "
-            f"{SIDECAR_POLICY_COMPONENT} to your overlay (its policies, once applied, show in "
-            "`kubectl get validatingadmissionpolicies -o yaml`), or turn Sidecar off")
+            f"{SIDECAR_POLICY_COMPONENT} to your overlay and judge with --component hook-sidecars-policy (once "
+            "applied, its policies show in `kubectl get validatingadmissionpolicies -o yaml`), or turn Sidecar off")
 
 
 def _gpu_node(node: Mapping[str, Any], permitted: set[str]) -> GpuNode | None:

@@ -39,6 +39,9 @@ def add_preflight_parser(sub) -> None:
                    help="judge as if the params admitted this hook sidecar: another team's image, REPOSITORY@sha256:<64 hex>, "
                    "or a hook with no image, configmap:NAMESPACE/CONFIGMAP (repeatable; docs/DEPLOY.md, "
                    "\"Other teams' hook sidecars\")")
+    p.add_argument("--component", metavar="NAME", action="append", default=[], choices=["hook-sidecars-policy"],
+                   help="an optional component your overlay adds (deploy/components/NAME): hook-sidecars-policy, the "
+                   "Sidecar policy, judged as on the hook targets (for kubevirt-main on a cluster that keeps Sidecar on)")
     p.add_argument("--json", action="store_true", help="the same facts as one JSON document")
     p.add_argument("dump", nargs="*", default=["-"], metavar="FILE",
                    help="cluster dump files, - for standard input (the default)")
@@ -49,7 +52,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from pcitopo.kubevirt.preflight import as_json, preflight
     from pcitopo.kubevirt.targets import target
 
-    report = preflight(read_dump(args.dump), target(args.target), images=tuple(args.image), allow=tuple(args.allow_sidecar))
+    report = preflight(read_dump(args.dump), target(args.target), images=tuple(args.image), allow=tuple(args.allow_sidecar),
+                       components=tuple(args.component))
     if args.json:
         json.dump(as_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -81,7 +85,7 @@ def text_lines(report, sources: list[str]) -> list[str]:
 
 
 def _policy_lines(report) -> list[str]:
-    if not report.target.sidecar_policy:
+    if not report.target.sidecar_policy and not (report.policy or report.on_pcitopo):
         return []
     out = [f"vms with hooks.kubevirt.io/hookSidecars the target's Sidecar policy refuses at their next start: "
            f"{len(report.refused)}" + (f", {len(report.policy) - len(report.refused)} more to check" if

@@ -190,6 +190,10 @@ def test_the_doors_each_opted_in_vm_needs_on_the_release(tmp_path):
     (tmp_path / "policies.yaml").write_text(policies)
     r = run("--target", "kubevirt-main", str(main), str(tmp_path / "policies.yaml"))
     assert r.returncode == 0 and "SIDECAR OPEN" not in r.stdout.decode(), r.stdout.decode()
+    # the overlay adds the component: preflight judges its policy as on the hook targets
+    r = run("--target", "kubevirt-main", "--component", "hook-sidecars-policy", str(main))
+    out = r.stdout.decode()
+    assert r.returncode == 0 and "SIDECAR OPEN" not in out and "the target's Sidecar policy refuses at their next start: 0" in out, out
 
 
 def test_a_development_build_is_judged_as_the_release_it_names_and_said_to_be_unknowable():
