@@ -94,9 +94,10 @@ def _entry(pairs: Any, where: _Where) -> Refusal | None:
         return _imageless(pairs, where)
     image = images[0]
     if not isinstance(image, str) or not _BY_DIGEST.fullmatch(image):
+        ours = isinstance(image, str) and repository(image) in {repository(p) for p in where.admitted.pcitopo}
         return Refusal(f"image {image!r} is not pinned by digest: the Sidecar policy admits hook images by digest only "
-                       "(@sha256:<64 hex>); pin it, then admit that digest", True,
-                       sidecar_entry(f"{repository(image)}@sha256:<64 hex>") if isinstance(image, str) else None)
+                       "(@sha256:<64 hex>); " + (f"pin it as {where.admitted.pinned}" if ours else "pin it, then admit that digest"),
+                       True, sidecar_entry(f"{repository(image)}@sha256:<64 hex>") if isinstance(image, str) and not ours else None)
     if image.endswith(ZERO):
         return _shape("the all-zero placeholder digest")
     ours = _ours(pairs, where) if image in where.admitted.pcitopo else None

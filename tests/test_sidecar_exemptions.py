@@ -177,3 +177,21 @@ def test_xmlfix_check_fails_a_vm_the_targets_policy_refuses_in_one_line(tmp_path
     # the target without the policy does not judge it
     r = _check(_mirrored(tmp_path, "research"), "--image", MIRROR, "--target", "kubevirt-main")
     assert "check: policy" not in r.stderr
+
+
+def test_pcitopo_domain_with_the_params_in_the_dump_judges_the_policy_too(tmp_path):
+    """A dump with pcitopo's params (and gate Sidecar on) is judged as preflight judges it: the
+    shipped example pins a tag, and fails in one line; pinned by the params' digest, it passes."""
+    params = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "pcitopo-image", "namespace": "pcitopo"},
+              "template": {"spec": {"containers": [{"name": "pcitopo", "image": OURS}]}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text((ROOT / "deploy" / "vmi-gpu.yaml").read_text().replace("registry.example.com/pcitopo:0.1.0", OURS))
+    for vmi, code in ((ROOT / "deploy" / "vmi-gpu.yaml", 1), (pinned, 0)):
+        r = run("pcitopo", "domain", "--vmi", str(vmi), "--sysfs", str(ROOT / "fixtures" / "hgx-b200"),
+                "--cluster", str(CLUSTERS / "v1.9.0-stranger.yaml"), "--cluster", str(tmp_path / "params.yaml"))
+        assert r.returncode == code and r.stdout.startswith("<domain"), r.stderr
+        said = [line for line in r.stderr.splitlines() if line.startswith("pcitopo domain: policy: ")]
+        assert said == ([] if code == 0 else [
+            "pcitopo domain: policy: image 'registry.example.com/pcitopo:0.1.0' is not pinned by digest: the Sidecar "
+            f"policy admits hook images by digest only (@sha256:<64 hex>); pin it as {OURS}"])
