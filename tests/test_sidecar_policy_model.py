@@ -190,3 +190,41 @@ def test_the_examples_are_kubevirts_own():
         assert head.startswith("# kubevirt/kubevirt v1.9.0") and f"examples/{name}" in head
     assert json.loads(CONFIGMAP_HOOK)[0]["configMap"]["hookPath"] == "/usr/bin/onDefineDomain"
     assert "image" not in json.loads(CONFIGMAP_HOOK)[0]
+
+
+def _preflight(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "pcitopo.sidecar.cli", "preflight", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+CLUSTERS = ROOT / "fixtures" / "clusters"
+OUR_IMAGE = "registry.example.com/pcitopo@sha256:" + "4f2c0d3b" * 8
+
+
+def test_preflight_names_another_teams_tagged_hook_by_its_cause():
+    r = _preflight("--target", "kubevirt-v1.9.0", "--image", OUR_IMAGE, str(CLUSTERS / "v1.9.0-other-sidecar.yaml"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "HARMED tools/netprep-0 (VirtualMachine): image 'quay.io/acme/netprep:1.2' is not pinned by digest" in r.stdout
+    assert r.stdout.splitlines()[-1] == ("verdict: applying kubevirt-v1.9.0 harms 1 VM(s): "
+                                         "tools/netprep-0 (stops starting: Sidecar policy)")
+
+
+def test_preflight_passes_pcitopos_own_pinned_vm_in_its_allowed_namespace():
+    r = _preflight("--target", "kubevirt-v1.9.0", "--image", OUR_IMAGE, "--json", str(CLUSTERS / "v1.9.0-stranger.yaml"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["sidecar_policy"] == [] and report["ok"]
+    # another pin: the same VM is refused, with the entry that keeps its digest admitted
+    r = _preflight("--target", "kubevirt-v1.9.0", "--image", OUR_IMAGE[:-1] + "0", str(CLUSTERS / "v1.9.0-stranger.yaml"))
+    assert r.returncode == 1 and "HARMED ml/llm-0 (VirtualMachine): the Sidecar policy refuses its hook sidecar " \
+        f"{OUR_IMAGE}, a pcitopo digest no longer admitted" in r.stdout
+    assert f"pcitopo.kubevirt.io/pcitopo.previous: {OUR_IMAGE}" in r.stdout
+
+
+def test_the_plugin_target_carries_no_sidecar_policy_and_says_the_gate_is_open():
+    r = _preflight("--target", "kubevirt-main", "--json", str(CLUSTERS / "v1.9.0-other-sidecar.yaml"))
+    report = json.loads(r.stdout)
+    assert report["sidecar_policy"] == [] and "hook-sidecars-policy" in report["sidecar_open"]
