@@ -306,7 +306,7 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    judged = None
+    judged = policy = None
     if vmi is not None:
         try:
             doc = json.loads(vmi)
@@ -317,9 +317,10 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
         judged = release_check(doc, getattr(args, "door", None), getattr(args, "cluster", None),
                                getattr(args, "kubevirt", None), outcome.xml, pinned)
     detached = list(judged.lines) if judged is not None else []
-    if judged is not None and policy is not None:  # the target's Sidecar policy, as preflight judges it
+    if policy is not None and policy.certain:  # the target's Sidecar policy, as preflight judges it
         detached.append(f"policy: {policy.why}" + (f" (to admit it, vetted: {policy.admit})" if policy.admit else ""))
     v = check_verdict(outcome.result, host, fabric, gdr)
+    unknowns = list(v.unknowns) + ([f"policy: {policy.why}"] if policy is not None and not policy.certain else [])
     problems = detached + list(v.problems)
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
@@ -328,20 +329,21 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
     why = "; ".join(list(v.parts[:1]) + ([judged.on] if judged is not None else []) + [f"{kind} (above)" for kind in v.parts[1:]]
                     + [f"{line.split(':', 1)[0]} (above)" for line in detached])
     if problems:  # a failure wins over what is unknown, which is still said
-        for line in v.unknowns:
+        for line in unknowns:
             print(f"xmlfix: check: unknown: {line}", file=sys.stderr)
         print(f"xmlfix: check: failed: {why}", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    if v.unknowns:
-        print(f"xmlfix: check: unknown: {'; '.join(v.unknowns)}; {why}", file=sys.stderr)
+    if unknowns:
+        print(f"xmlfix: check: unknown: {'; '.join(unknowns)}; {why}", file=sys.stderr)
         return EXIT_UNKNOWN
     print(f"xmlfix: check: ok: {why}", file=sys.stderr)
     return EXIT_OK
 
 
 def _policy(vmi: dict, args: argparse.Namespace | None):
-    """The Sidecar policy's refusal of ``vmi`` (None: admitted or not judged) and the pcitopo
-    images the admin pinned (``--image``, else the dump's params)."""
+    """The Sidecar policy's refusal of ``vmi`` (None: admitted or not judged; not certain: it
+    hinges on what the dump lacks) and the pcitopo images the admin pinned (``--image``, else the
+    dump's params)."""
     from pcitopo.kubevirt.admitted import in_dump, judged
     from pcitopo.kubevirt.cluster import read_dump
     from pcitopo.kubevirt.preflight import vmi_policy_refusal
@@ -356,7 +358,7 @@ def _policy(vmi: dict, args: argparse.Namespace | None):
     dump = read_dump(dump_paths) if dump_paths else None
     refusal = vmi_policy_refusal(vmi, dump, target(name) if name else None, images)
     pinned = judged(in_dump(dump) if dump is not None else None, images).pcitopo
-    return (refusal if refusal is not None and refusal.certain else None), pinned
+    return refusal, pinned
 
 
 def _print_prediction(outcome, host, fabric=None) -> None:

@@ -195,3 +195,9 @@ def test_pcitopo_domain_with_the_params_in_the_dump_judges_the_policy_too(tmp_pa
         assert said == ([] if code == 0 else [
             "pcitopo domain: policy: image 'registry.example.com/pcitopo:0.1.0' is not pinned by digest: the Sidecar "
             f"policy admits hook images by digest only (@sha256:<64 hex>); pin it as {OURS}"])
+
+
+def test_xmlfix_says_unknown_when_the_verdict_hinges_on_a_namespace_the_dump_lacks(tmp_path):
+    r = _check(_mirrored(tmp_path, "elsewhere"), "--image", MIRROR, "--target", "kubevirt-v1.9.0")
+    last = r.stderr.splitlines()[-1]
+    assert r.returncode == 4 and last.startswith("xmlfix: check: unknown: policy: its namespace is not in the dump"), r.stderr
