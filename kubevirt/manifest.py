@@ -21,7 +21,7 @@ import difflib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from pcitopo.topology.errors import ConfigError
 from pcitopo.topology.host.yamltext import yaml_documents
@@ -223,7 +223,7 @@ class Attachment:
                 else f"{self.kind}: not attached: {self.why}; {self.then}")
 
 
-def attachment(vmi: Mapping[str, Any], door: str | None = "hook") -> Attachment:
+def attachment(vmi: Mapping[str, Any], door: str | None = "hook", pinned: Collection[str] = ()) -> Attachment:
     """Whether ``door`` attaches pcitopo to ``vmi`` (a VMI object): ``hook``, the hook-sidecar
     annotation (:func:`hook_sidecar_attachment`); ``plugin``, the label the pcitopo Plugin's
     conditions select (:func:`plugin_attachment`); None, either of them (the hook's verdict
@@ -233,7 +233,7 @@ def attachment(vmi: Mapping[str, Any], door: str | None = "hook") -> Attachment:
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
     if door == "plugin":
         return plugin_attachment(labels)
-    hook = hook_sidecar_attachment(annotations)
+    hook = hook_sidecar_attachment(annotations, pinned)
     if door == "hook" or hook.attached:
         return hook
     plugin = plugin_attachment(labels)
@@ -285,10 +285,12 @@ class _Unparsable(Exception):
     """Where Go's json.Unmarshal into KubeVirt's HookSidecar list would fail."""
 
 
-def hook_sidecar_attachment(annotations: Mapping[str, Any]) -> Attachment:
+def hook_sidecar_attachment(annotations: Mapping[str, Any], pinned: Collection[str] = ()) -> Attachment:
     """The hook-sidecar door: attached when an entry of the annotation, as KubeVirt parses it,
-    runs a pcitopo image; otherwise why not, in one line (a near-miss key, invalid JSON, a
-    value KubeVirt cannot parse, an entry whose image is missing or another one)."""
+    runs a pcitopo image: one the admin ``pinned`` (``--image``, the target's params: exactly,
+    whatever its name, a mirror's included) or one whose repository is named pcitopo; otherwise
+    why not, in one line (a near-miss key, invalid JSON, a value KubeVirt cannot parse, an entry
+    whose image is missing or another one)."""
     raw = annotations.get(HOOK_SIDECARS)
     if raw is None:
         near = [k for k in annotations if isinstance(k, str) and _near(k, HOOK_SIDECARS)]
@@ -302,9 +304,10 @@ def hook_sidecar_attachment(annotations: Mapping[str, Any]) -> Attachment:
         return Attachment(None, f"{HOOK_SIDECARS} lists no sidecar")
     said = []
     for i, (image, unknown) in enumerate(entries):
-        if image and _is_pcitopo(image):
+        if image and (image in pinned or _is_pcitopo(image)):
             return Attachment(HOOK_DOOR, f"entry {i} runs {image}")
-        said.append(f"entry {i} runs {image}, not a {PCITOPO_IMAGE_NAME} image" if image
+        said.append(f"entry {i} runs {image}, not a {PCITOPO_IMAGE_NAME} image"
+                    + (" nor the one pinned (--image)" if pinned else " (give --image if it is pcitopo's)") if image
                     else f"entry {i} has no image{_unknown_hint(unknown)}, so KubeVirt runs its sidecar-shim there")
     return Attachment(None, f"{HOOK_SIDECARS} runs no {PCITOPO_IMAGE_NAME} image: " + "; ".join(said))
 

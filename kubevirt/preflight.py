@@ -10,11 +10,13 @@ target's node affinity (targets.GPU_NODE_TERMS) selects them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from pcitopo.topology.errors import ConfigError
 
+from .admitted import Admitted, in_dump, judged
 from .cluster import ClusterDump, mapping, name_of
 from .sidecar_policy import Refusal, refusal
 from .doors import PCITOPO_PLUGIN
@@ -78,6 +80,9 @@ class Preflight:
     notes: list[str] = field(default_factory=list)
     unknown: str = ""  # why nothing was judged: no KubeVirt CR, or a release pcitopo did not read
     seen: str | None = None  # the release as the dump gives it
+    admitted: Admitted = field(default_factory=Admitted)  # what the target's Sidecar policy will admit
+    on_pcitopo: dict[str, list[str]] = field(default_factory=dict)  # pcitopo image -> the VMs whose hook runs it
+    sidecar_open: str | None = None  # the Sidecar gate is on and nothing restricts hook sidecars: why, what closes it
 
     @property
     def harmed(self) -> list[Workload]:
@@ -90,18 +95,24 @@ class Preflight:
 
     @property
     def fails(self) -> bool:
-        return not self.unknown and (bool(self.harmed) or bool(self.refused) or self.release_fits is False)
+        return not self.unknown and (bool(self.harmed) or bool(self.refused) or self.release_fits is False
+                                     or bool(self.sidecar_open))
 
     def doors(self) -> tuple[str, ...]:
         return doors_needed(self.after) if self.after is not None else ()
 
 
-def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, assume: str | None = None) -> Preflight:
-    """``image``: the image the user pins in the target's PodTemplate (None: not known);
-    ``assume``: ``--assume-release``, the read release to judge the dump's as. Without a KubeVirt
-    CR, or on a release pcitopo did not read, nothing is judged: :attr:`Preflight.unknown` says why."""
+def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, assume: str | None = None, *,
+              images: tuple[str, ...] = (), allow: tuple[str, ...] = (), components: tuple[str, ...] = ()) -> Preflight:
+    """``image``, then ``images``: the pcitopo image the user pins in the target's PodTemplate,
+    then earlier ones it still admits (none: the dump's params say, or not known); ``assume``:
+    ``--assume-release``, the read release to judge the dump's as; ``allow``: ``--allow-sidecar``
+    entries, as if the params admitted them (kubevirt/admitted.py); ``components``: the optional
+    components the overlay adds (``hook-sidecars-policy``). Without a KubeVirt CR, or on a release
+    pcitopo did not read, nothing is judged: :attr:`Preflight.unknown` says why."""
     from .releases import check_assumed
 
+    admitted = judged(in_dump(dump), ((image,) if image else ()) + tuple(images), allow)
     cr = dump.kubevirt
     assume = check_assumed(assume) if assume else None
     seen = cr.version if cr is not None else None
@@ -114,6 +125,7 @@ def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, assume: 
             "`kubectl get kubevirt,plugins.plugin.kubevirt.io,namespaces,nodes,vmis,vms -A -o yaml` to judge for real"))
     try:
         before = cluster_of(dump, None, assume)
+        before = before if before is None else replace(before, pcitopo_images=admitted.pcitopo)
     except ReleaseUnknown as e:
         notes = [_newer_main_note()] if e.newer_main else []
         return Preflight(tgt, cr.name, None, None, None, (), plugins, nodes, notes=notes, unknown=e.line, seen=seen)
@@ -127,7 +139,11 @@ def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, assume: 
     report = Preflight(tgt, cr.name, before, after, tgt.fits(before.release),
                        tuple(g for g in tgt.gates if g not in before.gates), plugins, nodes, notes=notes, seen=seen)
     report.workloads = _workloads(dump, before, after)
-    report.policy = _policy_harms(dump, image) if tgt.sidecar_policy else []
+    report.admitted = admitted
+    policy = tgt.sidecar_policy or SIDECAR_POLICY_COMPONENT.rsplit("/", 1)[1] in components
+    report.policy = _policy_harms(dump, admitted) if policy else []
+    report.on_pcitopo = _on_pcitopo(dump, admitted) if policy else {}
+    report.sidecar_open = None if policy else _sidecar_open(dump, tgt, before)
     report.notes += _foreign_plugin_notes(report)
     return report
 
@@ -168,19 +184,19 @@ def _workloads(dump: ClusterDump, before: Cluster, after: Cluster) -> list[Workl
         if not devices:
             continue
         meta = mapping(vmi.get("metadata"))
-        has = tuple(d for d, yes in (("hook", hook_sidecar_attachment(mapping(meta.get("annotations"))).attached),
+        has = tuple(d for d, yes in (("hook", hook_sidecar_attachment(mapping(meta.get("annotations")),
+                                                                      before.pcitopo_images).attached),
                                      ("plugin", plugin_selects(dict(mapping(meta.get("labels")))))) if yes)
-        out.append(Workload(name, str(obj.get("kind")), tuple(devices), opted_in(vmi), judge(vmi, before),
+        out.append(Workload(name, str(obj.get("kind")), tuple(devices), opted_in(vmi, before.pcitopo_images), judge(vmi, before),
                             judge(vmi, after), has))
     return out
 
 
-def _policy_harms(dump: ClusterDump, image: str | None) -> list[PolicyHarm]:
-    """Every VM (its template) and lone VMI with hooks.kubevirt.io/hookSidecars that the target's
-    Sidecar policy would refuse at its next start, with or without PCI devices."""
+def _hooked(dump: ClusterDump) -> list[tuple[dict, str, str, Any]]:
+    """Every VM (its template) and lone VMI with hooks.kubevirt.io/hookSidecars: the object, its
+    name, its namespace and the annotation's value (what starts next)."""
     from .manifest import HOOK_SIDECARS, as_vmi
 
-    namespaces = {name_of(o): dict(mapping(mapping(o.get("metadata")).get("labels"))) for o in dump.of_kind("Namespace")}
     vms = {name_of(o) for o in dump.of_kind("VirtualMachine")}
     out = []
     for obj in dump.workloads:
@@ -193,12 +209,79 @@ def _policy_harms(dump: ClusterDump, image: str | None) -> list[PolicyHarm]:
             continue
         meta = mapping(vmi.get("metadata"))
         annotations = mapping(meta.get("annotations"))
-        if HOOK_SIDECARS not in annotations:
-            continue
-        why = refusal(annotations[HOOK_SIDECARS], namespaces.get(str(meta.get("namespace"))), image)
+        if HOOK_SIDECARS in annotations:
+            out.append((obj, name, str(meta.get("namespace")), annotations[HOOK_SIDECARS]))
+    return out
+
+
+def _namespace_labels(dump: ClusterDump) -> dict[str, dict]:
+    return {name_of(o): dict(mapping(mapping(o.get("metadata")).get("labels"))) for o in dump.of_kind("Namespace")}
+
+
+def vmi_policy_refusal(vmi: Mapping[str, Any], dump: ClusterDump | None, tgt: Target | None,
+                       images: tuple[str, ...] = ()) -> Refusal | None:
+    """``xmlfix --check``: the Sidecar policy on one VMI, as preflight judges every VM. Judged
+    when ``tgt`` carries the policy, or, without a target, when the dump holds pcitopo's params
+    with the Sidecar gate on (the hook targets are what turn it on); None when not judged or
+    admitted."""
+    from .manifest import HOOK_SIDECARS
+
+    params = in_dump(dump) if dump is not None else None
+    gate = dump is not None and dump.kubevirt is not None and "Sidecar" in dump.kubevirt.gates
+    if not (tgt.sidecar_policy if tgt is not None else params is not None and gate):
+        return None
+    meta = mapping(vmi.get("metadata"))
+    annotations = mapping(meta.get("annotations"))
+    if HOOK_SIDECARS not in annotations:
+        return None
+    namespace = str(meta.get("namespace") or "")
+    labels = _namespace_labels(dump).get(namespace) if dump is not None and namespace else None
+    return refusal(annotations[HOOK_SIDECARS], namespace or "(no namespace)", labels, judged(params, images))
+
+
+def _policy_harms(dump: ClusterDump, admitted: Admitted) -> list[PolicyHarm]:
+    """Every VM and lone VMI with hooks.kubevirt.io/hookSidecars that the target's Sidecar policy
+    would refuse at its next start, with or without PCI devices."""
+    namespaces = _namespace_labels(dump)
+    out = []
+    for obj, name, namespace, value in _hooked(dump):
+        why = refusal(value, namespace, namespaces.get(namespace), admitted)
         if why is not None:
             out.append(PolicyHarm(name, str(obj.get("kind")), why))
     return out
+
+
+def _on_pcitopo(dump: ClusterDump, admitted: Admitted) -> dict[str, list[str]]:
+    """Each pcitopo image the policies admit, and the VMs whose hook sidecar runs it: an upgrade
+    drops an earlier one only when no VM uses it."""
+    out: dict[str, list[str]] = {image: [] for image in admitted.pcitopo}
+    for _, name, _, value in _hooked(dump):
+        try:
+            entries = json.loads(value) if isinstance(value, str) else []
+        except ValueError:
+            continue
+        for image in {e.get("image") for e in entries if isinstance(entries, list) and isinstance(e, dict)}:
+            if image in out:
+                out[image].append(name)
+    return out
+
+
+SIDECAR_POLICY_COMPONENT = "deploy/components/hook-sidecars-policy"
+SIDECAR_POLICIES = ("pcitopo-hook-sidecars", "pcitopo-hook-sidecars-image")
+
+
+def _sidecar_open(dump: ClusterDump, tgt: Target, before) -> str | None:
+    """A target without the Sidecar policy on a cluster whose `Sidecar` gate is on: every VM
+    owner can run any image, command or script as a hook sidecar in its virt-launcher pod."""
+    if tgt.sidecar_policy or "Sidecar" not in before.gates:
+        return None
+    present = {name_of(o) for o in dump.of_kind("ValidatingAdmissionPolicy")}
+    if all(p in present for p in SIDECAR_POLICIES):
+        return None
+    return (f"the KubeVirt gate Sidecar is on and {tgt.name} renders no Sidecar policy: any tenant can run any image, "
+            f"command or script as a hook sidecar in its VMs' virt-launcher pods; add the component "
+            f"{SIDECAR_POLICY_COMPONENT} to your overlay and judge with --component hook-sidecars-policy (once "
+            "applied, its policies show in `kubectl get validatingadmissionpolicies -o yaml`), or turn Sidecar off")
 
 
 def _gpu_node(node: Mapping[str, Any], permitted: set[str]) -> GpuNode | None:
@@ -244,8 +327,13 @@ def as_json(report: Preflight) -> dict:
                        "doors": {"has": list(w.has), "needs": list(report.doors()) if w.opted_in else []}}
                       for w in report.workloads],
         "doors_needed": list(report.doors()),
-        "sidecar_policy": [{"name": p.name, "kind": p.kind, "why": p.refusal.why, "certain": p.refusal.certain}
-                           for p in report.policy],
+        "sidecar_policy": [{"name": p.name, "kind": p.kind, "why": p.refusal.why, "certain": p.refusal.certain,
+                            "admit": p.refusal.admit} for p in report.policy],
+        "admitted": {"pcitopo": [{"image": i, "pinned": n == 0, "vms": report.on_pcitopo.get(i, [])}
+                                 for n, i in enumerate(report.admitted.pcitopo)],
+                     "sidecars": sorted(report.admitted.sidecars),
+                     "configmaps": sorted(f"{ns}/{name}" for ns, name in report.admitted.configmaps)},
+        "sidecar_open": report.sidecar_open,
         "harmed": [w.name for w in report.harmed] + [p.name for p in report.refused],
         "notes": list(report.notes),
         "unknown": report.unknown or None,

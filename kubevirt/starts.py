@@ -73,6 +73,7 @@ class Cluster:
     plugins: tuple[str, ...] = ()
     not_pci: frozenset[str] = frozenset()
     assumed: str = ""  # what was assumed and why ("" when all of it was read from a cluster)
+    pcitopo_images: tuple[str, ...] = ()  # the images the admin pinned as pcitopo's (kubevirt/admitted.py)
 
     @property
     def read(self) -> ReadRelease:
@@ -136,10 +137,10 @@ def pci_devices(vmi: Mapping[str, Any], not_pci: Iterable[str] = ()) -> list[str
     return out
 
 
-def opted_in(vmi: Mapping[str, Any]) -> bool:
+def opted_in(vmi: Mapping[str, Any], pinned: tuple[str, ...] = ()) -> bool:
     """The VMI asks for pcitopo: its label, its hook, or any ``pcitopo.kubevirt.io/`` annotation."""
     annotations = _annotations(vmi)
-    return (PLUGIN_LABEL in _labels(vmi) or hook_sidecar_attachment(annotations).attached
+    return (PLUGIN_LABEL in _labels(vmi) or hook_sidecar_attachment(annotations, pinned).attached
             or any(isinstance(k, str) and k.startswith("pcitopo.kubevirt.io/") for k in annotations))
 
 
@@ -149,7 +150,7 @@ def judge(vmi: Mapping[str, Any], cluster: Cluster, *, pci: bool | None = None,
     overrides what the VMI's spec says (the domain shows the hostdevs); ``settings`` are what the
     rewrite writes that KubeVirt's struct drops (:func:`lost_settings`)."""
     labels, annotations = _labels(vmi), _annotations(vmi)
-    hook = hook_sidecar_attachment(annotations)
+    hook = hook_sidecar_attachment(annotations, cluster.pcitopo_images)
     rel = f"KubeVirt {cluster.release}"
     if hook.then == NOT_STARTED:
         return Verdict(Start.NO_START, f"{hook.why}; virt-controller cannot render the launcher pod (every release, either door)")
@@ -251,7 +252,8 @@ class ReleaseCheck:
 
 
 def release_check(vmi: Mapping[str, Any], door: str | None, dump_paths: list[str] | None, release: str | None,
-                  domain_xml: bytes = b"", assume: str | None = None) -> ReleaseCheck:
+                  domain_xml: bytes = b"", assume: str | None = None,
+                  pinned: tuple[str, ...] = ()) -> ReleaseCheck:
     """``xmlfix --check --vmi``: the VMI on the cluster of ``dump_paths`` (``--cluster``), or on
     ``release`` (``--kubevirt``) or :data:`DEFAULT_RELEASE` with the gates and Plugin objects its
     doors (or ``door``) imply; ``assume`` (``--assume-release``) judges an unread release as a
@@ -277,10 +279,11 @@ def release_check(vmi: Mapping[str, Any], door: str | None, dump_paths: list[str
             cluster = assumed_cluster(vmi, name, why, door)
     except ReleaseUnknown as e:
         return ReleaseCheck(None, None, (), e.line)
+    cluster = replace(cluster, pcitopo_images=pinned)  # pcitopo's images as the admin pinned them
     has_pci, settings = domain_facts(domain_xml) if domain_xml else (None, SETTINGS)
     verdict = judge(vmi, cluster, pci=has_pci, settings=settings)
     lines = []
-    via = attachment(vmi, door) if door else None
+    via = attachment(vmi, door, pinned) if door else None
     if via is not None and not via.attached:
         lines.append(via.line)
     said = via is not None and not via.attached and (verdict.start is Start.DETACHED or via.then == NOT_STARTED)

@@ -314,7 +314,24 @@ def _cmd_domain(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(xml)
         sys.stdout.flush()
-    return 0
+    return _domain_policy(pred.vmi, args.cluster)
+
+
+def _domain_policy(vmi: dict, dump_paths: list[str] | None) -> int:
+    """A dump with pcitopo's params and gate Sidecar: the Sidecar policy judges the VMI as
+    preflight does; a refusal is one line and exit 1 (the domain is what it would be, were it
+    admitted)."""
+    if not dump_paths:
+        return EXIT_OK
+    from pcitopo.kubevirt.cluster import read_dump
+    from pcitopo.kubevirt.preflight import vmi_policy_refusal
+
+    refused = vmi_policy_refusal(vmi, read_dump(dump_paths), None)
+    if refused is None or not refused.certain:
+        return EXIT_OK
+    print(f"pcitopo domain: policy: {refused.why}" + (f" (to admit it, vetted: {refused.admit})" if refused.admit else ""),
+          file=sys.stderr)
+    return EXIT_CHECK_FAILED
 
 
 def _add_domain_parser(sub, default_sysfs: str) -> None:

@@ -39,8 +39,17 @@ def add_preflight_parser(sub) -> None:
         "4: unknown (no KubeVirt CR, or a release pcitopo did not read); 2: unreadable input.")
     p.add_argument("--target", required=True, choices=[t.name for t in TARGETS], metavar="NAME",
                    help="the deploy target, a folder under deploy/targets/: " + ", ".join(t.name for t in TARGETS))
-    p.add_argument("--image", metavar="REF", help="the image your overlay pins (REPOSITORY@sha256:...): the hook targets' "
-                   "Sidecar policy admits only that one in hooks.kubevirt.io/hookSidecars")
+    p.add_argument("--image", metavar="REF", action="append", default=[],
+                   help="the pcitopo image your overlay pins (REPOSITORY@sha256:<64 hex>, whatever its name); again for "
+                   "each earlier pcitopo image it still admits (an upgrade). Default: the dump's PodTemplate "
+                   "pcitopo/pcitopo-image. The hook targets' Sidecar policy admits pcitopo's images and the admitted list")
+    p.add_argument("--allow-sidecar", metavar="REF", action="append", default=[],
+                   help="judge as if the params admitted this hook sidecar: another team's image, REPOSITORY@sha256:<64 hex>, "
+                   "or a hook with no image, configmap:NAMESPACE/CONFIGMAP (repeatable; docs/DEPLOY.md, "
+                   "\"Other teams' hook sidecars\")")
+    p.add_argument("--component", metavar="NAME", action="append", default=[], choices=["hook-sidecars-policy"],
+                   help="an optional component your overlay adds (deploy/components/NAME): hook-sidecars-policy, the "
+                   "Sidecar policy, judged as on the hook targets (for kubevirt-main on a cluster that keeps Sidecar on)")
     p.add_argument("--assume-release", metavar="RELEASE", help="judge the cluster's KubeVirt as this release pcitopo "
                    "read (a release it did not read, v1.9.1 or v1.10.0 say, is unknown: exit 4): "
                    + ", ".join(assume_names()))
@@ -54,7 +63,8 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from pcitopo.kubevirt.preflight import as_json, preflight
     from pcitopo.kubevirt.targets import target
 
-    report = preflight(read_dump(args.dump), target(args.target), args.image, args.assume_release)
+    report = preflight(read_dump(args.dump), target(args.target), assume=args.assume_release, images=tuple(args.image),
+                       allow=tuple(args.allow_sidecar), components=tuple(args.component))
     if args.json:
         json.dump(as_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -79,10 +89,13 @@ def text_lines(report, sources: list[str]) -> list[str]:
     out += _node_lines(report)
     out += _workload_lines(report)
     out += _policy_lines(report)
+    out += [f"SIDECAR OPEN: {report.sidecar_open}"] if report.sidecar_open else []
     out += [f"note: {n}" for n in report.notes]
     harmed = [(w.name, w.harm) for w in report.harmed] + [(p.name, "stops starting: Sidecar policy") for p in report.refused]
     if harmed:
         out.append(f"verdict: applying {t.name} harms {len(harmed)} VM(s): " + ", ".join(f"{n} ({h})" for n, h in harmed))
+    elif report.sidecar_open:
+        out.append(f"verdict: applying {t.name} leaves every tenant free to run any hook sidecar: see SIDECAR OPEN above")
     elif report.release_fits is False:
         out.append(f"verdict: {t.name} is not for KubeVirt {report.before.release}: see the kubevirt line above")
     else:
@@ -101,13 +114,31 @@ def _unknown_lines(report) -> list[str]:
 
 
 def _policy_lines(report) -> list[str]:
-    if not report.target.sidecar_policy:
+    if not report.target.sidecar_policy and not (report.policy or report.on_pcitopo):
         return []
     out = [f"vms with hooks.kubevirt.io/hookSidecars the target's Sidecar policy refuses at their next start: "
            f"{len(report.refused)}" + (f", {len(report.policy) - len(report.refused)} more to check" if
                                        len(report.policy) > len(report.refused) else "")]
     for p in report.policy:
         out.append(f"  {'HARMED' if p.refusal.certain else 'check '} {p.name} ({p.kind}): {p.refusal.why}")
+        if p.refusal.admit:
+            out.append(f"    to admit it, vetted, add to the PodTemplate pcitopo/pcitopo-image's metadata.annotations: "
+                       f"{p.refusal.admit}")
+    return out + _pcitopo_image_lines(report)
+
+
+def _pcitopo_image_lines(report) -> list[str]:
+    """The pcitopo images the policy admits, and which VMs still run each: an upgrade drops an
+    earlier image once no VM runs it."""
+    images = report.admitted.pcitopo
+    if not images:
+        return ["pcitopo images the Sidecar policy admits: not known (give --image, or dump podtemplates -n pcitopo)"]
+    out = [f"pcitopo images the Sidecar policy admits: {len(images)}"]
+    for n, image in enumerate(images):
+        vms = report.on_pcitopo.get(image, [])
+        role = "pinned" if n == 0 else "earlier, still admitted"
+        use = f"{len(vms)} VM(s) run it: {', '.join(vms)}" if vms else "no VM runs it" + ("" if n == 0 else ": drop it")
+        out.append(f"  {image} ({role}): {use}")
     return out
 
 

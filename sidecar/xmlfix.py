@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--assume-release", metavar="RELEASE",
                    help="judge the release (--cluster's or --kubevirt's) as this release pcitopo read: "
                    + ", ".join(r.newest for r in RELEASES))
+    p.add_argument("--image", metavar="REF", action="append", default=[],
+                   help="the pcitopo image your overlay pins (REPOSITORY@sha256:<64 hex>, a mirror's or renamed one "
+                   "included; repeatable): the VMI's hook sidecar is pcitopo's when it runs exactly that (default: the "
+                   "--cluster dump's PodTemplate pcitopo/pcitopo-image, else an image named pcitopo)")
+    p.add_argument("--target", metavar="NAME",
+                   help="with --check --vmi: also judge the VMI by this deploy target's Sidecar policy, as `pcitopo "
+                   "preflight` does (a dump with pcitopo's params and gate Sidecar is judged without it)")
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
@@ -132,6 +139,8 @@ def xmlfix(argv: Sequence[str]) -> int:
     if (args.cluster or args.kubevirt or args.assume_release) and not ((args.check and args.vmi) or predicted or args.explain):
         raise ConfigError("--cluster, --kubevirt and --assume-release judge a VMI on a KubeVirt release: use them with "
                           "--check --vmi FILE or --explain")
+    if (args.target or args.image) and not (args.check and args.vmi):
+        raise ConfigError("--target and --image judge a VMI: use them with --check --vmi FILE")
     if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
         raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
@@ -333,18 +342,23 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
     if outcome.result is None:
         print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    judged = None
+    judged = policy = None
     if vmi is not None:
         try:
             doc = json.loads(vmi)
         except ValueError:
             doc = None
-        judged = release_check(doc if isinstance(doc, dict) else {}, getattr(args, "door", None), getattr(args, "cluster", None),
-                               getattr(args, "kubevirt", None), outcome.xml, getattr(args, "assume_release", None))
+        doc = doc if isinstance(doc, dict) else {}
+        policy, pinned = _policy(doc, args)
+        judged = release_check(doc, getattr(args, "door", None), getattr(args, "cluster", None),
+                               getattr(args, "kubevirt", None), outcome.xml, getattr(args, "assume_release", None), pinned)
     detached = list(judged.lines) if judged is not None else []
+    if policy is not None and policy.certain:  # the target's Sidecar policy, as preflight judges it
+        detached.append(f"policy: {policy.why}" + (f" (to admit it, vetted: {policy.admit})" if policy.admit else ""))
     v = check_verdict(outcome.result, host, fabric, gdr)
     if judged is not None and judged.unknown:  # a release nobody read: neither ok nor failed
         v = replace(v, unknowns=(*v.unknowns, f"kubevirt: {judged.unknown}"))
+    unknowns = list(v.unknowns) + ([f"policy: {policy.why}"] if policy is not None and not policy.certain else [])
     problems = detached + list(v.problems)
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
@@ -353,15 +367,36 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
     why = "; ".join(list(v.parts[:1]) + ([judged.on] if judged is not None else []) + [f"{kind} (above)" for kind in v.parts[1:]]
                     + [f"{line.split(':', 1)[0]} (above)" for line in detached])
     if problems:  # a failure wins over what is unknown, which is still said
-        for line in v.unknowns:
+        for line in unknowns:
             print(f"xmlfix: check: unknown: {line}", file=sys.stderr)
         print(f"xmlfix: check: failed: {why}", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    if v.unknowns:
-        print(f"xmlfix: check: unknown: {'; '.join(v.unknowns)}; {why}", file=sys.stderr)
+    if unknowns:
+        print(f"xmlfix: check: unknown: {'; '.join(unknowns)}; {why}", file=sys.stderr)
         return EXIT_UNKNOWN
     print(f"xmlfix: check: ok: {why}", file=sys.stderr)
     return EXIT_OK
+
+
+def _policy(vmi: dict, args: argparse.Namespace | None):
+    """The Sidecar policy's refusal of ``vmi`` (None: admitted or not judged; not certain: it
+    hinges on what the dump lacks) and the pcitopo images the admin pinned (``--image``, else the
+    dump's params)."""
+    from pcitopo.kubevirt.admitted import in_dump, judged
+    from pcitopo.kubevirt.cluster import read_dump
+    from pcitopo.kubevirt.preflight import vmi_policy_refusal
+    from pcitopo.kubevirt.targets import TARGETS, target
+
+    if args is None:
+        return None, ()
+    images, dump_paths = tuple(getattr(args, "image", None) or ()), list(getattr(args, "cluster", None) or [])
+    name = getattr(args, "target", None)
+    if name is not None and name not in [t.name for t in TARGETS]:
+        raise ConfigError(f"--target {name!r}: give one of {', '.join(t.name for t in TARGETS)}")
+    dump = read_dump(dump_paths) if dump_paths else None
+    refusal = vmi_policy_refusal(vmi, dump, target(name) if name else None, images)
+    pinned = judged(in_dump(dump) if dump is not None else None, images).pcitopo
+    return refusal, pinned
 
 
 def _print_prediction(outcome, host, fabric=None) -> None:

@@ -182,7 +182,7 @@ MISSPELT = {
                      "(its json.Unmarshal fails), so the VM would not start"),
     "other-image": (SIDECAR_LINE.replace("pcitopo:0.1.0", "busybox:1.36"),
                     "xmlfix: check: sidecar: not attached: hooks.kubevirt.io/hookSidecars runs no pcitopo image: entry 0 "
-                    "runs registry.example.com/busybox:1.36, not a pcitopo image" + NOT_ATTACHED),
+                    "runs registry.example.com/busybox:1.36, not a pcitopo image (give --image if it is pcitopo's)" + NOT_ATTACHED),
     "wrong-type": (SIDECAR_LINE.replace('"IfNotPresent"', "5"),
                    "xmlfix: check: sidecar: not attached: KubeVirt cannot parse hooks.kubevirt.io/hookSidecars: entry 0 "
                    "imagePullPolicy is a number, KubeVirt wants a string; virt-controller cannot render the launcher pod "

@@ -184,8 +184,20 @@ def test_the_doors_each_opted_in_vm_needs_on_the_release(tmp_path):
     main.write_text(text.replace("observedKubeVirtVersion: v1.9.0", "observedKubeVirtVersion: v1.10.0"))
     r = run("--target", "kubevirt-main", "--assume-release", "main+pr18866", str(main))
     out = r.stdout.decode()
-    assert r.returncode == 0, out  # KubeVirt writes mode itself: the strangers' VMs keep starting
+    assert "harmed by the target: 0" in out, out  # KubeVirt writes mode itself: the strangers' VMs keep starting
     assert "doors on KubeVirt main+pr18866 after the target: the pcitopo Plugin" in out and "  ml/llm-0: has hook, plugin" in out
+    # but the dump's Sidecar gate is on, and kubevirt-main renders no Sidecar policy
+    assert r.returncode == 1 and "SIDECAR OPEN: the KubeVirt gate Sidecar is on and kubevirt-main renders no Sidecar " \
+        "policy: any tenant can run any image" in out and "deploy/components/hook-sidecars-policy" in out
+    policies = "".join(f"\n---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata: {{name: {n}}}\n"
+                       for n in ("pcitopo-hook-sidecars", "pcitopo-hook-sidecars-image"))
+    (tmp_path / "policies.yaml").write_text(policies)
+    r = run("--target", "kubevirt-main", "--assume-release", "main+pr18866", str(main), str(tmp_path / "policies.yaml"))
+    assert r.returncode == 0 and "SIDECAR OPEN" not in r.stdout.decode(), r.stdout.decode()
+    # the overlay adds the component: preflight judges its policy as on the hook targets
+    r = run("--target", "kubevirt-main", "--assume-release", "main+pr18866", "--component", "hook-sidecars-policy", str(main))
+    out = r.stdout.decode()
+    assert r.returncode == 0 and "SIDECAR OPEN" not in out and "the target's Sidecar policy refuses at their next start: 0" in out, out
 
 
 def test_a_development_build_is_main_only_at_the_commit_read():

@@ -308,22 +308,18 @@ class Cluster:
         return ""
 
     def admit(self, obj: dict) -> None:
-        """kube-apiserver's ValidatingAdmissionPolicies of the state, on an object being created."""
-        from testkit.admission.policy import Admission
+        """kube-apiserver's ValidatingAdmissionPolicies of the state, on an object being created,
+        through each binding (its matchResources and params, testkit.admission.policy.admit)."""
+        from testkit.admission.policy import admit
 
         ns = obj["metadata"].get("namespace", "")
         namespace = self.objects.get(f"Namespace//{ns}", {"metadata": {"name": ns}})
+        store = {(o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+                 for o in self.objects.values() if o["kind"] == "PodTemplate"}
         for binding in [o for o in self.objects.values() if o["kind"] == "ValidatingAdmissionPolicyBinding"]:
             policy = self.objects[f"ValidatingAdmissionPolicy//{binding['spec']['policyName']}"]
-            selector = (policy["spec"]["matchConstraints"].get("namespaceSelector") or {}).get("matchLabels") or {}
-            if selector.items() - (namespace["metadata"].get("labels") or {}).items():
-                continue
-            ref = binding["spec"].get("paramRef")
-            params = None
-            if ref:
-                params = self.objects.get(f"{policy['spec']['paramKind']['kind']}/{ref['namespace']}/{ref['name']}")
-            a = Admission(policy, obj, params=params, namespace=namespace)
-            assert not (a.matches() and a.denials()), (policy["metadata"]["name"], a.denials())
+            denials = admit(policy, binding, obj, params_store=store, namespace=namespace)
+            assert not denials, (policy["metadata"]["name"], denials)
 
 
 def debug_capture(args: list[str]) -> bytes:

@@ -2,10 +2,10 @@
 (deploy/components/hook-sidecars-policy, in every target that turns the gate on), and the
 components that attach pcitopo to every GPU VMI (attach-hook, attach-plugin).
 
-- hook-sidecars.yaml (no params): hooks.kubevirt.io/hookSidecars only in namespaces an admin
-  labels, only in the form pcitopo documents (image by digest, documented args and paths);
-- hook-sidecars-image.yaml (params: the PodTemplate pcitopo/pcitopo-image): only pcitopo's
-  exact image, registry included;
+- hook-sidecars.yaml (no params): hooks.kubevirt.io/hookSidecars only in the forms the policies
+  know (pcitopo's, another team's image by digest, an image-less ConfigMap hook);
+- hook-sidecars-image.yaml (params: the PodTemplate pcitopo/pcitopo-image): pcitopo's images
+  (in labelled namespaces only) and the hooks the params admit, exactly, registry included;
 - attach-hook.yaml, attach-plugin.yaml: MutatingAdmissionPolicies.
 
 Their CEL is evaluated with cel-python (testkit/admission) on VMIs and VMs an owner could write,
@@ -47,20 +47,20 @@ PARAMS = image_params()
 STORE = {("pcitopo", "pcitopo-image"): PARAMS}
 
 
-def policy_and_binding(path, name: str) -> tuple[dict, dict]:
+def policy_and_bindings(path, name: str) -> list[tuple[dict, dict]]:
     docs = load(path)
     (policy,) = [d for d in docs if d["kind"].endswith("Policy") and d["metadata"]["name"] == name]
-    (binding,) = [d for d in docs if d["kind"].endswith("PolicyBinding") and d["spec"]["policyName"] == name]
-    return policy, binding
+    return [(policy, b) for b in docs if b["kind"].endswith("PolicyBinding") and b["spec"]["policyName"] == name]
 
 
-SHAPE = policy_and_binding(POLICY / "hook-sidecars.yaml", "pcitopo-hook-sidecars")
-PINNED_IMAGE = policy_and_binding(POLICY / "hook-sidecars-image.yaml", "pcitopo-hook-sidecars-image")
+(SHAPE,) = policy_and_bindings(POLICY / "hook-sidecars.yaml", "pcitopo-hook-sidecars")
+PINNED_IMAGE = policy_and_bindings(POLICY / "hook-sidecars-image.yaml", "pcitopo-hook-sidecars-image")
 
 
 def refusals(obj: dict, namespace: dict, *, store=STORE, old: dict | None = None, operation: str = "CREATE") -> list[str]:
-    """Both hook-sidecars policies on one request, as kube-apiserver runs every bound policy."""
-    return [r for policy, binding in (SHAPE, PINNED_IMAGE)
+    """Both hook-sidecars policies, through every binding, on one request, as kube-apiserver runs
+    every bound policy."""
+    return [r for policy, binding in (SHAPE, *PINNED_IMAGE)
             for r in admit(policy, binding, obj, params_store=store, namespace=namespace, old=old, operation=operation)]
 
 
@@ -94,8 +94,6 @@ MALFORMED = {
     "the all-zero placeholder": sidecars({"image": "registry.example.com/pcitopo@sha256:" + "0" * 64}),
     "no image (KubeVirt's sidecar-shim runs the owner's script)": sidecars({"args": ["--version", "v1alpha2"]}),
     "a command in our image": sidecars({"image": IMAGE, "command": ["/bin/sh", "-c", "id"]}),
-    "an undocumented arg": sidecars({"image": IMAGE, "args": ["--sysfs", "/etc/pcitopo/fake"]}),
-    "a fake topology under /etc/pcitopo": sidecars({"image": IMAGE, "args": ["--fabric", "/etc/pcitopo/mine.json"]}),
     "a ConfigMap over the entrypoint": sidecars({"image": IMAGE, "configMap": {
         "name": "x", "key": "run", "hookPath": "/opt/pcitopo/bin/pcitopo"}}),
     "a hookPath that climbs out": sidecars({"image": IMAGE, "configMap": {
@@ -109,8 +107,19 @@ MALFORMED = {
     "a second entry by tag": sidecars(OURS, {"image": "evil.example/x:latest"}),
     "Go's case-insensitive key": '[{"image": "%s", "Image": "evil.example/x:latest"}]' % IMAGE,
     "an escaped key": '[{"image": "%s", "\\u0069mage": "evil.example/x:latest"}]' % IMAGE,
-    "image not the first key": sidecars({"imagePullPolicy": "Always", "image": IMAGE}),
     "not JSON": "[{image: %s}]" % IMAGE,
+    "a configMap without hookPath": sidecars({"image": IMAGE, "configMap": {"name": "x", "key": "fabric.json"}}),
+    "no image, a configMap without hookPath": sidecars({"args": [], "configMap": {"name": "x", "key": "run"}}),
+    "no image, a configMap and a pvc": sidecars({"configMap": {"name": "x", "key": "run", "hookPath": "/usr/bin/onDefineDomain"},
+                                                 "pvc": {"name": "d", "volumePath": "/d", "sharedComputePath": "/x"}}),
+    "image twice": '[{"image": "%s", "image": "%s"}]' % (IMAGE, IMAGE),
+}
+# Forms another team's entry may have, refused for pcitopo's image (by the image policy, which
+# knows which image is pcitopo's)
+NOT_OUR_FORM = {
+    "an undocumented arg": sidecars({"image": IMAGE, "args": ["--sysfs", "/etc/pcitopo/fake"]}),
+    "a fake topology under /etc/pcitopo": sidecars({"image": IMAGE, "args": ["--fabric", "/etc/pcitopo/mine.json"]}),
+    "image not the first key": sidecars({"imagePullPolicy": "Always", "image": IMAGE}),
 }
 # Well-formed, refused by the image policy (pcitopo's exact image, from the PodTemplate)
 OTHER_IMAGE = {
@@ -132,39 +141,43 @@ def test_sidecars_outside_the_documented_form_are_refused_without_params(name):
     happens to the PodTemplate."""
     policy, binding = SHAPE
     (message,) = admit(policy, binding, gpu_vmi(MALFORMED[name]), params_store={}, namespace=ALLOWED_NS)
-    assert message.startswith("hooks.kubevirt.io/hookSidecars may only run pcitopo's image by digest (@sha256:<64 hex>)")
+    assert message.startswith("hooks.kubevirt.io/hookSidecars may only run images by digest (@sha256:<64 hex>)")
 
 
-@pytest.mark.parametrize("name", sorted(OTHER_IMAGE))
+ONLY = "only pcitopo's image and the admitted list are allowed"
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_IMAGE) + sorted(NOT_OUR_FORM))
 def test_any_image_but_pcitopos_exact_one_is_refused(name):
-    (message,) = refusals(gpu_vmi(OTHER_IMAGE[name]), ALLOWED_NS)
-    assert message == f"hooks.kubevirt.io/hookSidecars may only run {IMAGE} (the PodTemplate pcitopo/pcitopo-image)"
+    (message,) = refusals(gpu_vmi({**OTHER_IMAGE, **NOT_OUR_FORM}[name]), ALLOWED_NS)
+    assert message.startswith(f"hooks.kubevirt.io/hookSidecars in namespace ml: {ONLY}: pcitopo's {IMAGE} in namespaces")
 
 
 def test_hook_sidecars_are_refused_outside_allowed_namespaces():
     (message,) = refusals(gpu_vmi(ALLOWED["pcitopo by digest"]), OTHER_NS)
-    assert message.startswith("hooks.kubevirt.io/hookSidecars is not allowed in namespace team-b")
+    assert message.startswith(f"hooks.kubevirt.io/hookSidecars in namespace team-b: {ONLY}")
 
 
 def test_vmis_without_hook_sidecars_are_never_evaluated():
     for ns in (ALLOWED_NS, OTHER_NS):
-        for policy, _ in (SHAPE, PINNED_IMAGE):
+        for policy, _ in (SHAPE, *PINNED_IMAGE):
             a = Admission(policy, gpu_vmi(None), params=PARAMS, namespace=ns)
             assert a.matches() is False and a.trace["matchConditions.has-hook-sidecars"] is False
 
 
-def test_losing_the_params_refuses_only_in_namespaces_that_allow_hook_sidecars():
+def test_losing_the_params_refuses_creates_and_never_the_updates_of_running_vms_elsewhere():
     """kube-apiserver looks up the params before the matchConditions: without the PodTemplate,
-    the image policy refuses every VM/VMI write its namespaceSelector selects. That is the
-    namespaces that allow hook sidecars; everywhere else nothing changes, and the shape policy
-    (no params) still refuses what it refuses."""
+    the image policy refuses what its bindings select. In the namespaces that allow pcitopo's
+    hook sidecar, every VM/VMI write; everywhere else only creates (a VMI's pod and its sidecars
+    are made at create), so KubeVirt's updates to running VMIs go on; the shape policy (no
+    params) still refuses what it refuses."""
     plain = gpu_vmi(None)
-    assert refusals(plain, OTHER_NS, store={}) == []
-    assert refusals(gpu_vmi(ALLOWED["pcitopo by digest"]), OTHER_NS, store={}) == \
-        refusals(gpu_vmi(ALLOWED["pcitopo by digest"]), OTHER_NS)
-    (lost,) = refusals(plain, ALLOWED_NS, store={})
+    assert refusals(plain, OTHER_NS, store={}, old=plain, operation="UPDATE") == []
+    (lost,) = refusals(plain, OTHER_NS, store={})
     assert "no params found" in lost
-    assert refusals(gpu_vmi(MALFORMED["a pvc"]), OTHER_NS, store={}) != []
+    (lost,) = refusals(plain, ALLOWED_NS, store={}, old=plain, operation="UPDATE")
+    assert "no params found" in lost
+    assert refusals(gpu_vmi(MALFORMED["a pvc"]), OTHER_NS, store={}, old=plain, operation="UPDATE") != []
 
 
 @pytest.mark.parametrize("image", ["registry.example.com/pcitopo@sha256:" + "0" * 64, "registry.example.com/pcitopo:0.1.0"])
@@ -236,7 +249,7 @@ def test_attach_hook_adds_pcitopos_pinned_hook_that_the_policies_admit():
 
 
 def test_attach_hook_only_where_allowed_only_if_pinned_and_never_over_the_owners():
-    hook, binding = policy_and_binding(COMPONENTS / "attach-hook" / "attach-hook.yaml", "pcitopo-attach-hook")
+    ((hook, binding),) = policy_and_bindings(COMPONENTS / "attach-hook" / "attach-hook.yaml", "pcitopo-attach-hook")
     assert hook["spec"]["matchConstraints"]["namespaceSelector"] == {"matchLabels": {NS_LABEL: "allowed"}}
     assert binding["spec"]["paramRef"]["name"] == "pcitopo-image"
     assert Admission(ATTACH_HOOK, no_gpu_vmi(), params=PARAMS, namespace=ALLOWED_NS).mutated() is None

@@ -7,9 +7,9 @@ What kube-apiserver gives a policy's expressions, and how it is given here:
 - ``matchConditions`` all true, else the policy does not apply; ``validations`` each true;
 - the CEL standard library and its macros (``has``, ``exists``, ``all``, ``filter``, ``in``,
   ``matches``, raw strings, ternaries): cel-python's own;
-- of the Kubernetes CEL libraries, the one string function our policies call:
-  ``<string>.replace(old, new)`` (cel-go's strings extension, which kube-apiserver loads), every
-  occurrence replaced, as ``EXTENSIONS`` below does.
+- of the Kubernetes CEL libraries, the functions of cel-go's strings extension our policies call
+  (kube-apiserver loads it in every version): ``<string>.replace(old, new)``, every occurrence
+  replaced, and ``<list<string>>.join(separator)``, as ``EXTENSIONS`` below does.
 
 What cel-python cannot do, and how it is covered:
 - Kubernetes' typed object construction in mutations, ``Object.spec.containers{...}`` and
@@ -74,7 +74,11 @@ def _replace(s: Any, old: Any, new: Any) -> celtypes.StringType:
     return celtypes.StringType(str(s).replace(str(old), str(new)))
 
 
-EXTENSIONS = {"replace": _replace}
+def _join(items: Any, separator: Any = "") -> celtypes.StringType:
+    return celtypes.StringType(str(separator).join(str(i) for i in items))
+
+
+EXTENSIONS = {"replace": _replace, "join": _join}
 
 
 def evaluate(expression: str, activation: dict[str, Any]) -> Any:
@@ -209,17 +213,24 @@ def dumps(value: Any) -> str:
 RESOURCES = {"VirtualMachineInstance": "virtualmachineinstances", "VirtualMachine": "virtualmachines", "Pod": "pods"}
 
 
-def _selected(policy: dict, obj: dict, namespace: dict | None, operation: str) -> bool:
-    """The policy's matchConstraints: a resource rule for the object's group, resource and
-    operation, and its namespaceSelector (matchLabels) on the object's namespace."""
-    constraints = policy["spec"]["matchConstraints"]
+def _selected(constraints: dict, obj: dict, namespace: dict | None, operation: str) -> bool:
+    """A policy's matchConstraints or a binding's matchResources: a resource rule for the
+    object's group, resource and operation (none given: the policy's), and its namespaceSelector
+    (matchLabels, and matchExpressions In, NotIn, Exists, DoesNotExist, as label selectors mean
+    them) on the object's namespace."""
     group, resource = _group(obj), RESOURCES[obj["kind"]]
-    if not any(group in r["apiGroups"] and resource in r["resources"] and operation in r["operations"]
-               for r in constraints["resourceRules"]):
+    rules = constraints.get("resourceRules")
+    if rules is not None and not any(group in r["apiGroups"] and resource in r["resources"] and operation in r["operations"]
+                                     for r in rules):
         return False
-    wanted = ((constraints.get("namespaceSelector") or {}).get("matchLabels")) or {}
+    selector = constraints.get("namespaceSelector") or {}
     labels = ((namespace or {}).get("metadata") or {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in wanted.items())
+    if not all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    tests = {"In": lambda e: labels.get(e["key"]) in e["values"],
+             "NotIn": lambda e: e["key"] not in labels or labels[e["key"]] not in e["values"],
+             "Exists": lambda e: e["key"] in labels, "DoesNotExist": lambda e: e["key"] not in labels}
+    return all(tests[e["operator"]](e) for e in selector.get("matchExpressions") or [])
 
 
 def admit(policy: dict, binding: dict, obj: dict, *, params_store: dict[tuple[str, str], dict],
@@ -229,8 +240,10 @@ def admit(policy: dict, binding: dict, obj: dict, *, params_store: dict[tuple[st
     matchConstraints; then the binding's params, looked up by name (``params_store``: (namespace,
     name) -> object), a missing one under parameterNotFoundAction Deny refusing the request
     (failurePolicy Fail) before anything else is evaluated; then matchConditions and
-    validations. Returns the refusals (empty: admitted)."""
-    if not _selected(policy, obj, namespace, operation):
+    validations. The binding's matchResources narrow the policy's matchConstraints. Returns the
+    refusals (empty: admitted)."""
+    if not (_selected(policy["spec"]["matchConstraints"], obj, namespace, operation)
+            and _selected(binding["spec"].get("matchResources") or {}, obj, namespace, operation)):
         return []
     params = None
     ref = binding["spec"].get("paramRef")
