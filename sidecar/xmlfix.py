@@ -64,6 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
     p.add_argument("--nccl-topo", action="store_true", help="NCCL's topology file for the predicted guest (what the hook passes "
                    "through fw_cfg under nccl-topo: fwcfg), for the guest's /var/run/nvidia-topologyd/virtualTopology.xml")
+    _add_cluster_args(p)
+    p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
+                   "verdict on the placed devices (what `make demo` ends with)")
+    p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
+    from pcitopo.kubevirt.launcher.request import add_prediction_args
+
+    add_prediction_args(p, shared=False)  # --devices, --cpu-policy: only without a domain argument
+    return p
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """What the VM meets in its cluster: the door, the KubeVirt release, the pinned image, the target's policy."""
     p.add_argument("--door", choices=DOORS, default=None,
                    help=f"the KubeVirt door the VM comes through: plugin, the pcitopo Plugin ({DOOR_ROWS[3].releases}); "
                    f"hook, the hook sidecar ({DOOR_ROWS[0].releases}; {DOOR_ROWS[1].releases}). --explain says what "
@@ -90,13 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", metavar="NAME",
                    help="with --check --vmi: also judge the VMI by this deploy target's Sidecar policy, as `pcitopo "
                    "preflight` does (a dump with pcitopo's params and gate Sidecar is judged without it)")
-    p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
-                   "verdict on the placed devices (what `make demo` ends with)")
-    p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
-    from pcitopo.kubevirt.launcher.request import add_prediction_args
-
-    add_prediction_args(p, shared=False)  # --devices, --cpu-policy: only without a domain argument
-    return p
 
 
 def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> bytes | None:
@@ -135,14 +140,7 @@ def xmlfix(argv: Sequence[str]) -> int:
 
     args = build_parser().parse_args(list(argv))
     _one_document(args)
-    predicted = args.domain is None and args.vmi  # they also choose the release the domain is predicted for
-    if (args.cluster or args.kubevirt or args.assume_release) and not ((args.check and args.vmi) or predicted or args.explain):
-        raise ConfigError("--cluster, --kubevirt and --assume-release judge a VMI on a KubeVirt release: use them with "
-                          "--check --vmi FILE or --explain")
-    if (args.target or args.image) and not (args.check and args.vmi):
-        raise ConfigError("--target and --image judge a VMI: use them with --check --vmi FILE")
-    if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
-        raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
+    _check_cluster_args(args)
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
     vmi = None
     if manifest is not None:  # `kubectl get vmi -o yaml` is what people paste
@@ -189,6 +187,17 @@ def xmlfix(argv: Sequence[str]) -> int:
     if args.check:
         return _check(outcome, host, fabric, vmi, args, _judges_gdr(args, outcome))
     return EXIT_OK
+
+
+def _check_cluster_args(args: argparse.Namespace) -> None:
+    predicted = args.domain is None and args.vmi  # they also choose the release the domain is predicted for
+    if (args.cluster or args.kubevirt or args.assume_release) and not ((args.check and args.vmi) or predicted or args.explain):
+        raise ConfigError("--cluster, --kubevirt and --assume-release judge a VMI on a KubeVirt release: use them with "
+                          "--check --vmi FILE or --explain")
+    if (args.target or args.image) and not (args.check and args.vmi):
+        raise ConfigError("--target and --image judge a VMI: use them with --check --vmi FILE")
+    if "-" in (args.cluster or []) and "-" in (args.domain, args.vmi):
+        raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
 
 
 def _explain_door(args: argparse.Namespace, vmi: bytes | None) -> str:
