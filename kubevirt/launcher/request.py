@@ -56,7 +56,7 @@ def _release(args: argparse.Namespace, dump):
 def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host) -> Predicted:
     """The prediction for the ``--vmi`` file ``name`` (its bytes: ``manifest``, read once by the
     door, standard input included) on ``host`` with the options :func:`add_prediction_args` adds."""
-    from .allocation import parse_devices, permitted_ids
+    from .allocation import parse_devices
     from .converter import UPSTREAM_MACHINE
     from .cpus import DEFAULT_POLICY, policy_of
     from .dumped import expand
@@ -79,7 +79,7 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
     inputs = Inputs(release=release, version=version, machine=(cr.machine_type if cr and cr.machine_type else UPSTREAM_MACHINE),
                     cpu_model=model or "host-model",
                     devices=tuple(parse_devices(args.devices)), policy=policy,
-                    permitted=permitted_ids(cr.permitted_pci) if cr else {}, dump=dump)
+                    permitted=cr.permitted if cr else None, dump=dump)
     p = predict(host, vmi, inputs)
     head = [f"KubeVirt {version} ({why}), machine {inputs.machine}"]
     if args.cpu_policy is None and policy is DEFAULT_POLICY:
