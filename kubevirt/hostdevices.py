@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from pcitopo.topology.errors import ConfigError
+from pcitopo.topology.host.sources import LEFT_OUT, is_whole
 from pcitopo.topology.model.labels import default_devices
 from pcitopo.topology.model.tree import Bdf, PciFunction, Role, Topology
 
@@ -108,12 +109,29 @@ class Reach:
     known: bool
 
 
+def may_be_vfio(topo: Topology, f: PciFunction) -> bool:
+    """Bound to ``vfio-pci``, or without a driver link in a source that may have left it out (a
+    copy of sysfs, not a live one: ``topology/host/sources.py`` ``is_whole``); the prediction says
+    so as unknown (:func:`driver_gaps`)."""
+    return f.driver == VFIO or (f.driver is None and not is_whole(getattr(topo.loader, "source", None)))
+
+
+def driver_gaps(topo: Topology, bdfs: Iterable[Bdf]) -> tuple[str, ...]:
+    """One line for the functions taken as ``vfio-pci`` because the source has no driver link."""
+    lacking = [str(b) for b in bdfs if topo.function(b).driver is None and may_be_vfio(topo, topo.function(b))]
+    if not lacking:
+        return ()
+    shown = ", ".join(lacking[:3]) + (f", and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+    return (f"{topo.name} gives no driver for {len(lacking)} device(s) ({shown}): {LEFT_OUT['driver']}; "
+            f"taken as {VFIO}, xmlfix --check says unknown for them",)
+
+
 def reach(topo: Topology, kind: str, resource: str | None, permitted: PermittedHostDevices | None) -> Reach:
     """The rule, for a ``gpus`` or ``hostDevices`` entry asking for ``resource`` (None: DRA)."""
     ids = permitted.selectors(resource) if permitted is not None and resource else ()
     if ids:
-        return Reach(tuple(f.bdf for f in topo.functions() if f.driver == VFIO and f.ids in ids), True)
-    vfio = [topo.function(b) for b in default_devices(topo) if topo.function(b).driver == VFIO]
+        return Reach(tuple(f.bdf for f in topo.functions() if may_be_vfio(topo, f) and f.ids in ids), True)
+    vfio = [topo.function(b) for b in default_devices(topo) if may_be_vfio(topo, topo.function(b))]
     return Reach(tuple(f.bdf for f in vfio if kind != "gpus" or topo.role(f) == Role.GPU), False)
 
 
@@ -123,7 +141,7 @@ def why_not(topo: Topology, f: PciFunction, resource: str | None, permitted: Per
     ids = permitted.selectors(resource) if permitted is not None and resource else ()
     if not ids:
         return None
-    if f.driver != VFIO:
+    if not may_be_vfio(topo, f):
         return f"is bound to {f.driver or 'no driver'}, not {VFIO} (no device plugin hands it out)"
     if f.ids not in ids:
         return f"is a {topo.role(f).value} {f.ids}, {resource} stands for {' or '.join(ids)} (permittedHostDevices)"
@@ -189,3 +207,12 @@ def judge_names(vmi: Mapping[str, Any], permitted: PermittedHostDevices | None, 
             unknown.append(f"devices: {where}: {cr}, and {'no node in the dump advertises it' if nodes else 'no Node object'}, "
                            f"so whether the cluster has it is unknown; nodes advertise {_listed(on_nodes)}")
     return NameVerdict(tuple(failed), tuple(unknown))
+
+
+def names_on(vmi: Mapping[str, Any], dump: Any) -> NameVerdict:
+    """:func:`judge_names` on a cluster dump (kubevirt/cluster.py ClusterDump); nothing to say
+    without one."""
+    if dump is None:
+        return NameVerdict()
+    cr = dump.kubevirt
+    return judge_names(vmi, cr.permitted if cr is not None else None, dump.nodes)

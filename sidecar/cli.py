@@ -15,7 +15,7 @@ from typing import Sequence
 from pcitopo.topology import __version__
 from pcitopo.topology.errors import ConfigError
 
-from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, Parser, run_door
 from .preflight import add_preflight_parser, cmd_preflight
 
 
@@ -294,6 +294,10 @@ def _cmd_domain(args: argparse.Namespace) -> int:
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI")
     host = open_host(args.sysfs)
     pred = predicted_domain(args, manifest, args.vmi, host)
+    for line in pred.names.failed:  # a resource the cluster lacks: no pod, so no domain
+        print(f"pcitopo domain: {line}", file=sys.stderr)
+    if pred.names.failed:
+        return EXIT_CHECK_FAILED
     xml, notes = pred.xml, list(pred.notes)
     if args.call is not None:
         xml, line = _hook_input(pred, args.call, args.hook, host)
@@ -309,7 +313,9 @@ def _cmd_domain(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(xml)
         sys.stdout.flush()
-    return 0
+    for line in pred.unknowns:  # what the domain rests on but the inputs do not say (exit 4)
+        print(f"pcitopo domain: unknown: {line}", file=sys.stderr)
+    return EXIT_UNKNOWN if pred.unknowns else EXIT_OK
 
 
 def _add_domain_parser(sub, default_sysfs: str) -> None:

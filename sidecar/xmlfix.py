@@ -108,6 +108,9 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
     from pcitopo.kubevirt.launcher.request import predicted_domain
 
     pred = predicted_domain(args, manifest, args.vmi, host)
+    args.predicted = pred  # its resource names and gaps join --check's verdict
+    if pred.names.failed:
+        return b""
     first = (f"domain predicted (no domain argument): what KubeVirt {pred.version}'s virt-launcher would hand "
              f"the hook for {args.vmi} on this node (pcitopo domain)")
     print(f"xmlfix: {first}", file=sys.stderr)
@@ -139,6 +142,13 @@ def xmlfix(argv: Sequence[str]) -> int:
         vmi = vmi_as_json(manifest, args.vmi)
     host = open_host(args.sysfs)
     domain = _domain_input(args, host, manifest)
+    failed = getattr(args, "predicted", None) and args.predicted.names.failed
+    if failed:  # a resource the cluster lacks: no pod, so no domain to rewrite or check
+        for line in failed:
+            print(f"xmlfix: check: {line}" if args.check else f"xmlfix: {line}", file=sys.stderr)
+        if args.check:
+            print("xmlfix: check: failed: devices (above)", file=sys.stderr)
+        return EXIT_CHECK_FAILED
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
         from pcitopo.topology.paths.fabric import FabricFile
@@ -289,6 +299,7 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
     the VMI starts with every setting on the KubeVirt release judged (kubevirt/starts.py); 4
     when nothing failed but something the check needs is missing."""
     import json
+    from dataclasses import replace
 
     from pcitopo.topology.guest.predict import check_verdict
 
@@ -306,7 +317,10 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
         judged = release_check(doc if isinstance(doc, dict) else {}, getattr(args, "door", None), getattr(args, "cluster", None),
                                getattr(args, "kubevirt", None), outcome.xml)
     detached = list(judged.lines) if judged is not None else []
+    names, gaps = _device_facts(doc if judged is not None and isinstance(doc, dict) else None, args)
+    detached += list(names.failed)
     v = check_verdict(outcome.result, host, fabric, gdr)
+    v = replace(v, unknowns=tuple(v.unknowns) + tuple(names.unknown) + gaps)
     problems = detached + list(v.problems)
     for line in problems:
         print(f"xmlfix: check: {line}", file=sys.stderr)
@@ -324,6 +338,23 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
         return EXIT_UNKNOWN
     print(f"xmlfix: check: ok: {why}", file=sys.stderr)
     return EXIT_OK
+
+
+def _device_facts(vmi, args):
+    """The VMI's resource names on the dump (kubevirt/hostdevices.py judge_names): the
+    prediction's when it ran, else judged here for a domain given as an argument; and what else
+    is unknown about the devices (nothing yet beyond check_unknowns)."""
+    from pcitopo.kubevirt.hostdevices import NameVerdict, names_on
+
+    pred = getattr(args, "predicted", None)
+    if pred is not None:  # its driver gaps are the placed devices' (check_unknowns says them)
+        return pred.names, ()
+    if vmi is None or not getattr(args, "cluster", None):
+        return NameVerdict(), ()
+    from pcitopo.kubevirt.cluster import read_dump
+    from pcitopo.kubevirt.manifest import as_vmi
+
+    return names_on(as_vmi(vmi, args.vmi), read_dump(args.cluster)), ()
 
 
 def _print_prediction(outcome, host, fabric=None) -> None:

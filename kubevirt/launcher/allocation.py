@@ -36,7 +36,7 @@ from pcitopo.topology.errors import ConfigError
 from pcitopo.topology.model.tree import Bdf, PciFunction, Role, Topology
 from pcitopo.topology.paths.classify import classify, closeness
 
-from ..hostdevices import VFIO, PermittedHostDevices, reach, why_not
+from ..hostdevices import VFIO, PermittedHostDevices, may_be_vfio, reach, why_not
 from .converter import hostdev_alias, is_dra
 
 # NVIDIA's KubeVirt GPU device plugin: resource names from pci.ids device names.
@@ -118,7 +118,7 @@ def _fits(host: Topology, f: PciFunction, req: DeviceRequest, permitted: Permitt
     if permitted is not None and permitted.selectors(req.resource):  # rule 1: the CR decides alone
         return why_not(host, f, req.resource, permitted)
     ids, vendor = resource_ids(req.resource)
-    if f.driver != VFIO:
+    if not may_be_vfio(host, f):
         return f"is bound to {f.driver or 'no driver'}, not {VFIO} (no device plugin hands it out)"
     role = host.role(f)
     if ids:  # an exact id decides alone: a permitted device may be of any class
@@ -153,7 +153,7 @@ def check_given(host: Topology, req: DeviceRequest, bdf: Bdf, permitted: Permitt
 
 
 def _vfs_of(host: Topology, pf: Bdf) -> list[Bdf]:
-    return [f.bdf for f in host.functions() if f.physfn == pf and f.driver == VFIO]
+    return [f.bdf for f in host.functions() if f.physfn == pf and may_be_vfio(host, f)]
 
 
 def _nic_rank(host: Topology, gpus: Sequence[Bdf], nic: PciFunction) -> tuple:
