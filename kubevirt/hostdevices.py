@@ -72,13 +72,6 @@ class PermittedHostDevices:
         """Every resource name the CR permits, PCI, mediated and USB, in the CR's order."""
         return tuple(dict.fromkeys([p.resource for p in self.pci] + list(self.not_pci)))
 
-    def is_pci(self, resource: str | None) -> bool | None:
-        """Whether KubeVirt passes ``resource`` as a PCI hostdev: True for a ``pciHostDevices``
-        name, False for a mediated or USB one, and for any other name when the CR lists
-        ``permittedHostDevices`` (virt-controller refuses it); None when the CR lists none."""
-        if any(p.resource == resource for p in self.pci):
-            return True
-        return False if (resource in self.not_pci or self.listed) else None
 
 
 def read_permitted(value: Any, strict: str | None = None) -> PermittedHostDevices:

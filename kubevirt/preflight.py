@@ -102,7 +102,8 @@ def preflight(dump: ClusterDump, tgt: Target, image: str | None = None) -> Prefl
         release = "v{}.{}.{}".format(*tgt.min_version)
         before = cluster_of(dump, release)
         before = Cluster(release, before.gates, before.plugins, before.not_pci,
-                         f"the dump has no KubeVirt CR{'' if cr is None else ' status'}: judged as {tgt.name}'s first release")
+                         f"the dump has no KubeVirt CR{'' if cr is None else ' status'}: judged as {tgt.name}'s first release",
+                         before.permitted)
         notes.append(f"no KubeVirt CR with status.observedKubeVirtVersion in the dump: the release is assumed to be {release} "
                      f"({tgt.name}'s first), and no feature gate is on; dump `kubectl get kubevirt -A -o yaml` to judge for real")
     after = before.with_target(tgt)
@@ -188,7 +189,7 @@ def _foreign_plugin_notes(report: Preflight) -> list[str]:
     foreign = [name for name, ours in report.plugins if not ours]
     if not (foreign and report.before.pipeline_runs and not report.before.writes_mode):
         return []
-    broken = [w.name for w in report.workloads if not w.before.starts]
+    broken = [w.name for w in report.workloads if not w.before.starts and "kubevirt#18861" in w.before.cause]
     return [f"Plugin object(s) {', '.join(foreign)} already run on KubeVirt {report.before.release} with gate Plugins: "
             f"every VM with a PCI host device that pcitopo's hook sidecar does not attach to fails to start already "
             f"(kubevirt#18861){': ' + ', '.join(broken) if broken else ''}. {report.target.name} "

@@ -26,6 +26,7 @@ from enum import Enum
 from typing import Any, Iterable, Mapping
 
 from .cluster import mapping
+from .hostdevices import judge_names
 from .doors import PLUGIN_LABEL, PLUGIN_LABEL_VALUE, PCITOPO_PLUGIN, plugin_selects
 from .manifest import HOOK_SIDECARS, NOT_STARTED, hook_sidecar_attachment
 from .targets import parse_version, target
@@ -74,6 +75,7 @@ class Cluster:
     plugins: tuple[str, ...] = ()
     not_pci: frozenset[str] = frozenset()
     assumed: str = ""  # what was assumed and why ("" when all of it was read from a cluster)
+    permitted: Any = None  # the CR's permittedHostDevices (kubevirt/hostdevices.py), None: not read
 
     @property
     def version(self) -> tuple[int, int, int]:
@@ -155,6 +157,9 @@ def judge(vmi: Mapping[str, Any], cluster: Cluster, *, pci: bool | None = None,
         return Verdict(Start.NO_START, f"{hook.why}; virt-controller cannot render the launcher pod (every release, either door)")
     if annotations.get(HOOK_SIDECARS) and SIDECAR_GATE not in cluster.gates:
         return Verdict(Start.NO_START, f"virt-api refuses a VMI with {HOOK_SIDECARS} while gate {SIDECAR_GATE} is off")
+    refused = judge_names(vmi, cluster.permitted, ()).failed if cluster.permitted is not None else ()
+    if refused:  # before any hostdev is judged: a USB device the CR does not list is not a PCI one
+        return Verdict(Start.NO_START, refused[0].split(": ", 1)[1])
     devices = pci_devices(vmi, cluster.not_pci)
     has_pci = bool(devices) if pci is None else pci
     plugins = ", ".join(cluster.plugins)
@@ -209,7 +214,8 @@ def cluster_of(dump, release: str | None = None) -> Cluster | None:
     if not version:
         return None
     return Cluster(version, frozenset(cr.gates if cr else ()), tuple(name_of(p) for p in dump.plugins),
-                   frozenset(cr.not_pci if cr else ()), "release from --kubevirt" if release else "")
+                   frozenset(cr.not_pci if cr else ()), "release from --kubevirt" if release else "",
+                   cr.permitted if cr else None)
 
 
 # -- xmlfix --check: the VMI judged on the release named, or the one assumed --------------------

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from pcitopo.topology import __version__
 from pcitopo.topology.libvirt.document import MAX_DOMAIN_BYTES
-from pcitopo.topology.errors import ConfigError, DomainError
+from pcitopo.topology.errors import ConfigError, DomainError, PcitopoError
 from pcitopo.topology.host.sources import default_sysfs
 
 from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser, read_bounded
@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")
     p.add_argument("domain", metavar="DOMAIN.xml|-", nargs="?", help="domain XML as KubeVirt hands it to a hook (- for stdin); "
                    "without it, with --vmi: the domain `pcitopo domain` predicts for that manifest on --sysfs")
-    p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
+    p.add_argument("--sysfs", default=None, help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or this "
+                   "machine's /sys, which the verdict then names)")
     p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
     p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
                    help="NVLink fabric partitions: the output of `fmpm -l` (default $PCITOPO_FABRIC); enables the "
@@ -123,11 +124,10 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
 
 
 def xmlfix(argv: Sequence[str]) -> int:
-    from .core import handle_define_domain
-    from pcitopo.topology.views.explain import diff_text
-    from pcitopo.topology.host.sysfs import open_host
-
     args = build_parser().parse_args(list(argv))
+    # without --sysfs (or $PCITOPO_SYSFS) the node is this machine: every verdict and error says so
+    args.here = None if args.sysfs or os.environ.get("PCITOPO_SYSFS") else "read this machine's /sys: no --sysfs given"
+    args.sysfs = args.sysfs or default_sysfs()
     _one_document(args)
     predicted = args.domain is None and args.vmi  # they also choose the release the domain is predicted for
     if (args.cluster or args.kubevirt) and not ((args.check and args.vmi) or predicted):
@@ -140,6 +140,20 @@ def xmlfix(argv: Sequence[str]) -> int:
         from pcitopo.kubevirt.manifest import vmi_as_json
 
         vmi = vmi_as_json(manifest, args.vmi)
+    try:
+        return _run(args, manifest, vmi)
+    except PcitopoError as e:
+        if args.here:
+            raise type(e)(f"{e.reason}; {args.here}") from None
+        raise
+
+
+def _run(args: argparse.Namespace, manifest: bytes | None, vmi: bytes | None) -> int:
+    """xmlfix on its inputs read: the host, the domain (given or predicted), the rewrite."""
+    from .core import handle_define_domain
+    from pcitopo.topology.views.explain import diff_text
+    from pcitopo.topology.host.sysfs import open_host
+
     host = open_host(args.sysfs)
     domain = _domain_input(args, host, manifest)
     failed = getattr(args, "predicted", None) and args.predicted.names.failed
@@ -326,8 +340,9 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
         print(f"xmlfix: check: {line}", file=sys.stderr)
     # the verdict counts pairs and cells and names the release judged; what else fails the check
     # (NVLink, firmware, the door, the release) joins it by name, its sentence printed above
+    here = [args.here] if getattr(args, "here", None) else []  # no --sysfs: this machine was the node
     why = "; ".join(list(v.parts[:1]) + ([judged.on] if judged is not None else []) + [f"{kind} (above)" for kind in v.parts[1:]]
-                    + [f"{line.split(':', 1)[0]} (above)" for line in detached])
+                    + [f"{line.split(':', 1)[0]} (above)" for line in detached] + here)
     if problems:  # a failure wins over what is unknown, which is still said
         for line in v.unknowns:
             print(f"xmlfix: check: unknown: {line}", file=sys.stderr)
