@@ -189,7 +189,8 @@ def judge_names(vmi: Mapping[str, Any], permitted: PermittedHostDevices | None, 
     on_nodes = advertised(nodes)
     failed, unknown = [], []
     for name, fields in _requests(vmi).items():
-        where = f"spec.domain.devices.{', '.join(fields[:4])}{' and more' if len(fields) > 4 else ''} ask{'s' if len(fields) == 1 else ''} for {name}"
+        more = f" and {len(fields) - 1} more" if len(fields) > 1 else ""
+        where = f"spec.domain.devices.{fields[0]}{more} ask{'' if more else 's'} for {name}"
         if permitted is not None and permitted.listed:
             if name not in permitted.names:
                 failed.append(f"devices: {where}, which the KubeVirt CR's permittedHostDevices does not list, so "

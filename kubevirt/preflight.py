@@ -10,7 +10,7 @@ target's node affinity (targets.GPU_NODE_TERMS) selects them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from pcitopo.topology.errors import ConfigError
@@ -97,6 +97,8 @@ def preflight(dump: ClusterDump, tgt: Target, image: str | None = None) -> Prefl
     """``image``: the image the user pins in the target's PodTemplate (None: not known)."""
     cr = dump.kubevirt
     before = cluster_of(dump)
+    if before is not None and cr is not None:  # a name the CR does not permit: no pod (kubevirt/hostdevices.py)
+        before = replace(before, permitted=cr.permitted)
     notes = []
     if before is None:  # judged on the target's own release, and said
         release = "v{}.{}.{}".format(*tgt.min_version)

@@ -75,7 +75,9 @@ class Cluster:
     plugins: tuple[str, ...] = ()
     not_pci: frozenset[str] = frozenset()
     assumed: str = ""  # what was assumed and why ("" when all of it was read from a cluster)
-    permitted: Any = None  # the CR's permittedHostDevices (kubevirt/hostdevices.py), None: not read
+    # the CR's permittedHostDevices (kubevirt/hostdevices.py) where preflight judges names; the
+    # check judges them itself (xmlfix _device_facts), so that it says them once
+    permitted: Any = None
 
     @property
     def version(self) -> tuple[int, int, int]:
@@ -214,8 +216,7 @@ def cluster_of(dump, release: str | None = None) -> Cluster | None:
     if not version:
         return None
     return Cluster(version, frozenset(cr.gates if cr else ()), tuple(name_of(p) for p in dump.plugins),
-                   frozenset(cr.not_pci if cr else ()), "release from --kubevirt" if release else "",
-                   cr.permitted if cr else None)
+                   frozenset(cr.not_pci if cr else ()), "release from --kubevirt" if release else "")
 
 
 # -- xmlfix --check: the VMI judged on the release named, or the one assumed --------------------
