@@ -289,3 +289,13 @@ def test_xmlfix_without_sysfs_names_this_machines_sys(tmp_path, capsys, monkeypa
         assert err[-1].endswith("read this machine's /sys: no --sysfs given"), err
     rc = xmlfix_main(["--check", "--sysfs", str(REPO / "fixtures" / "hgx-b200"), str(domain_xml)])
     assert "this machine" not in capsys.readouterr().err
+
+
+def test_a_name_nobody_advertises_is_said_before_any_driver_binding(tmp_path, capsys):
+    """Without permittedHostDevices, nvidia.com/GB100_B200 is guessed as 10de:2901, which the H200
+    node lacks: the one line leads with the name the cluster may not have."""
+    rc, out, err = domain(capsys, example_asking(tmp_path, "nvidia.com/GB100_B200"), H200, dump_without(tmp_path, "key"))
+    assert rc == EXIT_BAD_INPUT and out == ""
+    assert err[-1].startswith("pcitopo domain: devices: spec.domain.devices.gpus[0] and 7 more ask for nvidia.com/GB100_B200: "
+                              "the dump's KubeVirt CR has no permittedHostDevices") and err[-1].endswith(
+        "and on this node: spec.domain.devices.gpus[0]: the node has no free nvidia.com/GB100_B200 gpu bound to vfio-pci for ua-gpu-gpu0")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from pcitopo.topology.errors import ConfigError
+
 from ..hostdevices import NameVerdict
 
 
@@ -97,7 +99,12 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
                     cpu_model=model or "host-model",
                     devices=tuple(parse_devices(args.devices)), policy=policy,
                     permitted=cr.permitted if cr else None, dump=dump)
-    p = predict(host, vmi, inputs)
+    try:
+        p = predict(host, vmi, inputs)
+    except ConfigError as e:
+        if names.unknown:  # the name itself may not exist: say that before any driver binding
+            raise ConfigError(f"{names.unknown[0]}; and on this node: {e.reason}") from None
+        raise
     head = [f"KubeVirt {version} ({why}), machine {inputs.machine}"]
     if args.cpu_policy is None and policy is DEFAULT_POLICY:
         head.append(f"CPU policy {policy.value} assumed (--cpu-policy to change)")
