@@ -5,7 +5,8 @@ Which devices the VM gets is decided for its pod, which the node hook cannot see
 know from the VMI virt-handler sends is the one rule the prediction and the check use too
 (``kubevirt/hostdevices.py`` ``reach``: device-plugin resources through the KubeVirt CR's
 ``permittedHostDevices``, known; DRA devices and unmapped names only as "one of this node's
-vfio-pci GPUs or NICs", not known), applied per request by ``sidecar.plugin.devices``. It runs ``pcitopo doctor``'s checks on every candidate, takes
+vfio-pci GPUs or NICs", not known), applied per request by ``sidecar.plugin.devices``.
+It runs ``pcitopo doctor``'s checks on every candidate, takes
 the checks it cannot make unprivileged (ACS, ATS) from the doctor's report
 (``sidecar.plugin.doctorfile``), and, with ``doctor: require`` (the VMI's annotation
 ``pcitopo.kubevirt.io/doctor``), refuses the start in one line only for what is surely the
