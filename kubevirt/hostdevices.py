@@ -23,7 +23,8 @@ other request (a DRA claim, a name the CR does not map) can get any ``vfio-pci``
 which ones is not known. The node hook counts as surely the VM's only what a ``known`` reach
 gives: every candidate when there are no more of them than the VM asks for, or, by counting,
 at least one when more candidates fail than the VM can avoid (the candidates of a reach that is
-not known are a superset of what the VM can get, so the counting stays sound for them). The
+not known are a superset of the whole GPUs and NICs the VM can get, so the counting stays sound
+for them; a VF from a plugin the CR does not map is outside it). The
 prediction picks within a reach that is not known by the name's usual owner
 (``launcher/allocation.py``): a guess, said as one.
 """
