@@ -25,6 +25,8 @@ from pcitopo.topology.errors import ConfigError
 from pcitopo.topology.host.files import read_bounded
 from pcitopo.topology.host.yamltext import yaml_documents
 
+from .hostdevices import PermittedHostDevices, PermittedPCI, read_permitted
+
 KUBEVIRT_KIND = "KubeVirt"
 PLUGIN_KIND = "Plugin"
 PLUGIN_GROUP = "plugin.kubevirt.io"
@@ -34,26 +36,22 @@ MAX_DUMP_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class PermittedPCI:
-    """One ``permittedHostDevices.pciHostDevices[]`` entry: the resource name a VMI asks for and
-    the ``VENDOR:DEVICE`` the node's functions must carry for it."""
-
-    resource: str
-    vendor_device: str  # lower case, "10de:2330"
-    external: bool  # externalResourceProvider: another device plugin advertises it
-
-
-@dataclass(frozen=True)
 class KubeVirtCR:
     name: str
     version: str | None  # status.observedKubeVirtVersion, e.g. "v1.9.0"
     gates: tuple[str, ...]
-    permitted_pci: tuple[PermittedPCI, ...]
+    permitted: PermittedHostDevices  # spec.configuration.permittedHostDevices (kubevirt/hostdevices.py reads it)
     machine_type: str | None  # spec.configuration.architectureConfiguration.amd64.machineType
     raw: Mapping[str, Any] = field(repr=False, compare=False)
-    # permittedHostDevices.mediatedDevices[] and usb[] resource names: KubeVirt writes those
-    # hostdevs with mode='subsystem' (createMDEVHostDevice, createUSBHostDevice), unlike PCI ones
-    not_pci: tuple[str, ...] = ()
+
+    @property
+    def permitted_pci(self) -> tuple[PermittedPCI, ...]:
+        return self.permitted.pci
+
+    @property
+    def not_pci(self) -> tuple[str, ...]:
+        """permittedHostDevices.mediatedDevices[] and usb[] resource names."""
+        return self.permitted.not_pci
 
 
 @dataclass
@@ -104,18 +102,11 @@ def kubevirt_cr(obj: Mapping[str, Any]) -> KubeVirtCR:
     dev_conf = mapping(conf.get("developerConfiguration"))
     disabled = set(_strings(dev_conf.get("disabledFeatureGates")))
     gates = [g for g in _strings(dev_conf.get("featureGates")) if g not in disabled]
-    permitted = []
-    for entry in mapping(conf.get("permittedHostDevices")).get("pciHostDevices") or []:
-        if isinstance(entry, Mapping) and entry.get("resourceName") and entry.get("pciVendorSelector"):
-            permitted.append(PermittedPCI(str(entry["resourceName"]), str(entry["pciVendorSelector"]).lower(),
-                                          bool(entry.get("externalResourceProvider"))))
-    host_devices = mapping(conf.get("permittedHostDevices"))
-    not_pci = tuple(str(e["resourceName"]) for kind in ("mediatedDevices", "usb") for e in host_devices.get(kind) or []
-                    if isinstance(e, Mapping) and e.get("resourceName"))
+    permitted = read_permitted(conf.get("permittedHostDevices"))
     machine = mapping(mapping(conf.get("architectureConfiguration")).get("amd64")).get("machineType")
     version = mapping(obj.get("status")).get("observedKubeVirtVersion")
-    return KubeVirtCR(name_of(obj), str(version) if version else None, tuple(gates), tuple(permitted),
-                      str(machine) if machine else None, obj, not_pci)
+    return KubeVirtCR(name_of(obj), str(version) if version else None, tuple(gates), permitted,
+                      str(machine) if machine else None, obj)
 
 
 def read_dump(paths: Iterable[str]) -> ClusterDump:

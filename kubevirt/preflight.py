@@ -125,7 +125,8 @@ def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, assume: 
             "`kubectl get kubevirt,plugins.plugin.kubevirt.io,namespaces,nodes,vmis,vms -A -o yaml` to judge for real"))
     try:
         before = cluster_of(dump, None, assume)
-        before = before if before is None else replace(before, pcitopo_images=admitted.pcitopo)
+        before = before if before is None else replace(before, pcitopo_images=admitted.pcitopo,
+                                                       permitted=cr.permitted)  # a name the CR does not permit: no pod
     except ReleaseUnknown as e:
         notes = [_newer_main_note()] if e.newer_main else []
         return Preflight(tgt, cr.name, None, None, None, (), plugins, nodes, notes=notes, unknown=e.line, seen=seen)
@@ -298,7 +299,7 @@ def _foreign_plugin_notes(report: Preflight) -> list[str]:
     foreign = [name for name, ours in report.plugins if not ours]
     if not (foreign and report.before.pipeline_runs and not report.before.writes_mode):
         return []
-    broken = [w.name for w in report.workloads if not w.before.starts]
+    broken = [w.name for w in report.workloads if not w.before.starts and "kubevirt#18861" in w.before.cause]
     return [f"Plugin object(s) {', '.join(foreign)} already run on KubeVirt {report.before.release} with gate Plugins: "
             f"every VM with a PCI host device that pcitopo's hook sidecar does not attach to fails to start already "
             f"(kubevirt#18861){': ' + ', '.join(broken) if broken else ''}. {report.target.name} "

@@ -26,6 +26,7 @@ from enum import Enum
 from typing import Any, Iterable, Mapping
 
 from .cluster import mapping
+from .hostdevices import judge_names
 from .doors import PLUGIN_LABEL, PLUGIN_LABEL_VALUE, PCITOPO_PLUGIN, plugin_selects
 from .manifest import HOOK_SIDECARS, NOT_STARTED, hook_sidecar_attachment
 from .releases import DEFAULT_VERSION, ReadRelease, ReleaseUnknown, resolve
@@ -74,6 +75,9 @@ class Cluster:
     not_pci: frozenset[str] = frozenset()
     assumed: str = ""  # what was assumed and why ("" when all of it was read from a cluster)
     pcitopo_images: tuple[str, ...] = ()  # the images the admin pinned as pcitopo's (kubevirt/admitted.py)
+    # the CR's permittedHostDevices (kubevirt/hostdevices.py) where preflight judges names; the
+    # check judges them itself (xmlfix _device_facts), so that it says them once
+    permitted: Any = None
 
     @property
     def read(self) -> ReadRelease:
@@ -156,6 +160,9 @@ def judge(vmi: Mapping[str, Any], cluster: Cluster, *, pci: bool | None = None,
         return Verdict(Start.NO_START, f"{hook.why}; virt-controller cannot render the launcher pod (every release, either door)")
     if annotations.get(HOOK_SIDECARS) and SIDECAR_GATE not in cluster.gates:
         return Verdict(Start.NO_START, f"virt-api refuses a VMI with {HOOK_SIDECARS} while gate {SIDECAR_GATE} is off")
+    refused = judge_names(vmi, cluster.permitted, ()).failed if cluster.permitted is not None else ()
+    if refused:  # before any hostdev is judged: a USB device the CR does not list is not a PCI one
+        return Verdict(Start.NO_START, refused[0].split(": ", 1)[1])
     devices = pci_devices(vmi, cluster.not_pci)
     has_pci = bool(devices) if pci is None else pci
     plugins = ", ".join(cluster.plugins)

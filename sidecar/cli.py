@@ -303,6 +303,10 @@ def _cmd_domain(args: argparse.Namespace) -> int:
     except ReleaseUnknown as e:  # no domain for a release nobody read: unknown, not a guess
         print(f"pcitopo domain: unknown: {e.line}", file=sys.stderr)
         return EXIT_UNKNOWN
+    for line in pred.names.failed:  # a resource the cluster lacks: no pod, so no domain
+        print(f"pcitopo domain: {line}", file=sys.stderr)
+    if pred.names.failed:
+        return EXIT_CHECK_FAILED
     xml, notes = pred.xml, list(pred.notes)
     if args.call is not None:
         xml, line = _hook_input(pred, args.call, args.hook, host)
@@ -314,7 +318,10 @@ def _cmd_domain(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(xml)
         sys.stdout.flush()
-    return _domain_policy(pred.vmi, args.cluster)
+    for line in pred.unknowns:  # what the domain rests on but the inputs do not say (exit 4)
+        print(f"pcitopo domain: unknown: {line}", file=sys.stderr)
+    refused = _domain_policy(pred.vmi, args.cluster)
+    return refused if refused != EXIT_OK else (EXIT_UNKNOWN if pred.unknowns else EXIT_OK)
 
 
 def _domain_policy(vmi: dict, dump_paths: list[str] | None) -> int:

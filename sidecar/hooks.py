@@ -155,7 +155,7 @@ class Hooks:
     def __init__(self, host: HostCache, log: JsonLog, stop: threading.Event, fabric: Callable | None = None,
                  permitted: Any = None, doctor_file: Any = None):
         self.host = host
-        # the node hook's KubeVirt permittedHostDevices (sidecar.plugin.nodehook.PermittedDevices), or None
+        # the node hook's KubeVirt permittedHostDevices (kubevirt.hostdevices.PermittedHostDevices), or None
         self.permitted = permitted
         self.fabric = fabric  # topology.paths.fabric.FabricFile, or None without --fabric
         # the doctor's report (sidecar.plugin.doctorfile.DoctorFile) for the domain hook's unknown checks, or None

@@ -25,7 +25,7 @@ from typing import Sequence
 
 from pcitopo.topology import __version__
 from pcitopo.topology.libvirt.document import MAX_DOMAIN_BYTES
-from pcitopo.topology.errors import ConfigError, DomainError
+from pcitopo.topology.errors import ConfigError, DomainError, PcitopoError
 from pcitopo.topology.host.files import read_bounded, write_atomic
 from pcitopo.topology.host.sources import default_sysfs
 
@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")
     p.add_argument("domain", metavar="DOMAIN.xml|-", nargs="?", help="domain XML as KubeVirt hands it to a hook (- for stdin); "
                    "without it, with --vmi: the domain `pcitopo domain` predicts for that manifest on --sysfs")
-    p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
+    p.add_argument("--sysfs", default=None, help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or this "
+                   "machine's /sys, which the verdict then names)")
     p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
     p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
                    help="NVLink fabric partitions: the output of `fmpm -l` (default $PCITOPO_FABRIC); enables the "
@@ -122,6 +123,9 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
     except ReleaseUnknown as e:
         print(f"xmlfix: {'check: ' if args.check else ''}unknown: {e.line}", file=sys.stderr)
         return None
+    args.predicted = pred  # its resource names and gaps join --check's verdict
+    if pred.names.failed:
+        return b""
     first = (f"domain predicted (no domain argument): what KubeVirt {pred.version}'s virt-launcher would hand "
              f"the hook for {args.vmi} on this node (pcitopo domain)")
     print(f"xmlfix: {first}", file=sys.stderr)
@@ -134,11 +138,10 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
 
 
 def xmlfix(argv: Sequence[str]) -> int:
-    from .core import handle_define_domain
-    from pcitopo.topology.views.explain import diff_text
-    from pcitopo.topology.host.sysfs import open_host
-
     args = build_parser().parse_args(list(argv))
+    # without --sysfs (or $PCITOPO_SYSFS) the node is this machine: every verdict and error says so
+    args.here = None if args.sysfs or os.environ.get("PCITOPO_SYSFS") else "read this machine's /sys: no --sysfs given"
+    args.sysfs = args.sysfs or default_sysfs()
     _one_document(args)
     _check_cluster_args(args)
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI") if args.vmi else None
@@ -147,10 +150,31 @@ def xmlfix(argv: Sequence[str]) -> int:
         from pcitopo.kubevirt.manifest import vmi_as_json
 
         vmi = vmi_as_json(manifest, args.vmi)
+    try:
+        return _run(args, manifest, vmi)
+    except PcitopoError as e:
+        if args.here:
+            raise type(e)(f"{e.reason}; {args.here}") from None
+        raise
+
+
+def _run(args: argparse.Namespace, manifest: bytes | None, vmi: bytes | None) -> int:
+    """xmlfix on its inputs read: the host, the domain (given or predicted), the rewrite."""
+    from .core import handle_define_domain
+    from pcitopo.topology.views.explain import diff_text
+    from pcitopo.topology.host.sysfs import open_host
+
     host = open_host(args.sysfs)
     domain = _domain_input(args, host, manifest)
     if domain is None:  # no domain can be predicted for a release nobody read (said)
         return EXIT_UNKNOWN
+    failed = getattr(args, "predicted", None) and args.predicted.names.failed
+    if failed:  # a resource the cluster lacks: no pod, so no domain to rewrite or check
+        for line in failed:
+            print(f"xmlfix: check: {line}" if args.check else f"xmlfix: {line}", file=sys.stderr)
+        if args.check:
+            print("xmlfix: check: failed: devices (above)", file=sys.stderr)
+        return EXIT_CHECK_FAILED
     fabric_file = None
     if args.fabric:  # read lazily, as the hook does: a bad file matters only when the check runs
         from pcitopo.topology.paths.fabric import FabricFile
@@ -341,6 +365,7 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
     the VMI starts with every setting on the KubeVirt release judged (kubevirt/starts.py); 4
     when nothing failed but something the check needs is missing."""
     import json
+    from dataclasses import replace
 
     from dataclasses import replace
 
@@ -364,7 +389,10 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
     detached = list(judged.lines) if judged is not None else []
     if policy is not None and policy.certain:  # the target's Sidecar policy, as preflight judges it
         detached.append(f"policy: {policy.why}" + (f" (to admit it, vetted: {policy.admit})" if policy.admit else ""))
+    names, gaps = _device_facts(doc if judged is not None and isinstance(doc, dict) else None, args)
+    detached += list(names.failed)
     v = check_verdict(outcome.result, host, fabric, gdr)
+    v = replace(v, unknowns=tuple(v.unknowns) + tuple(names.unknown) + gaps)
     if judged is not None and judged.unknown:  # a release nobody read: neither ok nor failed
         v = replace(v, unknowns=(*v.unknowns, f"kubevirt: {judged.unknown}"))
     unknowns = list(v.unknowns) + ([f"policy: {policy.why}"] if policy is not None and not policy.certain else [])
@@ -373,8 +401,9 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
         print(f"xmlfix: check: {line}", file=sys.stderr)
     # the verdict counts pairs and cells and names the release judged; what else fails the check
     # (NVLink, firmware, the door, the release) joins it by name, its sentence printed above
+    here = [args.here] if getattr(args, "here", None) else []  # no --sysfs: this machine was the node
     why = "; ".join(list(v.parts[:1]) + ([judged.on] if judged is not None else []) + [f"{kind} (above)" for kind in v.parts[1:]]
-                    + [f"{line.split(':', 1)[0]} (above)" for line in detached])
+                    + [f"{line.split(':', 1)[0]} (above)" for line in detached] + here)
     if problems:  # a failure wins over what is unknown, which is still said
         for line in unknowns:
             print(f"xmlfix: check: unknown: {line}", file=sys.stderr)
@@ -406,6 +435,23 @@ def _policy(vmi: dict, args: argparse.Namespace | None):
     refusal = vmi_policy_refusal(vmi, dump, target(name) if name else None, images)
     pinned = judged(in_dump(dump) if dump is not None else None, images).pcitopo
     return refusal, pinned
+
+
+def _device_facts(vmi, args):
+    """The VMI's resource names on the dump (kubevirt/hostdevices.py judge_names): the
+    prediction's when it ran, else judged here for a domain given as an argument; and what else
+    is unknown about the devices (nothing yet beyond check_unknowns)."""
+    from pcitopo.kubevirt.hostdevices import NameVerdict, names_on
+
+    pred = getattr(args, "predicted", None)
+    if pred is not None:  # its driver gaps are the placed devices' (check_unknowns says them)
+        return pred.names, ()
+    if vmi is None or not getattr(args, "cluster", None):
+        return NameVerdict(), ()
+    from pcitopo.kubevirt.cluster import read_dump
+    from pcitopo.kubevirt.manifest import as_vmi
+
+    return names_on(as_vmi(vmi, args.vmi), read_dump(args.cluster)), ()
 
 
 def _print_prediction(outcome, host, fabric=None) -> None:

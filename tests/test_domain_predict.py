@@ -220,7 +220,10 @@ def test_instance_types_expand_from_the_dump_or_say_they_are_missing(tmp_path):
             "metadata": {"name": "cores"}, "spec": {"cpu": {"preferredCPUTopology": "cores"}}}
     vm = write(tmp_path, "vm.json", VM_IT)
     dump = write(tmp_path, "dump.json", {"kind": "List", "items": [INSTANCETYPE, pref]})
-    root, err = domain("--vmi", vm, "--sysfs", H100, "--cluster", dump)
+    r = run("pcitopo", "domain", "--vmi", vm, "--sysfs", H100, "--cluster", dump)
+    # a dump without KubeVirt CR or nodes cannot say the GPU's resource exists: exit 4, said
+    assert r.returncode == 4 and "pcitopo domain: unknown: devices: spec.domain.devices.gpus[0]" in r.stderr.decode()
+    root = etree.fromstring(r.stdout)
     assert root.find("cpu/topology").get("cores") == "32" and root.findtext("memory") == str(128 * 2**30)
     assert [a for a, _ in sources(root)] == ["ua-gpu-gpu1"] and memnodes(root) == ["0"]
     _, err = domain("--vmi", vm, "--sysfs", H100)

@@ -6,9 +6,10 @@ converter's order instead (:func:`converter_order`).
 
 Which functions a device-plugin resource may be (``deviceName``):
 
-1. the KubeVirt CR's ``permittedHostDevices.pciHostDevices`` entry of that ``resourceName``
-   (``--cluster``): its ``pciVendorSelector`` ``VENDOR:DEVICE``;
-2. else the ids the name's usual owner publishes it for: NVIDIA's KubeVirt GPU device plugin
+1. the KubeVirt CR's ``permittedHostDevices.pciHostDevices`` entries of that ``resourceName``
+   (``--cluster``): their ``pciVendorSelector`` ``VENDOR:DEVICE`` s, exactly the functions the one
+   rule (``kubevirt/hostdevices.py`` ``reach``, which the node hook uses too) says it can get;
+2. else, among the functions that rule says it could get, a guess: the ids the name's usual owner publishes it for: NVIDIA's KubeVirt GPU device plugin
    names a resource ``nvidia.com/`` + the pci.ids device name with spaces and brackets turned
    to ``_`` (``nvidia.com/GH100_H100_SXM5_80GB`` is 10de:2330); :data:`KNOWN_RESOURCES`;
 3. else the vendor of the name's domain (``nvidia.com/`` 10de, ``mellanox.com/`` 15b3,
@@ -29,15 +30,15 @@ pairs them: the GPUs in the node's order, each NIC request the best free NIC of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from pcitopo.topology.errors import ConfigError
 from pcitopo.topology.model.tree import Bdf, PciFunction, Role, Topology
 from pcitopo.topology.paths.classify import classify, closeness
 
+from ..hostdevices import VFIO, PermittedHostDevices, may_be_vfio, reach, why_not
 from .converter import hostdev_alias, is_dra
 
-VFIO = "vfio-pci"
 # NVIDIA's KubeVirt GPU device plugin: resource names from pci.ids device names.
 KNOWN_RESOURCES = {
     "nvidia.com/GA100_A100_SXM4_40GB": "10de:20b0", "nvidia.com/GA100_A100_SXM4_80GB": "10de:20b2",
@@ -58,6 +59,11 @@ class DeviceRequest:
     resource: str | None  # deviceName; None for SR-IOV and DRA
     vf: bool = False  # an SR-IOV interface
     claim: tuple[str, str] | None = None  # DRA: (claimName, requestName)
+
+    @property
+    def kind(self) -> str:
+        """``gpus``, ``interfaces`` or ``hostDevices``: the list of the manifest it is in."""
+        return self.field.split(".")[3].split("[")[0]
 
     @property
     def any_role(self) -> bool:
@@ -91,26 +97,28 @@ def converter_order(requests: Sequence[DeviceRequest]) -> list[int]:
     group = {"hostDevices": 0, "gpus": 1, "interfaces": 2}
 
     def key(i: int) -> tuple[int, bool, int]:
-        kind = requests[i].field.split(".")[3].split("[")[0]
-        return group[kind], requests[i].claim is not None, i
+        return group[requests[i].kind], requests[i].claim is not None, i
 
     return sorted(range(len(requests)), key=key)
 
 
-def resource_ids(resource: str | None, permitted: Mapping[str, str]) -> tuple[str | None, int | None]:
-    """(``VENDOR:DEVICE`` or None, vendor or None) a resource name stands for (rules 1-3)."""
+def resource_ids(resource: str | None) -> tuple[str | None, int | None]:
+    """(``VENDOR:DEVICE`` or None, vendor or None) a resource the CR does not map is guessed to
+    stand for (rules 2-3)."""
     if not resource:
         return None, None
-    ids = permitted.get(resource) or KNOWN_RESOURCES.get(resource)
+    ids = KNOWN_RESOURCES.get(resource)
     if ids:
         return ids.lower(), int(ids.split(":")[0], 16)
     return None, VENDOR_DOMAINS.get(resource.split("/", 1)[0])
 
 
-def _fits(host: Topology, f: PciFunction, req: DeviceRequest, permitted: Mapping[str, str]) -> str | None:
+def _fits(host: Topology, f: PciFunction, req: DeviceRequest, permitted: PermittedHostDevices | None) -> str | None:
     """Why ``f`` cannot serve ``req`` (None: it can)."""
-    ids, vendor = resource_ids(req.resource, permitted)
-    if f.driver != VFIO:
+    if permitted is not None and permitted.selectors(req.resource):  # rule 1: the CR decides alone
+        return why_not(host, f, req.resource, permitted)
+    ids, vendor = resource_ids(req.resource)
+    if not may_be_vfio(host, f):
         return f"is bound to {f.driver or 'no driver'}, not {VFIO} (no device plugin hands it out)"
     role = host.role(f)
     if ids:  # an exact id decides alone: a permitted device may be of any class
@@ -122,14 +130,17 @@ def _fits(host: Topology, f: PciFunction, req: DeviceRequest, permitted: Mapping
     return None
 
 
-def _candidates(host: Topology, req: DeviceRequest, permitted: Mapping[str, str]) -> list[PciFunction]:
+def _candidates(host: Topology, req: DeviceRequest, permitted: PermittedHostDevices | None) -> list[PciFunction]:
+    if not req.vf:  # what the one rule says it can get; where that is not known, the guess within it
+        can = reach(host, req.kind, req.resource, permitted)
+        return [host.function(b) for b in can.functions if can.known or _fits(host, host.function(b), req, permitted) is None]
     fs = [f for f in host.functions() if _fits(host, f, req, permitted) is None]
-    if req.vf and any(f.is_vf for f in fs):
+    if any(f.is_vf for f in fs):
         return [f for f in fs if f.is_vf]
     return [f for f in fs if not f.is_vf]
 
 
-def check_given(host: Topology, req: DeviceRequest, bdf: Bdf, permitted: Mapping[str, str], where: str) -> Bdf:
+def check_given(host: Topology, req: DeviceRequest, bdf: Bdf, permitted: PermittedHostDevices | None, where: str) -> Bdf:
     """A function named for ``req``: on the node and of its kind, else one line naming it. An
     SR-IOV interface given a PF takes the PF's first free ``vfio-pci`` VF (see :func:`allocate`)."""
     f = host.find(bdf)
@@ -142,7 +153,7 @@ def check_given(host: Topology, req: DeviceRequest, bdf: Bdf, permitted: Mapping
 
 
 def _vfs_of(host: Topology, pf: Bdf) -> list[Bdf]:
-    return [f.bdf for f in host.functions() if f.physfn == pf and f.driver == VFIO]
+    return [f.bdf for f in host.functions() if f.physfn == pf and may_be_vfio(host, f)]
 
 
 def _nic_rank(host: Topology, gpus: Sequence[Bdf], nic: PciFunction) -> tuple:
@@ -151,7 +162,7 @@ def _nic_rank(host: Topology, gpus: Sequence[Bdf], nic: PciFunction) -> tuple:
     return (min(ranks) if ranks else (99,), nic.bdf)
 
 
-def _pick(host: Topology, req: DeviceRequest, taken: set[Bdf], gpus: list[Bdf], permitted: Mapping[str, str]) -> Bdf:
+def _pick(host: Topology, req: DeviceRequest, taken: set[Bdf], gpus: list[Bdf], permitted: PermittedHostDevices | None) -> Bdf:
     free = [f for f in _candidates(host, req, permitted) if f.bdf not in taken]
     if req.vf and free and free[0].is_vf:  # a VF of the best PF with a free one
         pfs = {f.physfn for f in free}
@@ -166,7 +177,7 @@ def _pick(host: Topology, req: DeviceRequest, taken: set[Bdf], gpus: list[Bdf], 
 
 
 def allocate(host: Topology, requests: Sequence[DeviceRequest], given: Mapping[int, Bdf],
-             permitted: Mapping[str, str]) -> tuple[list[Bdf], list[int]]:
+             permitted: PermittedHostDevices | None) -> tuple[list[Bdf], list[int]]:
     """One function per request: ``given`` (request index -> function) where named, the rest
     picked (GPUs first, so that NICs can pair with them). Returns the functions and the indexes
     that were picked."""
@@ -198,8 +209,3 @@ def parse_devices(text: str | None) -> list[Bdf]:
             except ValueError:
                 raise ConfigError(f"--devices: {word!r} is not a PCI address (0000:18:00.0)") from None
     return out
-
-
-def permitted_ids(entries: Iterable[Any]) -> dict[str, str]:
-    """resourceName -> VENDOR:DEVICE of the KubeVirt CR's ``permittedHostDevices``."""
-    return {e.resource: e.vendor_device for e in entries}

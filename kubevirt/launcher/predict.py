@@ -12,7 +12,7 @@ and the release's EFI loader (:mod:`.releases`). Every assumption is a line in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from lxml import etree
@@ -39,7 +39,7 @@ class Inputs:
     cpu_model: str = "host-model"  # KubeVirt's default; the CR's spec.configuration.cpuModel overrides it
     devices: tuple[Bdf, ...] = ()  # the functions kubelet hands the pod, in request order
     policy: CpuPolicy = CpuPolicy.DISTRIBUTE
-    permitted: Mapping[str, str] = field(default_factory=dict)  # resourceName -> VENDOR:DEVICE
+    permitted: Any = None  # kubevirt/hostdevices.py PermittedHostDevices, the dump's KubeVirt CR's (--cluster)
     dump: Any = None  # kubevirt/cluster.py ClusterDump, for DRA claims
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from pcitopo.topology.errors import ConfigError
+
+from ..hostdevices import NameVerdict
+
 
 def add_prediction_args(p: argparse.ArgumentParser, shared: bool = True) -> None:
     """The options a prediction takes (``pcitopo domain``; ``xmlfix --vmi`` without a domain,
@@ -41,6 +45,17 @@ class Predicted:
     notes: tuple[str, ...]
     vmi: dict  # the VMI the domain is for (instance type applied), for the hook's later calls
     release: object  # pcitopo.kubevirt.launcher.releases.Release
+    # the VMI's resource names on the dump (kubevirt/hostdevices.py judge_names); with a name
+    # the cluster lacks, no domain (xml is empty): no pod is made for it
+    names: NameVerdict = NameVerdict()
+    # what the node's source cannot say about the picked functions (a copy without driver links)
+    gaps: tuple[str, ...] = ()
+
+    @property
+    def unknowns(self) -> tuple[str, ...]:
+        """What the domain rests on that the inputs do not say: ``xmlfix --check`` and ``pcitopo
+        domain`` say unknown (exit 4) for it."""
+        return tuple(self.names.unknown) + self.gaps
 
 
 def _release(args: argparse.Namespace, dump):
@@ -66,11 +81,12 @@ def _release(args: argparse.Namespace, dump):
 def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host) -> Predicted:
     """The prediction for the ``--vmi`` file ``name`` (its bytes: ``manifest``, read once by the
     door, standard input included) on ``host`` with the options :func:`add_prediction_args` adds."""
-    from .allocation import parse_devices, permitted_ids
+    from .allocation import parse_devices
     from .converter import UPSTREAM_MACHINE
     from .cpus import DEFAULT_POLICY, policy_of
     from .dumped import expand
     from .predict import Inputs, predict
+    from ..hostdevices import driver_gaps, names_on
 
     dump = None
     cluster = getattr(args, "cluster", None)  # xmlfix may carry its own --cluster (one path or several)
@@ -84,17 +100,26 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
     vmi, notes = expand(doc, as_vmi(doc, name), dump)
     release, version, why = _release(args, dump)
     cr = dump.kubevirt if dump is not None else None
+    names = names_on(vmi, dump)
+    if names.failed:  # before any function is picked: a name the cluster lacks is not a driver binding
+        return Predicted(b"", version, (), vmi, release, names)
     policy = policy_of(args.cpu_policy)
     model = ((cr.raw.get("spec") or {}).get("configuration") or {}).get("cpuModel") if cr else None
     inputs = Inputs(release=release, version=version, machine=(cr.machine_type if cr and cr.machine_type else UPSTREAM_MACHINE),
                     cpu_model=model or "host-model",
                     devices=tuple(parse_devices(args.devices)), policy=policy,
-                    permitted=permitted_ids(cr.permitted_pci) if cr else {}, dump=dump)
-    p = predict(host, vmi, inputs)
+                    permitted=cr.permitted if cr else None, dump=dump)
+    try:
+        p = predict(host, vmi, inputs)
+    except ConfigError as e:
+        if names.unknown:  # the name itself may not exist: say that before any driver binding
+            raise ConfigError(f"{names.unknown[0]}; and on this node: {e.reason}") from None
+        raise
     head = [f"KubeVirt {version} ({why}), machine {inputs.machine}"]
     if args.cpu_policy is None and policy is DEFAULT_POLICY:
         head.append(f"CPU policy {policy.value} assumed (--cpu-policy to change)")
-    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)), vmi, release)
+    gaps = driver_gaps(host, [h.source for h in p.hostdevs])
+    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)), vmi, release, names, gaps)
 
 
 def _manifest(data: bytes, name: str) -> dict:

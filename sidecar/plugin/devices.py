@@ -12,7 +12,8 @@ What the VMI does hold, per entry of ``spec.domain.devices.gpus[]`` and ``hostDe
   vendor:device (KubeVirt's device plugin offers only vfio-bound functions);
 - ``claimName``/``requestName`` and no ``deviceName`` (``IsGPUDRA``/``IsHostDeviceDRA``): a DRA
   device, which can be any vfio-pci GPU (``gpus``) or GPU or NIC (``hostDevices``) of the node.
-So each request becomes a :class:`Group`: ``count`` devices out of ``candidates``. Only a group
+So each request becomes a :class:`Group`: ``count`` devices out of ``candidates``, the functions
+the one rule (``kubevirt/hostdevices.py`` ``reach``) says it can get. Only a group
 whose candidates are all the VM's (``certain``) is known device by device; for the others the
 node hook can still be sure by counting: if more candidates fail than the VM can avoid
 (``failing > len(candidates) - count``), at least one of the VM's devices fails.
@@ -22,11 +23,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from pcitopo.topology.checks.doctor import VFIO
-from pcitopo.topology.model.labels import default_devices
-from pcitopo.topology.model.tree import Bdf, Role, Topology
+from pcitopo.kubevirt.hostdevices import PermittedHostDevices, reach
+from pcitopo.topology.model.tree import Bdf, Topology
 
 # The VMI entries (gpus[] + hostDevices[] + SR-IOV interfaces[]) looked at: far more than any
 # node can hold, and a VMI listing more cannot make the hook's work or memory grow.
@@ -103,10 +103,8 @@ def _entries(doc: dict) -> tuple[list[tuple[str, dict]], int]:
     return out, max(0, total - MAX_REQUESTS)
 
 
-def requested_devices(doc: dict, topo: Topology, selectors: Mapping[str, tuple[str, ...]] | None) -> Request:
+def requested_devices(doc: dict, topo: Topology, permitted: PermittedHostDevices | None) -> Request:
     """The groups of this node's devices the VMI ``doc`` (parsed JSON) can be given."""
-    vfio = [topo.function(b) for b in default_devices(topo) if topo.function(b).driver == VFIO]
-    by_role = {"gpus": tuple(f.bdf for f in vfio if topo.role(f) == Role.GPU), "hostDevices": tuple(f.bdf for f in vfio)}
     counts: dict[tuple[str, str], int] = {}
     unknown: list[str] = []
     entries, beyond = _entries(doc)
@@ -126,13 +124,11 @@ def requested_devices(doc: dict, topo: Topology, selectors: Mapping[str, tuple[s
         unknown.insert(0, f"{beyond} more device requests (past the first {MAX_REQUESTS})")
     groups = []
     for (kind, what), count in counts.items():
-        chosen = (selectors or {}).get(what[len("resource "):]) if what.startswith("resource ") else None
-        if chosen:
-            groups.append(Group(what, count, tuple(f.bdf for f in topo.functions() if f.driver == VFIO and f.ids in chosen), True))
-        else:
-            if what.startswith("resource "):
-                unknown.append(f"{what} (no permittedHostDevices entry)")
-            groups.append(Group(what, count, by_role[kind], False))
+        resource = what[len("resource "):] if what.startswith("resource ") else None
+        can = reach(topo, kind, resource, permitted)  # the one rule (kubevirt/hostdevices.py)
+        if resource and not can.known:
+            unknown.append(f"{what} (no permittedHostDevices entry)")
+        groups.append(Group(what, count, can.functions, can.known))
     return Request(tuple(groups), tuple(unknown))
 
 

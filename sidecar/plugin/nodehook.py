@@ -2,9 +2,11 @@
 (``PreVMStart``), is the node able to give the VM's GPUs and NICs GPUDirect RDMA?
 
 Which devices the VM gets is decided for its pod, which the node hook cannot see; what it can
-know from the VMI virt-handler sends is ``sidecar.plugin.devices``' rule (device-plugin
-resources through the KubeVirt CR's ``permittedHostDevices``; DRA devices only as "one of this
-node's vfio-pci GPUs or NICs"). It runs ``pcitopo doctor``'s checks on every candidate, takes
+know from the VMI virt-handler sends is the one rule the prediction and the check use too
+(``kubevirt/hostdevices.py`` ``reach``: device-plugin resources through the KubeVirt CR's
+``permittedHostDevices``, known; DRA devices and unmapped names only as "one of this node's
+vfio-pci GPUs or NICs", not known), applied per request by ``sidecar.plugin.devices``.
+It runs ``pcitopo doctor``'s checks on every candidate, takes
 the checks it cannot make unprivileged (ACS, ATS) from the doctor's report
 (``sidecar.plugin.doctorfile``), and, with ``doctor: require`` (the VMI's annotation
 ``pcitopo.kubevirt.io/doctor``), refuses the start in one line only for what is surely the
@@ -24,9 +26,10 @@ require` guarantees").
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any
 
+from pcitopo.kubevirt.hostdevices import PermittedHostDevices, read_permitted
 from pcitopo.topology.checks.doctor import DoctorReport, Finding
 from pcitopo.topology.errors import ConfigError, DoctorError, VmiError
 from pcitopo.topology.host.files import read_bounded
@@ -37,38 +40,22 @@ from .devices import Request, failing_candidates, listed, paths_of, requested_de
 from .doctorfile import DoctorFile, owner_text, with_doctor_file
 
 
-@dataclass(frozen=True)
-class PermittedDevices:
-    """``permittedHostDevices.pciHostDevices`` of the KubeVirt CR: resource name -> vendor:device."""
-
-    selectors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-
-    @classmethod
-    def read(cls, path: str) -> "PermittedDevices":
-        """From a file holding the KubeVirt CR as YAML or JSON (one line on any error)."""
-        docs = yaml_documents(read_bounded(path, 4 * 1024 * 1024, "KubeVirt CR"), f"KubeVirt CR {path}")  # YAML reads JSON too
-        if len(docs) > 1:
-            raise ConfigError(f"KubeVirt CR {path} holds {len(docs)} YAML documents: give the one KubeVirt CR")
-        return cls.from_kubevirt_cr(docs[0] if docs else None, path)
-
-    @classmethod
-    def from_kubevirt_cr(cls, doc: Any, name: str) -> "PermittedDevices":
-        """The KubeVirt CR (``kubectl get kubevirt -n kubevirt kubevirt -o yaml``, a list of
-        them, or just its ``permittedHostDevices``), as parsed YAML/JSON."""
-        if isinstance(doc, dict) and doc.get("kind") == "List":
-            doc = next(iter(doc.get("items") or []), {})
-        if isinstance(doc, dict) and "spec" in doc:
-            doc = ((doc.get("spec") or {}).get("configuration") or {}).get("permittedHostDevices") or {}
-        entries = doc.get("pciHostDevices") if isinstance(doc, dict) else None
-        if not isinstance(entries, list):
-            raise ConfigError(f"{name}: no permittedHostDevices.pciHostDevices (give the KubeVirt CR as "
-                              f"`kubectl get kubevirt -n kubevirt kubevirt -o yaml` prints it)")
-        out: dict[str, list[str]] = {}
-        for e in entries:
-            if not isinstance(e, dict) or not isinstance(e.get("resourceName"), str) or not isinstance(e.get("pciVendorSelector"), str):
-                raise ConfigError(f"{name}: a pciHostDevices entry without resourceName and pciVendorSelector strings")
-            out.setdefault(e["resourceName"], []).append(e["pciVendorSelector"].lower())
-        return cls({k: tuple(v) for k, v in out.items()})
+def read_permitted_file(path: str) -> PermittedHostDevices:
+    """``serve --node-hook --permitted-host-devices FILE``: the KubeVirt CR (``kubectl get kubevirt
+    -n kubevirt kubevirt -o yaml``, a List of them, or just its ``permittedHostDevices``) as YAML or
+    JSON, read by the one reader (kubevirt/hostdevices.py); one line on any error."""
+    docs = yaml_documents(read_bounded(path, 4 * 1024 * 1024, "KubeVirt CR"), f"KubeVirt CR {path}")  # YAML reads JSON too
+    if len(docs) > 1:
+        raise ConfigError(f"KubeVirt CR {path} holds {len(docs)} YAML documents: give the one KubeVirt CR")
+    doc = docs[0] if docs else None
+    if isinstance(doc, dict) and doc.get("kind") == "List":
+        doc = next(iter(doc.get("items") or []), {})
+    if isinstance(doc, dict) and "spec" in doc:
+        doc = ((doc.get("spec") or {}).get("configuration") or {}).get("permittedHostDevices") or {}
+    if not isinstance(doc, dict) or not isinstance(doc.get("pciHostDevices"), list):
+        raise ConfigError(f"{path}: no permittedHostDevices.pciHostDevices (give the KubeVirt CR as "
+                          f"`kubectl get kubevirt -n kubevirt kubevirt -o yaml` prints it)")
+    return read_permitted(doc, strict=path)
 
 
 # The largest VMI JSON the node hook reads: etcd's default request limit (--max-request-bytes,
@@ -84,7 +71,7 @@ class NodeSettings:
     """What ``pcitopo serve --node-hook`` is told besides the host: the KubeVirt CR's
     permittedHostDevices and the doctor's report."""
 
-    permitted: PermittedDevices | None = None
+    permitted: PermittedHostDevices | None = None
     doctor: DoctorFile | None = None
 
 
@@ -93,7 +80,7 @@ def node_settings(permitted_path: str | None, doctor_report: str | None) -> Node
     path unless another is named)."""
     from .doctorfile import DEFAULT_DOCTOR_REPORT
 
-    permitted = PermittedDevices.read(permitted_path) if permitted_path else None
+    permitted = read_permitted_file(permitted_path) if permitted_path else None
     return NodeSettings(permitted, DoctorFile(doctor_report or DEFAULT_DOCTOR_REPORT))
 
 
@@ -140,12 +127,11 @@ class NodeVerdict:
 
 def _request(doc: dict, host: Any, settings: NodeSettings) -> tuple[Topology, Request]:
     """The host model (fresh for the candidates: re-read after a rebind) and the request on it."""
-    selectors = settings.permitted.selectors if settings.permitted is not None else None
     topo = host()
-    req = requested_devices(doc, topo, selectors)
+    req = requested_devices(doc, topo, settings.permitted)
     fresh = host.current(topo, req.devices)
     if fresh is not topo:  # a device was rebound since the model was read
-        topo, req = fresh, requested_devices(doc, fresh, selectors)
+        topo, req = fresh, requested_devices(doc, fresh, settings.permitted)
     return topo, req
 
 

@@ -13,12 +13,13 @@ import pytest
 from pcitopo.sidecar.hooks import HostCache
 from pcitopo.sidecar.plugin.devices import MAX_REQUESTS
 from pcitopo.sidecar.plugin.doctorfile import DoctorFile
-from pcitopo.sidecar.plugin.nodehook import NodeSettings, PermittedDevices, check_node
+from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI
+from pcitopo.sidecar.plugin.nodehook import NodeSettings, check_node
 from testkit.hookkit import fixture_sysfs
 
 REQUIRE = {"pcitopo.kubevirt.io/doctor": "require"}
 BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-H100 = PermittedDevices({"nvidia.com/GH100": ("10de:2330",), "nvidia.com/CX7": ("15b3:1021",)})
+H100 = PermittedHostDevices((PermittedPCI("nvidia.com/GH100", "10de:2330"), PermittedPCI("nvidia.com/CX7", "15b3:1021")), listed=True)
 
 
 @pytest.fixture(scope="module")

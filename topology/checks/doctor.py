@@ -28,7 +28,7 @@ from ..host.configspace import (
     ConfigUnknown,
     acs_flags,
 )
-from ..host.sources import PCI_DEVICES_DIR, Source, Unreadable, resolve
+from ..host.sources import LEFT_OUT, PCI_DEVICES_DIR, Source, Unreadable, is_whole, resolve
 from ..host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
 from ..model.labels import Labeled, default_devices, host_labels, label_devices
 from ..model.tree import MELLANOX, Bdf, PciFunction, Role, Topology, is_bdf
@@ -145,6 +145,8 @@ def check_vfio_driver(files: HostFiles, t: Target, driver: object = _MODEL) -> F
     if not t.must_be_vfio:
         return _f("vfio-driver", "ok", f.bdf, t.label,
                   f"{held}: a host NIC (no GPU at PXB or closer), not one for GPUDirect RDMA in a VM")
+    if held_by is None and not is_whole(files.source):  # a copy may have left the link out
+        return _f("vfio-driver", "unknown", f.bdf, t.label, f"no driver link: {LEFT_OUT['driver']}", kind=f"with no driver link ({LEFT_OUT['driver']})")
     return _f("vfio-driver", "fail", f.bdf, t.label,
               f"{held}, not {VFIO}: KubeVirt passes only vfio-pci devices to a VM",
               rebind_fix(bdf, held_by, f.iommu_group is not None), f"{held}, not {VFIO}")
@@ -152,6 +154,9 @@ def check_vfio_driver(files: HostFiles, t: Target, driver: object = _MODEL) -> F
 
 def check_iommu_group(files: HostFiles, t: Target, labels: dict[Bdf, str]) -> Finding:
     f = t.function
+    if f.iommu_group is None and not is_whole(files.source):
+        return _f("iommu-group", "unknown", f.bdf, t.label, f"no iommu_group link: {LEFT_OUT['iommu_group']}",
+                  kind=f"with no iommu_group link ({LEFT_OUT['iommu_group']})")
     if f.iommu_group is None:
         return _f("iommu-group", "fail", f.bdf, t.label, "in no IOMMU group: VFIO cannot pass it through",
                   Fix(first="enable the IOMMU (see iommu)"), "in no IOMMU group (VFIO cannot pass them through)")
@@ -302,6 +307,9 @@ def check_iommu(files: HostFiles, targets: Sequence[Target]) -> Finding:
     units = files.iommu_units() or []
     groups = sorted({t.function.iommu_group for t in targets if t.function.iommu_group is not None})
     fix = Fix(first="enable VT-d / AMD-Vi in the BIOS and boot with intel_iommu=on (AMD: on by default), without iommu=pt")
+    if not units and not groups and not is_whole(files.source):
+        return _f("iommu", "unknown", None, None, f"no IOMMU units and no IOMMU groups in {files.source.name}: "
+                  f"{LEFT_OUT['iommu_group']} (not a live /sys)")
     if not units and not groups:
         return _f("iommu", "fail", None, None, "IOMMU off: no IOMMU units and no IOMMU groups; VFIO passthrough needs it", fix)
     types: dict[str, list[int]] = {}

@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..host.sources import LEFT_OUT
 from ..model.labels import label_devices
 from ..model.tree import MELLANOX, Bdf, Role, Topology
 from ..paths.classify import NvlinkOracle
@@ -223,12 +224,12 @@ def check_unknowns(result: RewriteResult, host: Topology) -> list[str]:
     out = list(result.report.mmio.unknown) if result.report.mmio is not None else []
     fs = [host.function(d.host) for d in result.report.placed]
     several_nodes = len(host.numa_nodes()) > 1
-    for what, lacking in (("IOMMU group", [f for f in fs if f.iommu_group is None]),
-                          ("driver", [f for f in fs if f.driver is None]),
-                          ("NUMA node", [f for f in fs if several_nodes and host.numa_of(f) < 0])):
-        if lacking:
+    for what, lacking, why in (("IOMMU group", [f for f in fs if f.iommu_group is None], LEFT_OUT["iommu_group"]),
+                               ("driver", [f for f in fs if f.driver is None], LEFT_OUT["driver"]),
+                               ("NUMA node", [f for f in fs if several_nodes and host.numa_of(f) < 0], "")):
+        if lacking:  # in pcitopo capture's words
             shown = ", ".join(str(f.bdf) for f in lacking[:3]) + (f", and {len(lacking) - 3} more" if len(lacking) > 3 else "")
-            out.append(f"sysfs gives no {what} for {len(lacking)} device(s) ({shown})")
+            out.append(f"sysfs gives no {what} for {len(lacking)} device(s) ({shown})" + (f": {why}" if why else ""))
     return out
 
 

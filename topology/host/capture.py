@@ -13,7 +13,8 @@ from typing import BinaryIO
 from ..errors import SysfsError
 from ..model.cpuinfo import ADDRESS_SIZES_MEMBER, HostWidth, local_width, recorded_width
 from .configspace import HEADER_BYTES
-from .sources import MAX_ATTR_BYTES, DirSource, MemoryTree, PCI_DEVICES_DIR, Source, Unreadable, open_source, resolve
+from .sources import (LEFT_OUT, MAX_ATTR_BYTES, WHOLE_MEMBER, DirSource, MemoryTree, PCI_DEVICES_DIR, Source, Unreadable,
+                      is_live_sysfs, is_whole, open_source, resolve)
 from .sysfs import (
     CAPTURED_ATTRS,
     CLASS_DIRS,
@@ -28,15 +29,14 @@ from .sysfs import (
     VPD_ATTR,
 )
 
-MOUNTINFO = "/proc/self/mountinfo"
 # The files whose absence the check and the doctor cannot make up for, and what each costs
 # (one warning line per kind; ``driver`` only for the functions that should have one).
 MISSING_COSTS = {
     CONFIG_ATTR: "the doctor cannot read their config space",
     RESOURCE_ATTRS[0]: "their BARs cannot be sized, so xmlfix --check says unknown for MMIO",
     "numa_node": "their NUMA node is unknown",
-    "iommu_group": "IOMMU off, or left out of the source; xmlfix --check says unknown for them",
-    "driver": "bound to no driver, or left out of the source; xmlfix --check says unknown for them",
+    "iommu_group": f"{LEFT_OUT['iommu_group']}; xmlfix --check says unknown for them",
+    "driver": f"{LEFT_OUT['driver']}; xmlfix --check says unknown for them",
 }
 DRIVER_CLASSES = ("0x02", "0x03")  # NICs and GPUs: what a GPU node binds a driver (or vfio-pci) to
 
@@ -104,6 +104,8 @@ def capture_tree(source: Source, phys_bits: int | None = None) -> tuple[MemoryTr
             if isinstance(data, bytes):
                 tree.add_file(f"{NODE_DIR}/{n}/{attr}", data)
     width = _capture_width(source, tree, skipped, phys_bits)
+    if is_whole(source):  # a live sysfs, or a capture of one: what it lacks, its host lacks
+        tree.add_file(WHOLE_MEMBER, "captured from a live sysfs: a missing driver or iommu_group link is absent on the host\n")
     missing = tuple(f"{n} {'GPU or NIC' if attr == 'driver' else 'PCI'} function(s) of {functions} have no {attr}: "
                     f"{MISSING_COSTS[attr]}" for attr, n in lacking.items() if n)
     return tree, CaptureSummary(functions, nodes, len(tree), tuple(skipped), width, cut, missing=missing)
@@ -112,21 +114,6 @@ def capture_tree(source: Source, phys_bits: int | None = None) -> tuple[MemoryTr
 def _wants_driver(source: Source, real: str) -> bool:
     cls = _read_ids(source, real, ("class",))
     return cls is not None and cls[0].startswith(DRIVER_CLASSES)
-
-
-def is_live_sysfs(path: str) -> bool:
-    """Whether ``path`` is the root of a mounted sysfs (``/sys``, or the node's ``/host/sys``
-    under ``kubectl debug node/...``): then this machine's /proc/cpuinfo is the node's CPU. The
-    mount table says so (the mount point that holds ``path``, and its filesystem type)."""
-    real = os.path.realpath(path)
-    try:
-        with open(MOUNTINFO, encoding="utf-8", errors="replace") as fh:
-            mounts = [line.split(" - ", 1) for line in fh]
-    except OSError:
-        return False
-    # fields: id parent major:minor root mount-point options ... - fstype source super-options
-    return any(len(m) == 2 and len(m[0].split()) > 4 and m[0].split()[4] == real and m[1].split()[:1] == ["sysfs"]
-               for m in mounts)
 
 
 def _capture_width(source: Source, tree: MemoryTree, skipped: list[str], phys_bits: int | None) -> int | None:

@@ -90,6 +90,15 @@ class DirSource:
     def __init__(self, root: str | os.PathLike):
         self.root = os.fspath(root)
         self.name = self.root
+        self._whole: bool | None = None
+
+    @property
+    def whole(self) -> bool:
+        """A live sysfs (:func:`is_live_sysfs`): a missing ``driver`` or ``iommu_group`` link is a
+        fact there; in a copy it may have been left out."""
+        if self._whole is None:
+            self._whole = is_live_sysfs(self.root)
+        return self._whole
 
     def _abs(self, rel: str) -> str:
         return os.path.join(self.root, rel) if rel else self.root
@@ -157,6 +166,9 @@ class MemoryTree:
         # Whether this machine's CPU stands for the tree's host when the tree records no width
         # (topology/model/cpuinfo.py): True for synthetic hosts and fixtures, False for a capture file.
         self.cpu_is_local = True
+        # Whether a link the tree lacks is absent on its host (:data:`WHOLE_MEMBER`): True for a
+        # host built in memory from its description, for a tarball only when its capture says so.
+        self.whole = True
         self._entries: dict[str, _File | _Link | _Dir] = {}
         self._children: dict[str, set[str]] = {"": set()}
         self.path_bytes = 0  # every entry's path and link target: what a capture's bounds count
@@ -343,6 +355,41 @@ def _not_a_capture(name: str, e: BaseException) -> str:
     return f"{name}: not a readable capture tarball ({what}); --sysfs takes {SYSFS_KINDS}"
 
 
+# What a tree lacking these links cannot tell (``pcitopo capture`` warns in the same words; the
+# doctor, the prediction and ``xmlfix --check`` say unknown for it unless the source is whole).
+LEFT_OUT = {"iommu_group": "IOMMU off, or left out of the source",
+            "driver": "bound to no driver, or left out of the source"}
+# ``pcitopo capture`` of a live sysfs records this member: the capture is as whole as its host.
+WHOLE_MEMBER = "pcitopo/live-sysfs"
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def is_live_sysfs(path: str) -> bool:
+    """Whether ``path`` is the root of a mounted sysfs (``/sys``, or the node's ``/host/sys``
+    under ``kubectl debug node/...``): then this machine's /proc/cpuinfo is the node's CPU, and a
+    link it lacks is absent. The mount table says so (the mount point that holds ``path``, and its
+    filesystem type)."""
+    real = os.path.realpath(path)
+    try:
+        with open(MOUNTINFO, encoding="utf-8", errors="replace") as fh:
+            mounts = [line.split(" - ", 1) for line in fh]
+    except OSError:
+        return False
+    # fields: id parent major:minor root mount-point options ... - fstype source super-options
+    return any(len(m) == 2 and len(m[0].split()) > 4 and m[0].split()[4] == real and m[1].split()[:1] == ["sysfs"]
+               for m in mounts)
+
+
+def is_whole(source: object) -> bool:
+    """Whether ``source`` (None: a model built in memory) says a link it lacks is absent."""
+    return source is None or bool(getattr(source, "whole", True))
+
+
+def _read_back(tree: "MemoryTree") -> "MemoryTree":
+    tree.whole = isinstance(tree.read(WHOLE_MEMBER), bytes)
+    return tree
+
+
 def default_sysfs() -> str:
     """The sysfs root every command uses unless told otherwise (KubeVirt's shim passes only
     --vmi and --domain, so the environment is the one way to point it elsewhere)."""
@@ -360,10 +407,10 @@ def open_source(path: str | os.PathLike = "/sys") -> Source:
             return DirSource(os.path.join(p, "sysfs"))
         tarball = os.path.join(p, "sysfs.tar.gz")
         if os.path.isfile(tarball):
-            return MemoryTree.from_tarball(tarball)
+            return _read_back(MemoryTree.from_tarball(tarball))
         raise SysfsError(f"{p}: no {PCI_DEVICES_DIR} here, and no sysfs.tar.gz or sysfs/ inside")
     if os.path.isfile(p):
-        tree = MemoryTree.from_tarball(p)
+        tree = _read_back(MemoryTree.from_tarball(p))
         tree.cpu_is_local = False  # a capture from another host: its width is the recorded one
         return tree
     raise SysfsError(f"{p}: no such sysfs directory or capture")
