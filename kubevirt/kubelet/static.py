@@ -81,37 +81,45 @@ def reserved_cpus(topo: CpuTopology, settings: KubeletSettings) -> frozenset[int
     return _take(topo, settings, topo.all.cpus, count)
 
 
-def _smt_refusal(topo: CpuTopology, reserved: frozenset[int], count: int) -> str | None:
+def _smt_refusal(topo: CpuTopology, reserved: frozenset[int], free: frozenset[int], count: int) -> str | None:
     per_core = topo.cpus_per_core()
     if count % per_core:
         return f"SMTAlignmentError: requested {count} cpus not multiple cpus per core = {per_core}"
-    physical = topo.all.cpus - topo.all.cpus_in_cores(*{topo.details[c].core for c in reserved})
+    physical = free - topo.all.cpus_in_cores(*{topo.details[c].core for c in reserved})
     if count > len(physical):
         return (f"SMTAlignmentError: not enough free physical CPUs: available physical CPUs = {len(physical)}, "
                 f"requested CPUs = {count}, CPUs per core = {per_core}")
     return None
 
 
-def place(topo: CpuTopology, count: int, devices: Sequence[DeviceResource], settings: KubeletSettings) -> Placement:
-    """The ``count`` exclusive CPUs kubelet gives a new pod on an otherwise empty node."""
+def allocate_cpus(topo: CpuTopology, settings: KubeletSettings, available: frozenset[int], count: int,
+                  affinity: frozenset[int] | None) -> frozenset[int]:
+    """policy_static.go ``allocateCPUs``: the affinity's CPUs first, then the rest."""
+    got: frozenset[int] = frozenset()
+    if affinity is not None:
+        aligned = topo.all.keep_only(available).cpus_in_nodes(*affinity)
+        got = _take(topo, settings, aligned, min(count, len(aligned)))
+    return got | _take(topo, settings, available - got, count - len(got))
+
+
+def place(topo: CpuTopology, count: int, devices: Sequence[DeviceResource], settings: KubeletSettings,
+          free: frozenset[int] | None = None) -> Placement:
+    """The ``count`` exclusive CPUs kubelet gives a new pod when ``free`` (default: all) are
+    the shared pool; :class:`NotEnoughCpus` when the pool cannot hold them."""
     reserved = reserved_cpus(topo, settings)
-    available = topo.all.cpus - reserved
+    free = topo.all.cpus if free is None else frozenset(free)
+    available = free - reserved
     empty = Placement((), tuple(sorted(reserved)), None)
-    if settings.full_pcpus_only and (why := _smt_refusal(topo, reserved, count)):
+    if settings.full_pcpus_only and (why := _smt_refusal(topo, reserved, free, count)):
         return replace(empty, reason=why)
     providers = [cpu_hints(topo, available, count)]
     providers += [device_hints(topo.all.nodes(), d.nodes, d.request) for d in devices]
     admission: Admission = admit(settings.topology_policy, topo.all.nodes(), providers)
     if not admission.admitted:
         return replace(empty, affinity=admission.affinity, reason=admission.reason)
-    if count > len(available):
-        raise NotEnoughCpus(f"not enough cpus available to satisfy request: requested={count}, available={len(available)}")
-    got: frozenset[int] = frozenset()
-    if admission.affinity is not None:
-        aligned = topo.all.keep_only(available).cpus_in_nodes(*admission.affinity)
-        got = _take(topo, settings, aligned, min(count, len(aligned)))
-    got |= _take(topo, settings, available - got, count - len(got))
+    got = allocate_cpus(topo, settings, available, count, admission.affinity)
     return Placement(tuple(sorted(got)), tuple(sorted(reserved)), admission.affinity)
 
 
-__all__ = ["DISTRIBUTE", "FULL_PCPUS", "DeviceResource", "KubeletSettings", "Placement", "place", "reserved_cpus"]
+__all__ = ["DISTRIBUTE", "FULL_PCPUS", "DeviceResource", "KubeletSettings", "Placement", "allocate_cpus", "place",
+           "reserved_cpus"]
