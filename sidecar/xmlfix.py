@@ -19,6 +19,7 @@ only ``nvlink: require``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Sequence
@@ -99,7 +100,7 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
     """The domain to rewrite: the argument's, or without one (and with --vmi, whose bytes
     ``manifest`` are) the predicted one, said first, on stderr and as --explain's first line."""
     if args.domain is not None:
-        for opt in ("devices", "cpu_policy"):
+        for opt in ("devices", "cpu_policy", "topology_policy", "reserved_cpus", "kubelet_config"):
             if getattr(args, opt) is not None:
                 raise ConfigError(f"--{opt.replace('_', '-')} is for a predicted domain: use it without a domain argument")
         return read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain", DomainError)
@@ -116,6 +117,7 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
     if (args.explain or args.summary) and not (args.dot or args.json):
         sys.stdout.write(first + "\n")
     args.domain = "predicted.xml"
+    args.sizing = pred.sizing  # the check's advice when a device's node gets no guest cell
     return pred.xml
 
 
@@ -147,6 +149,9 @@ def xmlfix(argv: Sequence[str]) -> int:
     elif args.module_map:
         raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
     outcome = handle_define_domain(domain, vmi, host, fabric_file)
+    if getattr(args, "sizing", None) and outcome.result is not None and outcome.result.report.missing_cells is not None:
+        report = outcome.result.report  # the predicted pod's own sizing, from kubelet's model
+        report.missing_cells = dataclasses.replace(report.missing_cells, sizing=args.sizing)
     fabric = _loaded(fabric_file)
     result = outcome.result
     out = outcome.xml

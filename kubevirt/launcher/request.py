@@ -27,8 +27,12 @@ def add_prediction_args(p: argparse.ArgumentParser, shared: bool = True) -> None
                    "VMI's gpus, SR-IOV interfaces, hostDevices (a running launcher's PCI_RESOURCE_* values); "
                    "default: picked as `pcitopo pairs` pairs them")
     p.add_argument("--cpu-policy", metavar="POLICY", help="how kubelet's static CPU manager places the pod's CPUs: "
-                   "distribute (distribute-cpus-across-numa, docs/DEPLOY.md's; default), packed, devices (spread "
-                   "over every NUMA node of the devices)")
+                   "distribute (cpuManagerPolicyOptions distribute-cpus-across-numa, docs/DEPLOY.md's), packed (no "
+                   "options); default: the --kubelet-config's, else distribute; devices (spread over every NUMA node "
+                   "of the devices) is not kubelet's, a what-if")
+    from ..kubelet.settings import add_kubelet_args
+
+    add_kubelet_args(p)
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Predicted:
     notes: tuple[str, ...]
     vmi: dict  # the VMI the domain is for (instance type applied), for the hook's later calls
     release: object  # pcitopo.kubevirt.launcher.releases.Release
+    sizing: str | None = None  # when a device's node gets no guest cell: the vCPU count that gives it one
 
 
 def _release(args: argparse.Namespace, dump):
@@ -58,7 +63,8 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
     door, standard input included) on ``host`` with the options :func:`add_prediction_args` adds."""
     from .allocation import parse_devices, permitted_ids
     from .converter import UPSTREAM_MACHINE
-    from .cpus import DEFAULT_POLICY, policy_of
+    from ..kubelet.settings import resolve
+    from .cpus import CpuPolicy
     from .dumped import expand
     from .predict import Inputs, predict
 
@@ -74,17 +80,19 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
     vmi, notes = expand(doc, as_vmi(doc, name), dump)
     release, version, why = _release(args, dump)
     cr = dump.kubevirt if dump is not None else None
-    policy = policy_of(args.cpu_policy)
+    kubelet = resolve(args)
+    policy = CpuPolicy.DEVICES if kubelet.spread_over_devices else \
+        CpuPolicy.DISTRIBUTE if kubelet.settings.distribute else CpuPolicy.PACKED
     model = ((cr.raw.get("spec") or {}).get("configuration") or {}).get("cpuModel") if cr else None
     inputs = Inputs(release=release, version=version, machine=(cr.machine_type if cr and cr.machine_type else UPSTREAM_MACHINE),
                     cpu_model=model or "host-model",
-                    devices=tuple(parse_devices(args.devices)), policy=policy,
+                    devices=tuple(parse_devices(args.devices)), policy=policy, kubelet=kubelet.settings,
                     permitted=permitted_ids(cr.permitted_pci) if cr else {}, dump=dump)
     p = predict(host, vmi, inputs)
     head = [f"KubeVirt {version} ({why}), machine {inputs.machine}"]
-    if args.cpu_policy is None and policy is DEFAULT_POLICY:
-        head.append(f"CPU policy {policy.value} assumed (--cpu-policy to change)")
-    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)), vmi, release)
+    if kubelet.assumed:
+        head.append(kubelet.assumed)
+    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)), vmi, release, p.sizing)
 
 
 def _manifest(data: bytes, name: str) -> dict:
