@@ -87,7 +87,7 @@ def _refusal(settings: KubeletSettings, count: int, resources: Sequence[DeviceRe
         why = (f"; the pod's devices need host nodes {','.join(map(str, nodes))} and its CPUs fit in fewer, "
                "so no merged hint is preferred")
     return (f"kubelet refuses the pod at admission ({count} dedicated CPUs; {settings.text.removeprefix('kubelet ')}): "
-            f"{reason}{why} (docs/DEPLOY.md, \"kubelet\"): no pod, no domain")
+            f"{reason}{why} (docs/DEPLOY.md, \"Guest NUMA cells\"): no pod, no domain")
 
 
 def pod_cpus(numa: Mapping[int, NumaNode], count: int, resources: Sequence[DeviceResource], settings: KubeletSettings,
@@ -151,10 +151,10 @@ def sizing_line(numa: Mapping[int, NumaNode], resources: Sequence[DeviceResource
     count = smallest_vcpus(numa, resources, settings, emulator, threads, spread_over_devices)
     if count is None:
         return (f"no vCPU count gives every device's host node ({nodes}) a guest cell under {under}: "
-                "change the kubelet's settings (docs/DEPLOY.md, \"kubelet\")")
+                "change the kubelet's settings (docs/DEPLOY.md, \"Guest NUMA cells\")")
     pod = f" ({count + 1} pod CPUs with the emulator thread)" if emulator else ""
     return (f"give the VM {count} vCPUs{pod} (the smallest count whose pod CPUs span host nodes {nodes} "
-            f"under {under}; docs/DEPLOY.md, \"kubelet\")")
+            f"under {under}; docs/DEPLOY.md, \"Guest NUMA cells\")")
 
 
 __all__ = ["CpuPolicy", "PodCpus", "PodRefused", "cell_shares", "pod_cpus", "sizing_line", "smallest_vcpus", "topology_line"]
