@@ -129,7 +129,7 @@ def from_numa(numa: Mapping[int, NumaNode], sockets: int | None = None) -> tuple
     nodes = sorted(node_cpus)
     count = sockets or (2 if len(nodes) % 2 == 0 else 1)
     if len(nodes) % count:
-        raise ConfigError(f"--cpu-sockets {count}: {len(nodes)} NUMA nodes do not split evenly into {count} sockets")
+        raise ConfigError(f"{len(nodes)} NUMA nodes do not split evenly into {count} sockets")
     per_socket = len(nodes) // count
     socket_of = {n: i // per_socket for i, n in enumerate(nodes)}
     details = {c: CpuInfo(c % half if smt else c, socket_of[n], n) for c, n in node_of.items()}

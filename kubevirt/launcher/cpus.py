@@ -93,7 +93,7 @@ def _refusal(settings: KubeletSettings, count: int, resources: Sequence[DeviceRe
 def pod_cpus(numa: Mapping[int, NumaNode], count: int, resources: Sequence[DeviceResource], settings: KubeletSettings,
              spread_over_devices: bool = False) -> PodCpus:
     """The ``count`` CPUs kubelet gives the pod, next to its device ``resources``."""
-    topo, _ = from_numa(numa)
+    topo, assumed = from_numa(numa)
     if count > topo.num_cpus:
         raise ConfigError(f"spec.domain.cpu: the VM asks for {count} dedicated CPUs, the node has {topo.num_cpus}")
     if spread_over_devices:
@@ -103,12 +103,8 @@ def pod_cpus(numa: Mapping[int, NumaNode], count: int, resources: Sequence[Devic
     got = place(topo, count, resources, settings)
     if not got.admitted:
         raise PodRefused(_refusal(settings, count, resources, got.reason))
-    return PodCpus(_by_node(topo, got.cpus), f"{settings.text}; reserved CPUs {','.join(map(str, got.reserved))}")
-
-
-def topology_line(numa: Mapping[int, NumaNode]) -> str:
-    """What the CPU topology was assumed to be (a node capture has only the nodes' cpulists)."""
-    return from_numa(numa)[1]
+    return PodCpus(_by_node(topo, got.cpus), f"{settings.text}; reserved CPUs {','.join(map(str, got.reserved))}; "
+                   f"{assumed}")
 
 
 def cell_shares(pod: PodCpus, emulator: bool, threads: int) -> list[int]:
@@ -157,4 +153,4 @@ def sizing_line(numa: Mapping[int, NumaNode], resources: Sequence[DeviceResource
             f"under {under}; docs/DEPLOY.md, \"Guest NUMA cells\")")
 
 
-__all__ = ["CpuPolicy", "PodCpus", "PodRefused", "cell_shares", "pod_cpus", "sizing_line", "smallest_vcpus", "topology_line"]
+__all__ = ["CpuPolicy", "PodCpus", "PodRefused", "cell_shares", "pod_cpus", "sizing_line", "smallest_vcpus"]
