@@ -232,3 +232,26 @@ def test_best_effort_merge_prefers_the_narrowest_agreeing_mask():
     gpu = [Hint(frozenset({1}), True), Hint(frozenset({0, 1}), False)]
     assert admit("best-effort", {0, 1}, [cpu, gpu]).affinity == frozenset({1})
     assert admit("restricted", {0, 1}, [cpu, [Hint(frozenset({0, 1}), True)]]).admitted is False
+
+
+def test_settings_from_a_kubelet_config_and_flags(tmp_path):
+    """kubelet's numReservedCPUs is ceil(kubeReserved.cpu + systemReserved.cpu); the flags win
+    over the file; what neither gives is DEPLOY.md's, said in one line."""
+    import argparse
+
+    from pcitopo.kubevirt.kubelet.settings import resolve
+
+    config = tmp_path / "config.yaml"
+    config.write_text("kind: KubeletConfiguration\ncpuManagerPolicy: static\ncpuManagerPolicyOptions:\n"
+                      "  full-pcpus-only: \"true\"\ntopologyManagerPolicy: restricted\n"
+                      "kubeReserved: {cpu: 500m}\nsystemReserved: {cpu: \"1\"}\n")
+    args = argparse.Namespace(cpu_policy=None, topology_policy=None, reserved_cpus=None, kubelet_config=str(config))
+    got = resolve(args)
+    assert got.settings == KubeletSettings("restricted", distribute=False, full_pcpus_only=True, reserved_count=2)
+    assert got.assumed is None
+    args.topology_policy, args.reserved_cpus = "best-effort", "0,112"
+    assert resolve(args).settings.topology_policy == "best-effort"
+    assert resolve(args).settings.reserved_cpus == {0, 112}
+    bare = resolve(argparse.Namespace(cpu_policy=None, topology_policy=None, reserved_cpus=None, kubelet_config=None))
+    assert bare.settings == KubeletSettings() and bare.assumed.startswith("kubelet assumed: cpuManagerPolicyOptions "
+                                                                          "distribute-cpus-across-numa, topologyManagerPolicy best-effort, one core reserved")
