@@ -275,7 +275,7 @@ def test_i27_cells_doctor_reports_the_spread_kubelet(capsys):
     kubelet = json.loads(out)["kubelet"]
     assert kubelet["policy"] == "static" and kubelet["options"] == {"distribute-cpus-across-numa": "true"}
     assert kubelet["topology_manager_policy"] == "best-effort" and kubelet["unread"] == []
-    assert kubelet["exclusive"] == [{"pod": POD, "container": "compute", "cpus": 177, "nodes": [0, 1, 2, 3]}]
+    assert kubelet["exclusive"] == [{"pod": POD, "container": "compute", "cpus": 169, "nodes": [0, 1, 2, 3]}]
     _, out = doctor(capsys, "--kubelet-dir", str(KUBELET / "spread"))
     assert kubelet_lines(out)[0] == ("kubelet: CPU manager policy static (cpu_manager_state), options "
                                      "distribute-cpus-across-numa=true, topology manager policy best-effort")

@@ -255,3 +255,23 @@ def test_settings_from_a_kubelet_config_and_flags(tmp_path):
     bare = resolve(argparse.Namespace(cpu_policy=None, topology_policy=None, reserved_cpus=None, kubelet_config=None))
     assert bare.settings == KubeletSettings() and bare.assumed.startswith("kubelet assumed: cpuManagerPolicyOptions "
                                                                           "distribute-cpus-across-numa, topologyManagerPolicy best-effort, one core reserved")
+
+
+@pytest.mark.parametrize("name,count", [("packed", 65), ("spread", 169)])
+def test_the_doctors_kubelet_data_hold_what_kubelet_gives(name, count):
+    """tests/data/kubelet's checkpoints (read by `pcitopo doctor --kubelet-dir`) hold the CPUs the
+    model gives the 8-GPU pod on hgx-b200 under their own config.yaml."""
+    import argparse
+    import json
+
+    from testkit import REPO
+    from pcitopo.kubevirt.kubelet.settings import resolve
+
+    folder = REPO / "tests" / "data" / "kubelet" / name
+    settings = resolve(argparse.Namespace(cpu_policy=None, topology_policy=None, reserved_cpus=None,
+                                          kubelet_config=str(folder / "config.yaml"))).settings
+    topo, gpus = _fixture("hgx-b200")
+    state = json.loads((folder / "cpu_manager_state").read_text())
+    held = cpus(next(iter(state["entries"].values()))["compute"])
+    assert frozenset(place(topo, count, gpus, settings).cpus) == held
+    assert cpus(state["defaultCpuSet"]) == topo.all.cpus - held
