@@ -44,7 +44,7 @@ def run_door(prog: str, body: Callable[[], int], *, with_kind: bool = False, out
         return body()
     except PcitopoError as e:
         print(f"{prog}: {e.kind}: {e.reason}" if with_kind else f"{prog}: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return getattr(e, "exit_code", EXIT_BAD_INPUT)  # kubelet refusing the pod is a verdict (1), not bad input
     except BrokenPipeError:
         if output_is_result:
             print(f"{prog}: stdout closed before the domain was written", file=sys.stderr)

@@ -19,6 +19,7 @@ only ``nvlink: require``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Sequence
@@ -110,7 +111,7 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
     ``manifest`` are) the predicted one, said first, on stderr and as --explain's first line;
     None, said, when the release to predict for is not one pcitopo read."""
     if args.domain is not None:
-        for opt in ("devices", "cpu_policy"):
+        for opt in ("devices", "cpu_policy", "topology_policy", "reserved_cpus", "kubelet_config"):
             if getattr(args, opt) is not None:
                 raise ConfigError(f"--{opt.replace('_', '-')} is for a predicted domain: use it without a domain argument")
         return read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain", DomainError)
@@ -134,6 +135,7 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
     if (args.explain or args.summary) and not (args.dot or args.json):
         sys.stdout.write(first + "\n")
     args.domain = "predicted.xml"
+    args.sizing = pred.sizing  # the check's advice when a device's node gets no guest cell
     return pred.xml
 
 
@@ -183,6 +185,9 @@ def _run(args: argparse.Namespace, manifest: bytes | None, vmi: bytes | None) ->
     elif args.module_map:
         raise ConfigError("--module-map needs --fabric (the module map only names the fabric's GPUs)")
     outcome = handle_define_domain(domain, vmi, host, fabric_file)
+    if getattr(args, "sizing", None) and outcome.result is not None and outcome.result.report.missing_cells is not None:
+        report = outcome.result.report  # the predicted pod's own sizing, from kubelet's model
+        report.missing_cells = dataclasses.replace(report.missing_cells, sizing=args.sizing)
     fabric = _loaded(fabric_file)
     result = outcome.result
     out = outcome.xml
@@ -367,7 +372,6 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
     import json
     from dataclasses import replace
 
-    from dataclasses import replace
 
     from pcitopo.topology.guest.predict import check_verdict
 

@@ -2,9 +2,10 @@
 them: test scaffolding around the product's prediction (:mod:`pcitopo.kubevirt.launcher.predict`,
 what ``pcitopo domain`` prints), which is the one model of KubeVirt's converter.
 
-:func:`domain_for_vmi` asks the product for the first hook input with the pod's CPUs spread over
-every NUMA node of the devices (``--cpu-policy devices``, what the examples' stand-in domains
-assume) and, given ``gpus`` (e.g. one fabric partition), those GPUs for the first GPU requests.
+:func:`domain_for_vmi` asks the product for the first hook input with the pod's CPUs as kubelet
+gives them under the settings docs/DEPLOY.md recommends (what the examples' golden domains
+assume, fixtures/examples.py) and, given ``gpus`` (e.g. one fabric partition), those GPUs for the
+first GPU requests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
-from pcitopo.kubevirt.launcher.cpus import CpuPolicy
 from pcitopo.kubevirt.launcher.predict import Inputs, predict
 from pcitopo.kubevirt.launcher.releases import Release
 from pcitopo.kubevirt.manifest import as_vmi as _as_vmi
@@ -31,8 +31,7 @@ def domain_for_vmi(host: Topology, vmi: dict[str, Any], gpus: Sequence[Bdf] | No
                    release: Release = Release.V1_9, machine: str = UPSTREAM_MACHINE) -> bytes:
     """KubeVirt's first ``OnDefineDomain`` input for ``vmi`` on ``host`` (before placeholders,
     :func:`testkit.kubevirt_define.with_placeholders`), as ``release`` converts it."""
-    inputs = Inputs(release=release, version=release.model_tag, machine=machine, devices=tuple(gpus or ()),
-                    policy=CpuPolicy.DEVICES)
+    inputs = Inputs(release=release, version=release.model_tag, machine=machine, devices=tuple(gpus or ()))
     return predict(host, vmi, inputs).xml
 
 

@@ -1,15 +1,15 @@
 """Issue 27, item 3: guest cells that match the devices.
 
 KubeVirt's ``guestMappingPassthrough`` makes one guest cell per host NUMA node of the pod's CPUs.
-The 8×B200 example (deploy/vm-gpu.yaml, 64 vCPUs) on its stand-in node (fixtures/hgx-b200, 4
-nodes of 56 CPUs) gets CPUs from nodes 0 and 1 only: kubelet's static CPU manager gives a pod
-the fewest NUMA nodes that hold its CPUs (packed: node 0 whole, then node 1). The devices on
-nodes 2 and 3 then have no guest cell. The spread case is the same VM asking for more CPUs
-than three nodes hold (2 × 44 × 2 = 176), which kubelet's distribute-cpus-across-numa spreads
-44 per node: four cells.
+The 8×B200 example (deploy/vm-gpu.yaml) cut to 64 vCPUs, on its stand-in node (fixtures/hgx-b200,
+4 nodes of 56 CPUs), with CPUs from nodes 0 and 1 only, the node set kubelet's packed
+allocation gives it (kubelet v1.33: 9 on node 0, 56 on node 1; tests/test_kubelet_cpus.py). The
+devices on nodes 2 and 3 then have no guest cell. The spread case is the example as shipped,
+168 vCPUs, more than three nodes hold, which kubelet's distribute-cpus-across-numa spreads over
+all four: four cells.
 
 Both domains are built the way test_deploy builds the examples' (testkit.kubevirt_vmi), then
-given the pod's CPUs as kubelet would hand them (:func:`with_pod_cpus`).
+given the pod's CPUs by hand (:func:`with_pod_cpus`): a given domain, the path the hook judges.
 """
 
 from __future__ import annotations
@@ -102,11 +102,11 @@ def vcpus(vmi: dict) -> int:
 
 @pytest.fixture(scope="module")
 def cases(host, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
-    """name → (domain.xml, vmi.json): ``packed`` (the example's 64 vCPUs, kubelet packing them
-    on nodes 0-1) and ``spread`` (176 vCPUs, 44 on each node)."""
+    """name → (domain.xml, vmi.json): ``packed`` (64 vCPUs on nodes 0-1) and ``spread`` (the
+    example's 168 vCPUs, 42 on each node)."""
     d = tmp_path_factory.mktemp("cells")
     out = {}
-    small, big = example_vmi(), example_vmi(cores=44)
+    small, big = example_vmi(cores=16), example_vmi()
     for name, vmi, cpus in (("packed", small, packed(host, vcpus(small))),
                             ("spread", big, distributed(host, vcpus(big), 4))):
         (d / f"{name}.xml").write_bytes(with_pod_cpus(domain_for_vmi(host, vmi), host, cpus))
@@ -142,7 +142,7 @@ def test_i27_cells_the_cases_are_what_kubelet_gives(cases):
                 for m, c in zip(root.findall("numatune/memnode"), root.findall("cpu/numa/cell"))]
 
     assert cells("packed") == [("0", 56), ("1", 8)]
-    assert cells("spread") == [("0", 44), ("1", 44), ("2", 44), ("3", 44)]
+    assert cells("spread") == [("0", 42), ("1", 42), ("2", 42), ("3", 42)]
 
 
 def test_i27_cells_packed_check_names_the_devices_the_nodes_and_the_fix(cases):
@@ -275,7 +275,7 @@ def test_i27_cells_doctor_reports_the_spread_kubelet(capsys):
     kubelet = json.loads(out)["kubelet"]
     assert kubelet["policy"] == "static" and kubelet["options"] == {"distribute-cpus-across-numa": "true"}
     assert kubelet["topology_manager_policy"] == "best-effort" and kubelet["unread"] == []
-    assert kubelet["exclusive"] == [{"pod": POD, "container": "compute", "cpus": 177, "nodes": [0, 1, 2, 3]}]
+    assert kubelet["exclusive"] == [{"pod": POD, "container": "compute", "cpus": 169, "nodes": [0, 1, 2, 3]}]
     _, out = doctor(capsys, "--kubelet-dir", str(KUBELET / "spread"))
     assert kubelet_lines(out)[0] == ("kubelet: CPU manager policy static (cpu_manager_state), options "
                                      "distribute-cpus-across-numa=true, topology manager policy best-effort")

@@ -65,19 +65,78 @@ def test_each_deploy_example_predicts_the_domain_its_comment_checks(example):
     assert "domain predicted" in first and "KubeVirt v1.9.0" in first
 
 
-def test_default_policy_gives_the_cells_kubelet_gives():
-    """64 vCPUs + the emulator thread on a 4 × 56-CPU node: kubelet's fewest nodes are two, the
-    devices' first (docs/DEPLOY.md "Guest NUMA cells"); `devices` spreads them over all four."""
-    root, err = domain("--vmi", VM_GPU, "--sysfs", B200)
-    assert memnodes(root) == ["0", "1"]
-    assert "CPU policy distribute assumed" in err and "33 on node 0, 32 on node 1" in err
-    cells = [c.get("cpus") for c in root.iter("cell")]
-    assert cells == ["0-31", "32-63"]  # whole cores per cell: the odd CPU of node 0 is the emulator's
+def vm_with_cores(tmp_path, cores: int) -> str:
+    """deploy/vm-gpu.yaml asking for ``cores`` cores per socket (2 sockets, 2 threads)."""
+    import yaml
+
+    vm = yaml.safe_load((ROOT / VM_GPU).read_text())
+    vm["spec"]["template"]["spec"]["domain"]["cpu"]["cores"] = cores
+    return write(tmp_path, f"vm-{cores}.yaml", vm)
+
+
+def test_default_settings_give_the_cells_kubelet_gives(tmp_path):
+    """64 vCPUs + the emulator thread on hgx-b200 (4 × 56 CPUs, CPUs 0 and 112 reserved), kubelet
+    v1.33's cpu_assignment.go under best-effort: distribute-cpus-across-numa takes the fewest
+    nodes, 2, and of those the best balance score, nodes 1 and 2 (33 + 32); packed takes node 1
+    whole and 9 from node 0; `devices` (not kubelet's) spreads them over all four."""
+    vm64 = vm_with_cores(tmp_path, 16)
+    root, err = domain("--vmi", vm64, "--sysfs", B200)
+    assert memnodes(root) == ["1", "2"]
+    assert "kubelet assumed: cpuManagerPolicyOptions distribute-cpus-across-numa" in err
+    assert "65 (33 on node 1, 32 on node 2)" in err and "reserved CPUs 0,112" in err
+    assert [len(etree_cpus(c)) for c in root.iter("cell")] == [32, 32]  # node 1's odd CPU is the emulator's
     assert root.find("cputune/emulatorpin").get("cpuset") not in {p.get("cpuset") for p in root.iter("vcpupin")}
-    packed, err = domain("--vmi", VM_GPU, "--sysfs", B200, "--cpu-policy", "packed")
-    assert memnodes(packed) == ["0", "1"] and [c.get("cpus") for c in packed.iter("cell")] == ["0-55", "56-63"]
-    spread, _ = domain("--vmi", VM_GPU, "--sysfs", B200, "--cpu-policy", "devices")
+    packed, err = domain("--vmi", vm64, "--sysfs", B200, "--cpu-policy", "packed")
+    assert memnodes(packed) == ["0", "1"] and "65 (9 on node 0, 56 on node 1)" in err
+    spread, _ = domain("--vmi", vm64, "--sysfs", B200, "--cpu-policy", "devices")
     assert memnodes(spread) == ["0", "1", "2", "3"]
+    example, _ = domain("--vmi", VM_GPU, "--sysfs", B200)  # 168 vCPUs: all four nodes
+    assert memnodes(example) == ["0", "1", "2", "3"]
+
+
+def etree_cpus(cell) -> set[int]:
+    from pcitopo.topology.libvirt.domain import parse_cpuset
+
+    return parse_cpuset(cell.get("cpus"))
+
+
+@pytest.mark.parametrize("policy", ["restricted", "single-numa-node"])
+def test_a_pod_kubelet_refuses_gets_kubelets_reason_not_a_domain(tmp_path, policy):
+    """GPUs on 4 nodes, 65 CPUs that fit in 2: no preferred merged hint, kubelet's
+    TopologyAffinityError; the check fails the same way (exit 1)."""
+    vm64 = vm_with_cores(tmp_path, 16)
+    for tool, args in (("pcitopo", ["domain"]), ("xmlfix", ["--check"])):
+        r = run(tool, *args, "--vmi", vm64, "--sysfs", B200, "--topology-policy", policy)
+        last = r.stderr.decode().splitlines()[-1]
+        assert r.returncode == 1 and not r.stdout, r.stderr
+        assert "kubelet refuses the pod at admission" in last and "TopologyAffinityError" in last, last
+    ok = run("pcitopo", "domain", "--vmi", VM_GPU, "--sysfs", B200, "--topology-policy", "restricted")
+    assert ok.returncode == 0, ok.stderr  # 169 CPUs need all four nodes: the hints agree
+
+
+def test_the_check_names_the_smallest_vcpu_count_that_gives_every_gpu_node_a_cell(tmp_path):
+    r = run("xmlfix", "--check", "--vmi", vm_with_cores(tmp_path, 16), "--sysfs", B200)
+    assert r.returncode == 1
+    line = next(x for x in r.stderr.decode().splitlines() if "have no guest cell (" in x)
+    assert "here nodes 1,2 only" in line and "give the VM 168 vCPUs (169 pod CPUs with the emulator thread)" in line
+    none = run("xmlfix", "--check", "--vmi", vm_with_cores(tmp_path, 16), "--sysfs", B200, "--cpu-policy", "packed",
+               "--reserved-cpus", "0-55,112-167")
+    line = next(x for x in none.stderr.decode().splitlines() if "have no guest cell (" in x)
+    assert "no vCPU count gives every device's host node (0,1,2,3) a guest cell" in line
+
+
+def test_kubelet_settings_come_from_the_kubelet_config(tmp_path):
+    """The node's KubeletConfiguration (what `pcitopo doctor --kubelet-dir` reads) decides; the
+    assumption line is gone."""
+    config = write(tmp_path, "config.yaml", "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                   "cpuManagerPolicy: static\ntopologyManagerPolicy: best-effort\nreservedSystemCPUs: 0,112\n")
+    root, err = domain("--vmi", vm_with_cores(tmp_path, 16), "--sysfs", B200, "--kubelet-config", config)
+    assert "kubelet assumed" not in err and "options none" in err and "65 (9 on node 0, 56 on node 1)" in err
+    assert memnodes(root) == ["0", "1"]
+    report = write(tmp_path, "doctor.json", {"kubelet": {"policy": "static", "options": {"distribute-cpus-across-numa": "true"},
+                                                         "topology_manager_policy": "restricted", "reserved_cpu": "1"}})
+    r = run("pcitopo", "domain", "--vmi", vm_with_cores(tmp_path, 16), "--sysfs", B200, "--kubelet-config", report)
+    assert r.returncode == 1 and "topologyManagerPolicy restricted" in r.stderr.decode()
 
 
 def test_without_devices_a_gpu_and_its_pix_nic_are_picked_together_and_said():
@@ -160,6 +219,8 @@ def test_a_manifest_kubevirt_rejects_is_one_line_naming_the_field(tmp_path, spec
     (["--kubevirt", "latest"], "--kubevirt latest: not a KubeVirt release"),
     (["--assume-release", "v1.10.0"], "--assume-release v1.10.0: not a release pcitopo read"),
     (["--cpu-policy", "spread"], "--cpu-policy spread: unknown"),
+    (["--topology-policy", "strict"], "--topology-policy strict: unknown"),
+    (["--reserved-cpus", "x"], "--reserved-cpus 'x': not a CPU list"),
 ])
 def test_bad_options_are_one_line_naming_them(args, said):
     r = run("pcitopo", "domain", "--vmi", VM_GPU, "--sysfs", B200, *args)
@@ -236,7 +297,7 @@ def test_xmlfix_explain_on_a_predicted_domain_says_so_first():
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode().splitlines()
     assert out[0].startswith("domain predicted") and "KubeVirt v1.9.0" in out[0] and out[1].startswith("Verdict:")
-    given = run("xmlfix", "--check", "--vmi", VM_GPU, "--sysfs", B200, "--cpu-policy", "devices")
+    given = run("xmlfix", "--check", "--vmi", VM_GPU, "--sysfs", B200)
     assert given.returncode == 0, given.stderr
     r = run("xmlfix", "--check", "--sysfs", B200, "--devices", "0000:1a:00.0", str(ROOT / "fixtures" / "hgx-b200" / "domain.xml"))
     assert r.returncode == 2 and "--devices is for a predicted domain" in r.stderr.decode()
@@ -278,9 +339,9 @@ def test_a_manifest_on_standard_input_is_read_once_by_both_doors():
     """`--vmi -` with no domain: the door reads standard input once and hands the bytes on (a
     second read would find it empty)."""
     text = (ROOT / VM_GPU).read_text()
-    r = run("pcitopo", "domain", "--vmi", "-", "--sysfs", B200, "--cpu-policy", "devices", stdin=text)
+    r = run("pcitopo", "domain", "--vmi", "-", "--sysfs", B200, stdin=text)
     assert r.returncode == 0, r.stderr
     assert r.stdout == (ROOT / "fixtures" / "hgx-b200" / "examples" / "vm-gpu" / "domain.xml").read_text()
-    check = run("xmlfix", "--check", "--vmi", "-", "--sysfs", B200, "--cpu-policy", "devices", stdin=text)
+    check = run("xmlfix", "--check", "--vmi", "-", "--sysfs", B200, stdin=text)
     assert check.returncode == 0, check.stderr
     assert check.stderr.splitlines()[-1].startswith("xmlfix: check: ok: ")

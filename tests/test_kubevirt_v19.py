@@ -48,10 +48,10 @@ def test_i27_every_example_is_simulated():
 
 def test_i27_vm_gpu_rows_as_v1_9_sends_them():
     root = _first("vm-gpu.yaml")
-    assert root.findtext("vcpu") == "256"  # maxSockets 2 x 4, 16 cores, 2 threads
+    assert root.findtext("vcpu") == "168"  # the manifest's maxSockets 2, 42 cores, 2 threads: no hotplug room
     vcpus = root.findall("vcpus/vcpu")
-    assert len(vcpus) == 256 and sum(v.get("enabled") == "yes" for v in vcpus) == 64
-    assert dict(root.find("cpu/topology").attrib) == {"sockets": "8", "cores": "16", "threads": "2"}
+    assert len(vcpus) == 168 and sum(v.get("enabled") == "yes" for v in vcpus) == 168
+    assert dict(root.find("cpu/topology").attrib) == {"sockets": "2", "cores": "42", "threads": "2"}
     assert root.findtext("os/loader").endswith("/OVMF_CODE.secboot.fd") and root.find("os/loader").get("secure") == "no"
     assert root.find("os/type").get("machine") == "q35"
     assert root.find("cputune/emulatorpin") is not None

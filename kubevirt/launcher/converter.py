@@ -62,7 +62,10 @@ def hostdev_alias(kind: str, entry: Mapping[str, Any]) -> str:
 
 
 def max_sockets(cpu: Mapping[str, Any]) -> int:
-    """``pkg/defaults/defaults.go`` ``setupCPUHotplug`` with the default live-update rollout."""
+    """``pkg/defaults/defaults.go`` ``setupCPUHotplug`` with the default live-update rollout: the
+    manifest's ``maxSockets`` when it gives one, else sockets × 4, at most 512 vCPUs."""
+    if cpu.get("maxSockets"):
+        return int(cpu["maxSockets"])
     sockets, per_socket = cpu.get("sockets", 1), cpu.get("cores", 1) * cpu.get("threads", 1)
     most = sockets * MAX_HOTPLUG_RATIO
     if most * per_socket > MAX_HOTPLUG_VCPUS:

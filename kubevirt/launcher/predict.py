@@ -12,7 +12,7 @@ and the release's EFI loader (:mod:`.releases`). Every assumption is a line in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from lxml import etree
@@ -22,7 +22,8 @@ from pcitopo.topology.model.tree import Bdf, Topology
 
 from . import converter as conv
 from .allocation import DeviceRequest, allocate, check_given, converter_order, device_requests
-from .cpus import CpuPolicy, PodCpus, pod_cpus
+from ..kubelet.static import DeviceResource, KubeletSettings
+from .cpus import CpuPolicy, PodCpus, cell_shares, pod_cpus, sizing_line
 from .dumped import dra_device
 from .releases import Release, ovmf_code
 from .skeleton import GuestCell, Hostdev, LauncherSpec, launcher_domain, with_efi
@@ -38,7 +39,8 @@ class Inputs:
     machine: str = conv.UPSTREAM_MACHINE
     cpu_model: str = "host-model"  # KubeVirt's default; the CR's spec.configuration.cpuModel overrides it
     devices: tuple[Bdf, ...] = ()  # the functions kubelet hands the pod, in request order
-    policy: CpuPolicy = CpuPolicy.DISTRIBUTE
+    policy: CpuPolicy = CpuPolicy.DISTRIBUTE  # decides distribute-cpus-across-numa (devices: not kubelet's spread)
+    kubelet: KubeletSettings = KubeletSettings()  # the rest of the node's kubelet settings
     permitted: Any = None  # kubevirt/hostdevices.py PermittedHostDevices, the dump's KubeVirt CR's (--cluster)
     dump: Any = None  # kubevirt/cluster.py ClusterDump, for DRA claims
 
@@ -48,6 +50,7 @@ class Prediction:
     xml: bytes
     hostdevs: tuple[Hostdev, ...]
     notes: tuple[str, ...]
+    sizing: str | None = None  # the vCPU count that gives every device's node a guest cell (cpus.sizing_line)
 
 
 def check_manifest(vmi: Mapping[str, Any]) -> None:
@@ -110,26 +113,50 @@ def hostdevs_for(host: Topology, vmi: Mapping[str, Any], inputs: Inputs, notes: 
     return tuple(Hostdev(bdfs[i], requests[i].alias) for i in converter_order(requests))
 
 
-def _cells(host: Topology, hostdevs: Sequence[Hostdev], cpu: Mapping[str, Any], policy: CpuPolicy,
-           notes: list[str]) -> tuple[tuple[GuestCell, ...], int | None]:
-    """The guest cells (vCPU pins per host node) and the emulator thread's CPU, from the pod's
-    CPUs; no cells without ``guestMappingPassthrough``."""
+def device_resources(host: Topology, vmi: Mapping[str, Any], hostdevs: Sequence[Hostdev]) -> tuple[DeviceResource, ...]:
+    """The pod's device-plugin resources (one per ``deviceName``; SR-IOV interfaces one
+    together) with their functions' host nodes: what the Topology Manager's device hints are
+    computed from. DRA claims give kubelet no hint."""
+    requests = {r.alias: r for r in device_requests(vmi["spec"]["domain"]["devices"])}
+    nodes: dict[str, list[int | None]] = {}
+    for h in hostdevs:
+        req = requests.get(h.alias)
+        if req is None or req.claim is not None:
+            continue
+        node = host.numa_of(host.function(h.source))
+        nodes.setdefault(req.resource or "sriov", []).append(node if node is not None and node >= 0 else None)
+    return tuple(DeviceResource(name, len(ns), tuple(ns)) for name, ns in nodes.items())
+
+
+def kubelet_of(inputs: Inputs) -> tuple[KubeletSettings, bool]:
+    """The kubelet settings and whether ``--cpu-policy devices`` asked for the devices' spread."""
+    if inputs.policy is CpuPolicy.DEVICES:
+        return inputs.kubelet, True
+    return replace(inputs.kubelet, distribute=inputs.policy is CpuPolicy.DISTRIBUTE), False
+
+
+def _cells(host: Topology, vmi: Mapping[str, Any], hostdevs: Sequence[Hostdev], inputs: Inputs,
+           notes: list[str]) -> tuple[tuple[GuestCell, ...], int | None, str | None]:
+    """The guest cells (vCPU pins per host node), the emulator thread's CPU, and, when a
+    device's node gets no cell, the sizing advice; no cells without ``guestMappingPassthrough``."""
+    cpu = vmi["spec"]["domain"].get("cpu") or {}
     if "guestMappingPassthrough" not in (cpu.get("numa") or {}):
-        return (), None
+        return (), None, None
     vcpus = cpu.get("sockets", 1) * cpu.get("cores", 1) * cpu.get("threads", 1)
-    extra = 1 if cpu.get("isolateEmulatorThread") else 0
-    device_nodes = [host.numa_of(host.function(h.source)) for h in hostdevs]
-    pod: PodCpus = pod_cpus(host.numa_nodes(), vcpus + extra, device_nodes, policy)
+    emulator = bool(cpu.get("isolateEmulatorThread"))
+    resources = device_resources(host, vmi, hostdevs)
+    settings, spread = kubelet_of(inputs)
+    pod: PodCpus = pod_cpus(host.numa_nodes(), vcpus + int(emulator), resources, settings, spread)
     notes.append(pod.line)
-    shares = [len(cs) for _, cs in pod.by_node]
-    if extra:  # FitCores fits whole cores (threads vCPUs each); the emulator takes the CPU left over
-        threads = cpu.get("threads", 1)
-        odd = [i for i, k in enumerate(shares) if k % threads]
-        shares[odd[0] if odd else len(shares) - 1] -= 1
+    shares = cell_shares(pod, emulator, cpu.get("threads", 1))
     cells = tuple(GuestCell(n, cs[:k]) for (n, cs), k in zip(pod.by_node, shares) if k)
     used = {c for cell in cells for c in cell.pins}
-    emulator = next((c for c in pod.cpus if c not in used), None) if extra else None
-    return cells, emulator
+    spare = next((c for c in pod.cpus if c not in used), None) if emulator else None
+    wanted = {n for r in resources for n in r.nodes if n is not None}
+    sizing = None
+    if not wanted <= {c.node for c in cells}:
+        sizing = sizing_line(host.numa_nodes(), resources, settings, emulator, cpu.get("threads", 1), spread)
+    return cells, spare, sizing
 
 
 def predict(host: Topology, vmi: dict[str, Any], inputs: Inputs = Inputs()) -> Prediction:
@@ -139,7 +166,7 @@ def predict(host: Topology, vmi: dict[str, Any], inputs: Inputs = Inputs()) -> P
     domain = vmi["spec"]["domain"]
     cpu = domain.get("cpu") or {}
     hostdevs = hostdevs_for(host, vmi, inputs, notes)
-    cells, emulator = _cells(host, hostdevs, cpu, inputs.policy, notes)
+    cells, emulator, sizing = _cells(host, vmi, hostdevs, inputs, notes)
     vcpus = cpu.get("sockets", 1) * cpu.get("cores", 1) * cpu.get("threads", 1)
     spec = LauncherSpec(vmi["metadata"].get("name") or "vmi", hostdevs, cells, vcpus=vcpus,
                         namespace=vmi["metadata"].get("namespace") or "default")
@@ -161,7 +188,7 @@ def predict(host: Topology, vmi: dict[str, Any], inputs: Inputs = Inputs()) -> P
     conv.vcpu_hotplug(root, cpu)  # every release since v1.6 (defaults.go setupCPUHotplug, LiveUpdate default)
     efi = ((domain.get("firmware") or {}).get("bootloader") or {}).get("efi")
     if efi is None:
-        return Prediction(to_kubevirt_bytes(root), hostdevs, tuple(notes))
+        return Prediction(to_kubevirt_bytes(root), hostdevs, tuple(notes), sizing)
     root = etree.fromstring(with_efi(to_kubevirt_bytes(root), ovmf_code(inputs.version)))
     root.find("os/loader").set("secure", "no" if efi.get("secureBoot") is False else "yes")
-    return Prediction(to_kubevirt_bytes(root), hostdevs, tuple(notes))
+    return Prediction(to_kubevirt_bytes(root), hostdevs, tuple(notes), sizing)

@@ -34,8 +34,12 @@ def add_prediction_args(p: argparse.ArgumentParser, shared: bool = True) -> None
                    "VMI's gpus, SR-IOV interfaces, hostDevices (a running launcher's PCI_RESOURCE_* values); "
                    "default: picked as `pcitopo pairs` pairs them")
     p.add_argument("--cpu-policy", metavar="POLICY", help="how kubelet's static CPU manager places the pod's CPUs: "
-                   "distribute (distribute-cpus-across-numa, docs/DEPLOY.md's; default), packed, devices (spread "
-                   "over every NUMA node of the devices)")
+                   "distribute (cpuManagerPolicyOptions distribute-cpus-across-numa, docs/DEPLOY.md's), packed (no "
+                   "options); default: the --kubelet-config's, else distribute; devices (spread over every NUMA node "
+                   "of the devices) is not kubelet's, a what-if")
+    from ..kubelet.settings import add_kubelet_args
+
+    add_kubelet_args(p)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class Predicted:
     names: NameVerdict = NameVerdict()
     # what the node's source cannot say about the picked functions (a copy without driver links)
     gaps: tuple[str, ...] = ()
+    sizing: str | None = None  # when a device's node gets no guest cell: the vCPU count that gives it one
 
     @property
     def unknowns(self) -> tuple[str, ...]:
@@ -83,7 +88,8 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
     door, standard input included) on ``host`` with the options :func:`add_prediction_args` adds."""
     from .allocation import parse_devices
     from .converter import UPSTREAM_MACHINE
-    from .cpus import DEFAULT_POLICY, policy_of
+    from ..kubelet.settings import resolve
+    from .cpus import CpuPolicy
     from .dumped import expand
     from .predict import Inputs, predict
     from ..hostdevices import driver_gaps, names_on
@@ -103,11 +109,13 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
     names = names_on(vmi, dump)
     if names.failed:  # before any function is picked: a name the cluster lacks is not a driver binding
         return Predicted(b"", version, (), vmi, release, names)
-    policy = policy_of(args.cpu_policy)
+    kubelet = resolve(args)
+    policy = CpuPolicy.DEVICES if kubelet.spread_over_devices else \
+        CpuPolicy.DISTRIBUTE if kubelet.settings.distribute else CpuPolicy.PACKED
     model = ((cr.raw.get("spec") or {}).get("configuration") or {}).get("cpuModel") if cr else None
     inputs = Inputs(release=release, version=version, machine=(cr.machine_type if cr and cr.machine_type else UPSTREAM_MACHINE),
                     cpu_model=model or "host-model",
-                    devices=tuple(parse_devices(args.devices)), policy=policy,
+                    devices=tuple(parse_devices(args.devices)), policy=policy, kubelet=kubelet.settings,
                     permitted=cr.permitted if cr else None, dump=dump)
     try:
         p = predict(host, vmi, inputs)
@@ -116,10 +124,10 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
             raise ConfigError(f"{names.unknown[0]}; and on this node: {e.reason}") from None
         raise
     head = [f"KubeVirt {version} ({why}), machine {inputs.machine}"]
-    if args.cpu_policy is None and policy is DEFAULT_POLICY:
-        head.append(f"CPU policy {policy.value} assumed (--cpu-policy to change)")
+    if kubelet.assumed:
+        head.append(kubelet.assumed)
     gaps = driver_gaps(host, [h.source for h in p.hostdevs])
-    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)), vmi, release, names, gaps)
+    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)), vmi, release, names, gaps, p.sizing)
 
 
 def _manifest(data: bytes, name: str) -> dict:

@@ -25,12 +25,11 @@ require` guarantees").
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from pcitopo.kubevirt.hostdevices import PermittedHostDevices, read_permitted
-from pcitopo.topology.checks.doctor import DoctorReport, Finding
+from pcitopo.topology.checks.doctor import DoctorReport
 from pcitopo.topology.errors import ConfigError, DoctorError, VmiError
 from pcitopo.topology.host.files import read_bounded
 from pcitopo.topology.host.yamltext import yaml_documents

@@ -52,6 +52,8 @@ class KubeletFacts:
     options: dict[str, str] | None = None  # cpuManagerPolicyOptions, when the config was read
     topology_policy: str | None = None
     gates: dict[str, bool] = field(default_factory=dict)  # the CPUManagerPolicy*Options gates set
+    reserved_cpus: str | None = None  # reservedSystemCPUs, a cpuset list
+    reserved_cpu: str | None = None  # kubeReserved.cpu + systemReserved.cpu, as written ("1", "500m")
     exclusive: list[Exclusive] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)  # "<path> (why)"
 
@@ -94,6 +96,7 @@ class KubeletFacts:
     def as_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "state_policy": self.state_policy, "config_policy": self.config_policy,
                 "options": self.options, "topology_manager_policy": self.topology_policy, "feature_gates": self.gates,
+                "reserved_system_cpus": self.reserved_cpus, "reserved_cpu": self.reserved_cpu,
                 "exclusive": [{"pod": e.pod, "container": e.container, "cpus": e.cpus, "nodes": list(e.nodes)}
                               for e in self.exclusive],
                 "unread": self.unread}
@@ -164,6 +167,22 @@ def _config(facts: KubeletFacts, data: bytes) -> None:
     gates = doc.get("featureGates") or {}
     if isinstance(gates, dict):
         facts.gates = {k: bool(v) for k, v in gates.items() if str(k).startswith("CPUManagerPolicy")}
+    facts.reserved_cpus = str(doc["reservedSystemCPUs"]) if doc.get("reservedSystemCPUs") else None
+    reserved = [str(((doc.get(k) or {}) if isinstance(doc.get(k), dict) else {}).get("cpu") or "")
+                for k in ("kubeReserved", "systemReserved")]
+    facts.reserved_cpu = "+".join(r for r in reserved if r) or None
+
+
+def read_config(path: str) -> KubeletFacts:
+    """Only the kubelet config file ``path`` (``pcitopo domain --kubelet-config``); what could
+    not be read is in ``unread``."""
+    facts = KubeletFacts("", path)
+    data, why = _read(path)
+    if data is None:
+        facts.unread.append(f"{path} ({why})")
+    else:
+        _config(facts, data)
+    return facts
 
 
 def read_kubelet(kubelet_dir: str, config: str | None, numa: Mapping[int, NumaNode]) -> KubeletFacts:
@@ -179,4 +198,4 @@ def read_kubelet(kubelet_dir: str, config: str | None, numa: Mapping[int, NumaNo
     return facts
 
 
-__all__ = ["KUBELET_DIR", "Exclusive", "KubeletFacts", "read_kubelet"]
+__all__ = ["KUBELET_DIR", "Exclusive", "KubeletFacts", "read_config", "read_kubelet"]

@@ -61,6 +61,7 @@ class MissingCells:
     cell_nodes: tuple[int, ...]  # host nodes that back a guest cell
     device_nodes: tuple[int, ...]  # every host node of the VM's devices
     cpus_per_node: int | None
+    sizing: str | None = None  # a predicted pod's advice from kubelet's model (kubevirt/launcher/cpus.py sizing_line)
 
     @property
     def short(self) -> str:
@@ -76,6 +77,8 @@ class MissingCells:
 
     @property
     def fix(self) -> str:
+        if self.sizing:
+            return self.sizing
         want = _nodes(self.device_nodes)
         k = len(self.device_nodes)
         if k == 1:
