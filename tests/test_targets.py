@@ -12,7 +12,8 @@ import re
 import pytest
 import yaml
 
-from pcitopo.kubevirt.targets import GPU_NODE_TERMS, TARGETS, is_gpu_node
+from pcitopo.kubevirt.nodes import GPU_NODE_TERMS, is_gpu_node
+from pcitopo.kubevirt.targets import TARGETS
 from testkit.admission.cluster import schedules_on
 from testkit.admission.manifests import (PLACEHOLDER, TARGETS_DIR, ZERO_DIGEST, kustomize, kustomize_text, overlay,
                                          pod_specs, template_image)
