@@ -117,13 +117,22 @@ def test_the_node_hook_adds_no_capability_and_outranks_the_vms(tmp_path, target)
     assert host[hook_mounts[folder]["name"]] == doctor_host[doctor_mount["name"]] == folder
 
 
-def test_the_doctor_mounts_two_kubelet_files_and_says_why_it_keeps_sys_admin(tmp_path):
-    docs = rendered(tmp_path, TARGETS[0])
-    (spec,) = [spec for name, spec in pod_specs(docs) if name == "pcitopo-doctor"]
+@pytest.mark.parametrize("component,files", [
+    ((), []), (("doctor-kubelet-rke2-k3s",), ["cpu_manager_state"]),
+    (("doctor-kubelet-kubeadm",), ["config.yaml", "cpu_manager_state"]),
+    (("doctor-kubelet-openshift",), ["cpu_manager_state"]),  # its config file is /etc/kubernetes/kubelet.conf
+])
+def test_the_doctor_mounts_kubelet_files_only_one_by_one_and_says_why_it_keeps_sys_admin(tmp_path, component, files):
+    """The base mounts no kubelet file (it starts on every distribution); each distribution's
+    component mounts single files, read-only, never the folder (tests/test_every_distribution.py)."""
+    site = overlay(tmp_path / "site", TARGETS[0].name, new_name="r.example/pcitopo", digest="sha256:" + "ab" * 32,
+                   components=component)
+    (spec,) = [spec for name, spec in pod_specs(kustomize(site)) if name == "pcitopo-doctor"]
+    assert breaches("pcitopo-doctor", spec) == []
     volumes = {v["name"]: v for v in spec["volumes"]}
     kubelet = sorted(volumes[m["name"]]["hostPath"]["path"] for m in spec["containers"][0]["volumeMounts"]
                      if volumes[m["name"]].get("hostPath", {}).get("path", "").startswith(KUBELET_DIR))
-    assert kubelet == [f"{KUBELET_DIR}/config.yaml", f"{KUBELET_DIR}/cpu_manager_state"]
+    assert kubelet == [f"{KUBELET_DIR}/{f}" for f in files]
     assert reason_for_sys_admin("pcitopo-doctor", "doctor")
     text = (DEPLOY / "base" / "doctor.yaml").read_text()
     assert 'unknown (needs root)' in text and "delete the `add` line" in text
