@@ -21,16 +21,22 @@ SYS_ADMIN_REASON = "# reason: config space past 64 bytes (ACS, ATS)"
 COMPONENTS = {"kubevirt-v1.6-v1.8": ("attach-hook",), "kubevirt-v1.9.0": ("attach-hook",), "kubevirt-main": ("attach-plugin",)}
 
 
-def reason_for_sys_admin(daemonset: str, container: str) -> bool:
+# The node hook's init container gives its socket folder to uid 107 (deploy/targets/kubevirt-main/node-hook.yaml).
+CHOWN_REASON = "# reason: give the socket folder to the node hook's uid"
+ALLOWED_ADDS = {("doctor", "SYS_ADMIN"): SYS_ADMIN_REASON, ("socket-folder", "CHOWN"): CHOWN_REASON}
+
+
+def reason_for_sys_admin(daemonset: str, container: str, cap: str = "SYS_ADMIN") -> bool:
     """Whether the manifest that defines this DaemonSet says, on the line above the container's
-    `add: ["SYS_ADMIN"]`, why."""
+    `add: ["CAP"]`, why (the reason ALLOWED_ADDS names for that container and capability)."""
+    reason = ALLOWED_ADDS.get((container, cap))
     for path in DEPLOY.rglob("*.yaml"):
         text = path.read_text()
-        if f"kind: DaemonSet\nmetadata:\n  name: {daemonset}\n" not in text:
+        if reason is None or f"kind: DaemonSet\nmetadata:\n  name: {daemonset}\n" not in text:
             continue
         part = text[text.index(f"- name: {container}\n"):]
-        above = part[:part.index('add: ["SYS_ADMIN"]')].splitlines()[:-1]  # the lines before the add line
-        return bool(above) and above[-1].strip().startswith(SYS_ADMIN_REASON)
+        above = part[:part.index(f'add: ["{cap}"]')].splitlines()[:-1]  # the lines before the add line
+        return bool(above) and above[-1].strip().startswith(reason)
     return False
 
 
@@ -70,7 +76,7 @@ def breaches(daemonset: str, spec: dict) -> list[str]:
         if caps.get("drop") != ["ALL"]:
             out.append(where + "does not drop ALL capabilities")
         for cap in caps.get("add") or []:
-            if cap != "SYS_ADMIN" or c["name"] != "doctor" or not reason_for_sys_admin(daemonset, c["name"]):
+            if not reason_for_sys_admin(daemonset, c["name"], cap):
                 out.append(where + f"adds {cap}")
         if "memory" not in ((c.get("resources") or {}).get("limits") or {}):
             out.append(where + "no memory limit")
