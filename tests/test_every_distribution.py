@@ -144,6 +144,8 @@ def test_the_doctor_with_its_daemonset_arguments_on_a_node_without_kubeadms_file
     assert r.returncode == 0, r.stderr
     (got,) = [x for x in r.stdout.splitlines() if x.startswith("kubelet:")]
     assert got.startswith(line.format(k=kdir)), got
+    if not files:  # docs/DEPLOY.md quotes what a node without any component prints
+        assert line.format(k="/host/var/lib/kubelet") in (REPO / "docs" / "DEPLOY.md").read_text()
     assert (node / "var/run/pcitopo/doctor.json").exists() and (node / "textfile/pcitopo.prom").exists()
 
 
