@@ -3,9 +3,8 @@
 Every VM and VMI with a PCI host device is judged twice by the start model (kubevirt/starts.py):
 on the cluster as dumped, and on the cluster with the target's gates and Plugin objects added.
 A VM that started and would not, or that had every pcitopo setting and would lose some, is
-harmed, by name. The GPU nodes are the ones with allocatable device-plugin resources (NVIDIA's,
-or the KubeVirt CR's permitted PCI resources) or a GPU label; the DaemonSet lands where the
-target's node affinity (targets.GPU_NODE_TERMS) selects them.
+harmed, by name. The GPU nodes, and whether the DaemonSets land on them, are kubevirt/nodes.py's
+rule (a GPU resource or a GPU label; SR-IOV NICs are not GPUs).
 """
 
 from __future__ import annotations
@@ -21,18 +20,12 @@ from .cluster import ClusterDump, mapping, name_of
 from .sidecar_policy import Refusal, refusal
 from .doors import PCITOPO_PLUGIN
 from .starts import Cluster, Start, Verdict, cluster_of, doors_needed, judge, opted_in, pci_devices
+from .nodes import GpuNode, gpu_node, gpu_resources
 from .releases import ReleaseUnknown
-from .targets import GPU_NODE_TERMS, Target, is_gpu_node
+from .targets import Target
 
 DOOR_NAMES = {"hook": "the hook sidecar (hooks.kubevirt.io/hookSidecars)",
               "plugin": "the pcitopo Plugin (label pcitopo.kubevirt.io/plugin: \"true\")"}
-
-
-@dataclass(frozen=True)
-class GpuNode:
-    name: str
-    why: tuple[str, ...]  # what makes it a GPU node
-    daemonset: bool  # the target's DaemonSet selects it
 
 
 @dataclass(frozen=True)
@@ -116,8 +109,8 @@ def preflight(dump: ClusterDump, tgt: Target, image: str | None = None, assume: 
     cr = dump.kubevirt
     assume = check_assumed(assume) if assume else None
     seen = cr.version if cr is not None else None
-    permitted = {p.resource for p in cr.permitted_pci} if cr else set()
-    nodes = [n for n in (_gpu_node(node, permitted) for node in dump.nodes) if n is not None]
+    resources = gpu_resources({p.resource: p.vendor_device for p in cr.permitted_pci} if cr else {})
+    nodes = [n for n in (gpu_node(node, resources) for node in dump.nodes) if n is not None]
     plugins = tuple((name_of(p), name_of(p) == PCITOPO_PLUGIN) for p in dump.plugins)
     if cr is None:
         return Preflight(tgt, None, None, None, None, (), plugins, nodes, unknown=(
@@ -285,15 +278,6 @@ def _sidecar_open(dump: ClusterDump, tgt: Target, before) -> str | None:
             "applied, its policies show in `kubectl get validatingadmissionpolicies -o yaml`), or turn Sidecar off")
 
 
-def _gpu_node(node: Mapping[str, Any], permitted: set[str]) -> GpuNode | None:
-    meta = mapping(node.get("metadata"))
-    labels = mapping(meta.get("labels"))
-    why = [f"allocatable {k}: {v}" for k, v in mapping(mapping(node.get("status")).get("allocatable")).items()
-           if (str(k).startswith("nvidia.com/") or k in permitted) and _positive(v)]
-    why += [f"label {k}={v}" for k, v in GPU_NODE_TERMS if labels.get(k) == v]
-    return GpuNode(str(meta.get("name", "?")), tuple(why), is_gpu_node(dict(labels))) if why else None
-
-
 def _foreign_plugin_notes(report: Preflight) -> list[str]:
     """Another vendor's Plugin object on a v1.9.x cluster: what is broken already, what pcitopo does."""
     foreign = [name for name, ours in report.plugins if not ours]
@@ -340,13 +324,3 @@ def as_json(report: Preflight) -> dict:
         "unknown": report.unknown or None,
         "ok": not report.fails and not report.unknown,
     }
-
-
-def _positive(value: Any) -> bool:
-    text = str(value).strip()
-    digits = "".join(ch for ch in text if ch.isdigit() or ch == ".")
-    try:
-        return float(digits or 0) > 0
-    except ValueError:
-        return False
-

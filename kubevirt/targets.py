@@ -22,21 +22,6 @@ from pcitopo.topology.errors import ConfigError
 
 from .releases import TARGETS as RELEASE_TARGETS, ReleaseUnknown, resolve
 
-# Node labels that mark a GPU node, whoever set them (one node selector term each: a node
-# matches when any term does). docs/SOURCES.md, "GPU node labels".
-GPU_NODE_TERMS: tuple[tuple[str, str], ...] = (
-    ("feature.node.kubernetes.io/pci-0302_10de.present", "true"),  # NFD default deviceLabelFields [class, vendor]
-    ("feature.node.kubernetes.io/pci-10de.present", "true"),  # GPU Operator's NFD: deviceLabelFields [vendor]
-    ("nvidia.com/gpu.present", "true"),  # GPU Feature Discovery, or set by an admin
-    ("nvidia.com/gpu.workload.config", "vm-passthrough"),  # GPU Operator in KubeVirt (sandbox) mode
-)
-
-
-def is_gpu_node(labels: dict | None) -> bool:
-    """Whether the DaemonSet's node affinity (:data:`GPU_NODE_TERMS`) selects a node with these labels."""
-    labels = labels or {}
-    return any(labels.get(key) == value for key, value in GPU_NODE_TERMS)
-
 
 @dataclass(frozen=True)
 class Target:

@@ -132,6 +132,13 @@ def _phys_bits(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> int:
+    """--every: an interval a node can afford and a person still sees move."""
+    if not text.isdigit() or not 10 <= int(text) <= 86400:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds from 10 to 86400")
+    return int(text)
+
+
 def _cmd_capture(args: argparse.Namespace) -> int:
     from pcitopo.topology.host.capture import capture
 
@@ -157,8 +164,46 @@ def _cmd_capture(args: argparse.Namespace) -> int:
 # -- pcitopo doctor -----------------------------------------------------------------------------
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from pcitopo.topology.checks.doctor import run_checks
+    return _doctor_every(args) if args.every is not None else _doctor_pass(args)
+
+
+def _kubelet_dir(args: argparse.Namespace) -> str | None:
+    """The kubelet's files are this node's: read them when asked, or when --sysfs is this node's /sys."""
     from pcitopo.topology.checks.kubelet import KUBELET_DIR
+
+    return args.kubelet_dir or (KUBELET_DIR if args.sysfs == "/sys" else None)
+
+
+def _doctor_every(args: argparse.Namespace) -> int:
+    """The DaemonSet's loop, in this one process (no shell beside it): a pass every --every
+    seconds until SIGTERM. A kubelet file mounted as a file hostPath keeps the inode it was
+    given, and the kubelet replaces its files by rename; once that happened on the host (the
+    mounted inode's link count is 0), end, so that the kubelet starts the container again with
+    the current file (restartPolicy Always)."""
+    import signal
+    import threading
+    import time
+
+    from pcitopo.topology.checks.kubelet import CONFIG_FILE, STATE_FILE
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    kdir = _kubelet_dir(args)
+    files = [os.path.join(kdir, STATE_FILE), args.kubelet_config or os.path.join(kdir, CONFIG_FILE)] if kdir else []
+    while True:
+        rc = _doctor_pass(args)
+        print(f"pcitopo doctor exit {rc} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}", flush=True)
+        replaced = [f for f in files if os.path.exists(f) and os.stat(f).st_nlink == 0]
+        if replaced:
+            print(f"pcitopo doctor: {', '.join(replaced)} replaced on the host since it was mounted; ending, so that "
+                  "the kubelet mounts the current one", flush=True)
+            return EXIT_OK
+        if stop.wait(args.every):
+            return EXIT_OK
+
+
+def _doctor_pass(args: argparse.Namespace) -> int:
+    from pcitopo.topology.checks.doctor import run_checks
     from pcitopo.topology.checks.fleet import nfd_text, pix_facts, prometheus_text
     from pcitopo.topology.host.files import write_atomic
     from pcitopo.topology.checks.screen import report_text
@@ -169,9 +214,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     source = open_source(args.sysfs)
     topo = Topology(SysfsReader(source))
     bdfs = [Bdf.parse(b) for b in args.bdf] if args.bdf else None
-    # the kubelet's files are this node's: read them when asked, or when --sysfs is this node's /sys
-    kubelet_dir = args.kubelet_dir or (KUBELET_DIR if args.sysfs == "/sys" else None)
-    report = run_checks(topo, bdfs, source, kubelet_dir, args.kubelet_config)
+    report = run_checks(topo, bdfs, source, _kubelet_dir(args), args.kubelet_config)
     pix = pix_facts(topo, report.targets) if (args.prometheus or args.nfd or args.prometheus_out or args.nfd_out) else None
     if args.prometheus_out:
         write_atomic(args.prometheus_out, prometheus_text(report, pix))
@@ -218,6 +261,8 @@ def _add_doctor_parser(sub, default_sysfs: str) -> None:
                    "default $PCITOPO_KUBELET_DIR, or /var/lib/kubelet when --sysfs is /sys, else not read")
     d.add_argument("--kubelet-config", metavar="FILE", default=None,
                    help="the kubelet's config file when not DIR/config.yaml (the kubelet's --config)")
+    d.add_argument("--every", type=_seconds, metavar="SECONDS", help="run a pass every SECONDS (10 to 86400) until "
+                   "SIGTERM, each followed by a line `pcitopo doctor exit N at TIME` (the doctor DaemonSet's loop)")
     d.add_argument("-v", "--verbose", action="store_true", help="human output: one line per check and device, passed ones "
                    "too (default: one line per kind of finding, naming the devices it covers)")
     d.add_argument("bdf", nargs="*", help="devices to check, with the bridges above them (default: every GPU and NIC)")

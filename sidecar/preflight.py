@@ -167,12 +167,14 @@ def _kubevirt_lines(report) -> list[str]:
 
 
 def _node_lines(report) -> list[str]:
+    from pcitopo.kubevirt.nodes import UNLABELLED_ADVICE
+
     nodes = report.nodes
     runs = [n for n in nodes if n.daemonset]
     out = [f"gpu nodes: {len(nodes)}; the DaemonSet runs on {len(runs)}, misses {len(nodes) - len(runs)}"]
     for n in nodes:
         what = "runs on" if n.daemonset else "MISSES "
-        fix = "" if n.daemonset else "; label it nvidia.com/gpu.present=true, or as NFD or the GPU Operator would"
+        fix = "" if n.daemonset else f"; {UNLABELLED_ADVICE}"
         out.append(f"  {what} {n.name} ({'; '.join(n.why)}{fix})")
     return out
 

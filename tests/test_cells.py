@@ -287,8 +287,9 @@ def test_i27_cells_doctor_says_when_it_cannot_read_the_kubelet(capsys, tmp_path)
     assert code == 0
     assert kubelet_lines(out) == [
         f"kubelet: cannot read the CPU manager's settings: {tmp_path}/cpu_manager_state (absent); "
-        f"{tmp_path}/config.yaml (absent); policy and options unknown (on a node: mount /var/lib/kubelet read-only "
-        "and pass --kubelet-dir, and --kubelet-config if the kubelet's --config is elsewhere)"]
+        f"{tmp_path}/config.yaml (absent); policy and options unknown (the doctor DaemonSet: add the doctor-kubelet "
+        "component of your distribution, docs/DEPLOY.md; by hand: --kubelet-dir, and --kubelet-config if the "
+        "kubelet's --config is elsewhere)"]
     (tmp_path / "cpu_manager_state").write_text("{not json")
     (tmp_path / "kubelet.yaml").write_text("cpuManagerPolicy: static\n")
     _, out = doctor(capsys, "--kubelet-dir", str(tmp_path), "--kubelet-config", str(tmp_path / "kubelet.yaml"))
@@ -308,15 +309,21 @@ def test_i27_cells_doctor_reads_the_kubelet_only_on_its_node(capsys):
 
 
 def test_i27_cells_doctor_daemonset_mounts_the_kubelet_files_read_only(capsys, tmp_path):
-    import shlex
+    """With the kubeadm component (deploy/components/doctor-kubelet-kubeadm; the base mounts no
+    kubelet file, so that it starts on every distribution: tests/test_every_distribution.py)."""
+    import shutil
 
     from pcitopo.sidecar.cli import pcitopo_main
+    from testkit.admission.manifests import kustomize, overlay, pod_specs
 
-    ds = list(yaml.safe_load_all((ROOT / "deploy" / "base" / "doctor.yaml").read_text()))[0]
-    pod = ds["spec"]["template"]["spec"]
+    if shutil.which("kubectl") is None:
+        pytest.skip("needs kubectl (kustomize v5)")
+    site = overlay(tmp_path / "site", "kubevirt-v1.9.0", new_name="r.example/p", digest="sha256:" + "ab" * 32,
+                   components=("doctor-kubelet-kubeadm",))
+    (pod,) = [spec for name, spec in pod_specs(kustomize(site)) if name == "pcitopo-doctor"]
     c = pod["containers"][0]
-    script = c["args"][0]
-    argv = shlex.split(" ".join(x.rstrip("\\").strip() for x in script[script.index("pcitopo doctor"):].split("\n")[:3]))
+    argv = c["command"] + c["args"]
+    del argv[argv.index("--every"):argv.index("--every") + 2]  # one pass here
     where = argv[argv.index("--kubelet-dir") + 1]
     # only the two files the doctor reads, each read-only, never the kubelet's directory (pod secrets)
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -327,7 +334,7 @@ def test_i27_cells_doctor_daemonset_mounts_the_kubelet_files_read_only(capsys, t
         assert volumes[mount["name"]]["hostPath"] == {"path": "/var/lib/kubelet/" + path.rsplit("/", 1)[1], "type": "File"}
     # the same arguments, pointed at a fixture, the packed node's kubelet files and a scratch directory
     real = {"/host/sys": str(B200), where: str(KUBELET / "packed"), "/textfile/pcitopo.prom": str(tmp_path / "p.prom"),
-            "/features.d/pcitopo": str(tmp_path / "nfd")}
+            "/features.d/pcitopo": str(tmp_path / "nfd"), "/var/run/pcitopo/doctor.json": str(tmp_path / "doctor.json")}
     assert pcitopo_main([real.get(a, a) for a in argv[1:]]) == 0
     assert "container compute: 65 exclusive CPUs on host NUMA nodes 0,1" in capsys.readouterr().out
     assert "pcitopo.kubevirt.io/kubelet-cpu-manager-policy=static" in (tmp_path / "nfd").read_text()

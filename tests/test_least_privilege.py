@@ -21,16 +21,22 @@ SYS_ADMIN_REASON = "# reason: config space past 64 bytes (ACS, ATS)"
 COMPONENTS = {"kubevirt-v1.6-v1.8": ("attach-hook",), "kubevirt-v1.9.0": ("attach-hook",), "kubevirt-main": ("attach-plugin",)}
 
 
-def reason_for_sys_admin(daemonset: str, container: str) -> bool:
+# The node hook's init container gives its socket folder to uid 107 (deploy/targets/kubevirt-main/node-hook.yaml).
+CHOWN_REASON = "# reason: give the socket folder to the node hook's uid"
+ALLOWED_ADDS = {("doctor", "SYS_ADMIN"): SYS_ADMIN_REASON, ("socket-folder", "CHOWN"): CHOWN_REASON}
+
+
+def reason_for_sys_admin(daemonset: str, container: str, cap: str = "SYS_ADMIN") -> bool:
     """Whether the manifest that defines this DaemonSet says, on the line above the container's
-    `add: ["SYS_ADMIN"]`, why."""
+    `add: ["CAP"]`, why (the reason ALLOWED_ADDS names for that container and capability)."""
+    reason = ALLOWED_ADDS.get((container, cap))
     for path in DEPLOY.rglob("*.yaml"):
         text = path.read_text()
-        if f"kind: DaemonSet\nmetadata:\n  name: {daemonset}\n" not in text:
+        if reason is None or f"kind: DaemonSet\nmetadata:\n  name: {daemonset}\n" not in text:
             continue
         part = text[text.index(f"- name: {container}\n"):]
-        above = part[:part.index('add: ["SYS_ADMIN"]')].splitlines()[:-1]  # the lines before the add line
-        return bool(above) and above[-1].strip().startswith(SYS_ADMIN_REASON)
+        above = part[:part.index(f'add: ["{cap}"]')].splitlines()[:-1]  # the lines before the add line
+        return bool(above) and above[-1].strip().startswith(reason)
     return False
 
 
@@ -70,7 +76,7 @@ def breaches(daemonset: str, spec: dict) -> list[str]:
         if caps.get("drop") != ["ALL"]:
             out.append(where + "does not drop ALL capabilities")
         for cap in caps.get("add") or []:
-            if cap != "SYS_ADMIN" or c["name"] != "doctor" or not reason_for_sys_admin(daemonset, c["name"]):
+            if not reason_for_sys_admin(daemonset, c["name"], cap):
                 out.append(where + f"adds {cap}")
         if "memory" not in ((c.get("resources") or {}).get("limits") or {}):
             out.append(where + "no memory limit")
@@ -117,13 +123,22 @@ def test_the_node_hook_adds_no_capability_and_outranks_the_vms(tmp_path, target)
     assert host[hook_mounts[folder]["name"]] == doctor_host[doctor_mount["name"]] == folder
 
 
-def test_the_doctor_mounts_two_kubelet_files_and_says_why_it_keeps_sys_admin(tmp_path):
-    docs = rendered(tmp_path, TARGETS[0])
-    (spec,) = [spec for name, spec in pod_specs(docs) if name == "pcitopo-doctor"]
+@pytest.mark.parametrize("component,files", [
+    ((), []), (("doctor-kubelet-rke2-k3s",), ["cpu_manager_state"]),
+    (("doctor-kubelet-kubeadm",), ["config.yaml", "cpu_manager_state"]),
+    (("doctor-kubelet-openshift",), ["cpu_manager_state"]),  # its config file is /etc/kubernetes/kubelet.conf
+])
+def test_the_doctor_mounts_kubelet_files_only_one_by_one_and_says_why_it_keeps_sys_admin(tmp_path, component, files):
+    """The base mounts no kubelet file (it starts on every distribution); each distribution's
+    component mounts single files, read-only, never the folder (tests/test_every_distribution.py)."""
+    site = overlay(tmp_path / "site", TARGETS[0].name, new_name="r.example/pcitopo", digest="sha256:" + "ab" * 32,
+                   components=component)
+    (spec,) = [spec for name, spec in pod_specs(kustomize(site)) if name == "pcitopo-doctor"]
+    assert breaches("pcitopo-doctor", spec) == []
     volumes = {v["name"]: v for v in spec["volumes"]}
     kubelet = sorted(volumes[m["name"]]["hostPath"]["path"] for m in spec["containers"][0]["volumeMounts"]
                      if volumes[m["name"]].get("hostPath", {}).get("path", "").startswith(KUBELET_DIR))
-    assert kubelet == [f"{KUBELET_DIR}/config.yaml", f"{KUBELET_DIR}/cpu_manager_state"]
+    assert kubelet == [f"{KUBELET_DIR}/{f}" for f in files]
     assert reason_for_sys_admin("pcitopo-doctor", "doctor")
     text = (DEPLOY / "base" / "doctor.yaml").read_text()
     assert 'unknown (needs root)' in text and "delete the `add` line" in text

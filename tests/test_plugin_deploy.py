@@ -110,7 +110,7 @@ def test_i25_deploy_plugin_cr_hooks_as_asked(plugin):
     assert dh["sidecar"]["socketPath"] == f"/var/run/kubevirt-plugin/{plugin['metadata']['name']}/domain.sock"
     assert dh["failureStrategy"] == "Fail" and dh["condition"] and dh["timeout"]
     for nh in (require, warn):
-        assert nh["socket"] == "/var/run/kubevirt/plugins/pcitopo.sock" and nh["permittedHooks"] == ["PreVMStart"]
+        assert nh["socket"] == "/var/run/kubevirt/plugins/pcitopo/node.sock" and nh["permittedHooks"] == ["PreVMStart"]
         assert nh["condition"] and nh["timeout"]
     assert (require["failureStrategy"], warn["failureStrategy"]) == ("Fail", "Ignore")
     assert spec["mutatingAdmissionPolicies"] == [{"name": "pcitopo-plugin-injector"}]
@@ -334,11 +334,21 @@ def test_i25_deploy_node_hook_container_serves_where_virt_handler_dials(plugin):
     assert cr == {"name": "pcitopo-kubevirt-cr", "optional": True}
     assert "--permitted-host-devices /etc/pcitopo/kubevirt/kubevirt.yaml" in script
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # a socket folder of its own, never the host's whole plugins folder (other vendors' sockets),
+    # served as uid 107: the init container gives it that one folder and nothing else
+    (folder,) = {hook["socket"].rsplit("/", 1)[0] for hook in plugin["spec"]["nodeHooks"]}
+    assert folder == "/var/run/kubevirt/plugins/pcitopo"
+    assert not [p for p, v in mounts.items() if "hostPath" in v and p.rstrip("/") == "/var/run/kubevirt/plugins"]
+    assert c["securityContext"]["runAsUser"] == 107 and c["securityContext"]["runAsNonRoot"] is True
+    (init,) = pod["initContainers"]
+    assert init["command"] == ["chown", "107:107", folder]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert [m["mountPath"] for m in init["volumeMounts"]] == [folder]
 
 
 # -- which VMs wait on the node hook ------------------------------------------------------------------
 
-SOCKET = "/var/run/kubevirt/plugins/pcitopo.sock"
+SOCKET = "/var/run/kubevirt/plugins/pcitopo/node.sock"
 
 
 def doctor_vmi(policy: str | None, opted: bool = True) -> dict:

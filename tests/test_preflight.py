@@ -75,7 +75,7 @@ def test_gpu_nodes_the_daemonset_runs_on_and_misses():
     assert nodes == {"gpu-nfd-0": True, "gpu-operator-0": True, "gpu-gfd-0": True, "gpu-unlabelled-0": False}
     out = run("--target", "kubevirt-v1.9.0", str(STRANGER)).stdout.decode()
     assert "gpu nodes: 4; the DaemonSet runs on 3, misses 1" in out
-    assert "  MISSES  gpu-unlabelled-0 (allocatable nvidia.com/GH100_H100_SXM5_80GB: 8; label it" in out
+    assert "  MISSES  gpu-unlabelled-0 (allocatable nvidia.com/GH100_H100_SXM5_80GB: 8; no GPU label: run Node Feature" in out
 
 
 def test_a_dump_without_the_kubevirt_cr_is_unknown_not_ok():

@@ -9,10 +9,13 @@ a dump from ``fixtures/clusters/`` (:class:`Cluster`):
 
 - ``get KINDS -A -o yaml``: the dump's objects of those kinds (a kind the release does not serve,
   Plugins before v1.9, fails as kubectl does); ``get KIND NAME…``: NotFound unless present;
-  ``-o jsonpath={.a.b}``: that field, as kubectl prints it;
+  ``get -f FILE… --ignore-not-found -o name``: those of the files' objects that exist;
+  ``-o jsonpath={.a.b}``: that field, as kubectl prints it (nothing when it is missing);
+  ``-o go-template=`` the one template the page uses, the index of a gate in the featureGates list;
 - ``apply -k DIR``: the real ``kubectl kustomize DIR``; every object valid against Kubernetes'
   strict schemas and every pcitopo image reference pinned by the overlay's digest; a VM or VMI is
   held to each ValidatingAdmissionPolicy already applied (cel-python); the objects join the state;
+  ``create -f FILE``: the same, and AlreadyExists for an object the state has (nothing is overwritten);
 - ``patch kubevirt … --type=json|merge``: RFC 6902 or 7386 on the dump's KubeVirt CR;
 - ``rollout status``, ``wait``: the object must exist; ``logs -c C``: C must be the container the
   target's door logs in (no VM runs here);
@@ -158,6 +161,11 @@ def option(args: list[str], *names: str) -> str | None:
     return None
 
 
+def options(args: list[str], name: str) -> list[str]:
+    """Every value of a repeatable ``-f VALUE``."""
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == name]
+
+
 def positional(args: list[str]) -> list[str]:
     out, skip = [], False
     for a in args:
@@ -215,7 +223,12 @@ class Cluster:
     def do_get(self, args: list[str]) -> str:
         words = positional(args)
         ns = None if "-A" in args else (option(args, "-n") or "")
-        found = self.find(self.kinds(words[0]), ns if len(words) > 1 else None, words[1:])
+        if options(args, "-f"):  # the files' objects, as they are in the cluster
+            keys = [key(d) for f in options(args, "-f") for d in yaml.safe_load_all((self.workdir / f).read_text()) if d]
+            found = [self.objects[k] for k in keys if k in self.objects]
+            assert len(found) == len(keys) or "--ignore-not-found" in args, "Error from server (NotFound)"
+        else:
+            found = self.find(self.kinds(words[0]), ns if len(words) > 1 else None, words[1:])
         out = option(args, "-o")
         if out == "yaml":
             return yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": found})
@@ -224,9 +237,10 @@ class Cluster:
                            if "/" in o["apiVersion"] else f"{o['kind'].lower()}/{o['metadata']['name']}\n" for o in found)
         if out and out.startswith("jsonpath="):
             (obj,) = found
-            for part in out[len("jsonpath={."):-1].split("."):
-                obj = obj[part]
-            return json.dumps(obj, separators=(",", ":")) if isinstance(obj, (list, dict)) else str(obj)
+            text = re.sub(r"\{\.([\w.]+)\}", lambda m: jsonpath_field(obj, m[1]), out[len("jsonpath="):])
+            return text.replace('{"\\n"}', "\n")
+        if out and out.startswith("go-template="):
+            return gate_index(found, out[len("go-template="):])
         return "\n".join(o["metadata"]["name"] for o in found) + "\n"
 
     def rendered(self, args: list[str]) -> list[dict]:
@@ -235,7 +249,14 @@ class Cluster:
                                capture_output=True, text=True, timeout=120)
             assert r.returncode == 0, r.stderr
             return [d for d in yaml.safe_load_all(r.stdout) if d]
-        return [d for d in yaml.safe_load_all((self.workdir / option(args, "-f")).read_text()) if d]
+        return [d for f in options(args, "-f") for d in yaml.safe_load_all((self.workdir / f).read_text()) if d]
+
+    def do_create(self, args: list[str]) -> str:
+        """`kubectl create`: refuses an object that exists (AlreadyExists), so it never overwrites."""
+        docs = [d for f in options(args, "-f") for d in yaml.safe_load_all((self.workdir / f).read_text()) if d]
+        taken = [key(d) for d in docs if key(d) in self.objects]
+        assert not taken, f"Error from server (AlreadyExists): {', '.join(taken)}"
+        return self.do_apply(args)
 
     def do_apply(self, args: list[str]) -> str:
         for doc in self.rendered(args):
@@ -283,6 +304,9 @@ class Cluster:
 
     def do_wait(self, args: list[str]) -> str:
         """A VMI becomes Ready once its VM exists (virt-controller starts it); nothing runs here."""
+        if options(args, "-f"):
+            self.do_get(args)  # every object of the file exists
+            return ""
         kind, name = positional(args)[0].split("/")
         self.find(["VirtualMachine", "VirtualMachineInstance"], option(args, "-n") or "", [name])
         return ""
@@ -305,6 +329,8 @@ class Cluster:
     def do_logs(self, args: list[str]) -> str:
         container = option(args, "-c")
         assert container in {CONTAINER_OF_DOOR[d] for d in self.target.doors}, container
+        name = (option(args, "-l") or "").removeprefix("vm.kubevirt.io/name=")
+        self.find(["VirtualMachine"], option(args, "-n") or "", [name])  # the VM the quick start made
         return ""
 
     def admit(self, obj: dict) -> None:
@@ -320,6 +346,25 @@ class Cluster:
             policy = self.objects[f"ValidatingAdmissionPolicy//{binding['spec']['policyName']}"]
             denials = admit(policy, binding, obj, params_store=store, namespace=namespace)
             assert not denials, (policy["metadata"]["name"], denials)
+
+
+def jsonpath_field(obj: object, path: str) -> str:
+    """One ``{.a.b}`` as kubectl prints it: JSON for a list or map, nothing for a missing field."""
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    if obj is None:
+        return ""
+    return json.dumps(obj, separators=(",", ":")) if isinstance(obj, (list, dict)) else str(obj)
+
+
+def gate_index(found: list[dict], template: str) -> str:
+    """The page's one go-template: the index of a gate in a list field (nothing when absent)."""
+    m = re.fullmatch(r'\{\{range \$i, \$g := \.([\w.]+)\}\}\{\{if eq \$g "(\w+)"\}\}\{\{\$i\}\}\{\{end\}\}\{\{end\}\}', template)
+    assert m, f"go-template {template!r}: no offline mapping"
+    (obj,) = found
+    for part in m[1].split("."):
+        obj = obj[part]  # a missing map on the way is an error in kubectl's template too
+    return "".join(str(i) for i, g in enumerate(obj or []) if g == m[2])
 
 
 def debug_capture(args: list[str]) -> bytes:
@@ -363,8 +408,9 @@ def bin_dir(tmp_path: Path) -> Path:
     return bindir
 
 
-@pytest.mark.parametrize("name", [t.name for t in TARGETS])
-def test_quick_start_runs_in_order_and_its_roll_back_restores_the_cluster(name, tmp_path):
+def run_quickstart(name: str, tmp_path: Path, edit=None, during: str = "") -> tuple[subprocess.CompletedProcess, dict]:
+    """Run the quick start of ``name`` on its dump (``edit`` changes the dump's objects first;
+    ``during`` runs, as shell, just before the roll back: what someone else does meanwhile)."""
     pytest.importorskip("celpy")
     pytest.importorskip("kubernetes_validate")
     real = shutil.which("kubectl")
@@ -375,18 +421,87 @@ def test_quick_start_runs_in_order_and_its_roll_back_restores_the_cluster(name, 
     for folder in ("deploy", "docs", "fixtures"):
         os.symlink(ROOT / folder, work / folder)
     cluster = Cluster.start(name, work)
+    if edit is not None:
+        edit(cluster.objects)
+        s = json.loads(cluster.state.read_text())
+        cluster.state.write_text(json.dumps({**s, "objects": cluster.objects, "before": cluster.objects}))
     block = quickstarts()[name].replace("sha256:<digest>", DIGEST)
     marker = "\n# Roll back"
-    script = block.replace(marker, "\nkubectl snapshot" + marker, 1)
+    script = block.replace(marker, f"\nkubectl snapshot\n{during}" + marker, 1)
     env = {**os.environ, "PATH": f"{bin_dir(tmp_path)}:{Path(sys.executable).parent}:/usr/bin:/bin",
            "REAL_KUBECTL": real, "QUICKSTART_STATE": str(cluster.state)}
     r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
                        text=True, timeout=900)
+    return r, json.loads(cluster.state.read_text())
+
+
+@pytest.mark.parametrize("name", [t.name for t in TARGETS])
+def test_quick_start_runs_in_order_and_its_roll_back_restores_the_cluster(name, tmp_path):
+    r, state = run_quickstart(name, tmp_path)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stderr[-3000:]}\nstdout (tail):\n{r.stdout[-1500:]}"
-    state = json.loads(cluster.state.read_text())
     assert not state.get("errors"), state["errors"]
     check_target_state(target(name), state["before"], state["applied"])
     assert state["objects"] == state["before"], "the roll back leaves the cluster as it was"
+
+
+def the_cr(objects: dict) -> dict:
+    (cr,) = [o for o in objects.values() if o["kind"] == "KubeVirt"]
+    return cr
+
+
+def someone_elses_train(objects: dict) -> None:
+    """A VM of the example's name and namespace that belongs to someone else."""
+    objects["VirtualMachine/ml/train"] = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                                         "metadata": {"name": "train", "namespace": "ml", "labels": {"team": "vision"}},
+                                         "spec": {"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}}}}}}
+
+
+@pytest.mark.parametrize("name", [t.name for t in TARGETS])
+def test_an_existing_vm_of_the_same_name_stops_the_quick_start_before_it_changes_anything(name, tmp_path):
+    r, state = run_quickstart(name, tmp_path, edit=someone_elses_train)
+    assert r.returncode != 0 and "virtualmachine.kubevirt.io/train" in r.stderr, r.stderr[-2000:]
+    assert "applied" not in state, "it stopped before the roll back mark"
+    assert state["objects"] == state["before"], "nothing was created, the other VM is untouched"
+    assert state["objects"]["VirtualMachine/ml/train"]["metadata"]["labels"] == {"team": "vision"}
+
+
+def no_feature_gates(objects: dict) -> None:
+    del the_cr(objects)["spec"]["configuration"]["developerConfiguration"]["featureGates"]
+
+
+@pytest.mark.parametrize("name", [t.name for t in TARGETS])
+def test_a_cr_without_a_feature_gates_list_gets_the_gate_and_loses_it_again(name, tmp_path):
+    r, state = run_quickstart(name, tmp_path, edit=no_feature_gates)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stderr[-3000:]}"
+    assert not state.get("errors"), state["errors"]
+    applied = the_cr(state["applied"])["spec"]["configuration"]["developerConfiguration"]["featureGates"]
+    assert applied == list(target(name).gates)
+    assert state["objects"] == state["before"], "the list it made is gone again"
+
+
+OTHER_GATE = ("kubectl -n kubevirt patch kubevirt kubevirt --type=json -p "
+              "'[{\"op\":\"add\",\"path\":\"/spec/configuration/developerConfiguration/featureGates/-\",\"value\":\"VMExport\"}]'\n")
+
+
+@pytest.mark.parametrize("name", [t.name for t in TARGETS])
+def test_a_gate_someone_else_adds_during_the_trial_is_kept_by_the_roll_back(name, tmp_path):
+    """On a CR whose list lacks the target's gate, and one without a list: after the roll back
+    the other team's gate is there and the target's is not; nothing else differs."""
+    def without_the_targets_gate(objects: dict) -> None:
+        gates = the_cr(objects)["spec"]["configuration"]["developerConfiguration"]["featureGates"]
+        gates[:] = [g for g in gates if g not in target(name).gates]
+
+    for edit in (without_the_targets_gate, no_feature_gates):
+        work = tmp_path / edit.__name__
+        work.mkdir()
+        r, state = run_quickstart(name, work, edit=edit, during=OTHER_GATE)
+        before, after = the_cr(state["before"]), the_cr(state["objects"])
+        gates = after["spec"]["configuration"]["developerConfiguration"]["featureGates"]
+        assert "VMExport" in gates and not set(target(name).gates) & set(gates), gates
+        assert r.returncode == 0 and not state.get("errors"), r.stderr[-2000:]
+        assert {k: v for k, v in state["objects"].items() if v["kind"] != "KubeVirt"} == \
+               {k: v for k, v in state["before"].items() if v["kind"] != "KubeVirt"}, "everything else as before"
+        assert before["spec"]["configuration"]["developerConfiguration"].get("featureGates", []) + ["VMExport"] == gates
 
 
 def check_target_state(t, before: dict, applied: dict) -> None:

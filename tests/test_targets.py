@@ -12,12 +12,14 @@ import re
 import pytest
 import yaml
 
-from pcitopo.kubevirt.targets import GPU_NODE_TERMS, TARGETS, is_gpu_node
+from pcitopo.kubevirt.nodes import GPU_NODE_TERMS, is_gpu_node
+from pcitopo.kubevirt.targets import TARGETS
 from testkit.admission.cluster import schedules_on
 from testkit.admission.manifests import (PLACEHOLDER, TARGETS_DIR, ZERO_DIGEST, kustomize, kustomize_text, overlay,
                                          pod_specs, template_image)
 from testkit.admission.plugin_api import plugin_errors
 from testkit.admission.policy import apply_patch
+from testkit import REPO
 
 kv = pytest.importorskip("kubernetes_validate")
 
@@ -46,7 +48,8 @@ def gate_patch(name: str) -> list[dict]:
 def test_gate_patch_appends_the_targets_gates_and_keeps_the_users(target):
     """gates.json only appends (`add .../featureGates/-`), so `kubectl patch --type=json` keeps
     every gate the cluster had; on a CR without a featureGates list it fails rather than make one
-    that would stand for the user's."""
+    that would stand for the user's: the quick start's line before it makes an empty one
+    (tests/test_quickstarts.py runs that case)."""
     patch = gate_patch(target.name)
     assert {op["op"] for op in patch} == {"add"} and {op["path"] for op in patch} == {GATES_PATH}
     assert tuple(op["value"] for op in patch) == target.gates
@@ -61,23 +64,34 @@ def test_gate_patch_appends_the_targets_gates_and_keeps_the_users(target):
         apply_patch(bare, patch)
 
 
+def quickstart_lines(name: str) -> list[str]:
+    """The command lines of the target's quick start in docs/DEPLOY.md."""
+    text = (REPO / "docs" / "DEPLOY.md").read_text()
+    block = re.search(rf"<!-- quickstart: {re.escape(name)} -->\n```sh\n(.*?)```", text, re.S)[1]
+    return [line for line in block.splitlines() if line and not line.startswith("#")]
+
+
 @pytest.mark.parametrize("target", TARGETS, ids=NAMES)
 def test_each_target_says_how_it_is_applied_and_rolled_back(target):
-    """The comment of each kustomization.yaml: apply -k, the gate patch by file, and a rollback
-    that removes only the target's gate (test op) and, where a Plugin object exists, deletes it
-    before anything it depends on."""
+    """The comment of each kustomization.yaml gives the quick start's own lines, verbatim: the
+    check that nothing exists, `kubectl create`, the gate patch by file, and the one roll back
+    recipe (the gate only if added, behind a test op; the Plugin object first where there is one)."""
     text = (TARGETS_DIR / target.name / "kustomization.yaml").read_text()
     comment = "\n".join(line for line in text.splitlines() if line.startswith("#"))
     assert f"pcitopo preflight --target {target.name}" in comment
-    assert f"--patch-file <checkout>/deploy/targets/{target.name}/gates.json" in comment
-    rollback = comment[comment.index("Roll back"):]
+    assert "#   kubectl create -f site.yaml" in comment and "kubectl apply" not in comment
+    lines = quickstart_lines(target.name)
+    gate_steps = [x for x in lines if "gates-before.json" in x or "go-template" in x]
+    assert any(f"--patch-file deploy/targets/{target.name}/gates.json" in x for x in gate_steps)
+    for line in gate_steps:
+        assert f"#   {line}" in comment.splitlines(), line
+    rollback = comment[comment.index("Roll back"):comment.index("Optional components")]
+    steps = [line[4:] for line in rollback.splitlines() if line.startswith("#   ")]
+    assert steps == lines[lines.index("kubectl delete -f vm.yaml") + 1:], "one roll back recipe, the quick start's"
     for gate in target.gates:
         assert f'\\"op\\":\\"test\\"' in rollback and f'\\"value\\":\\"{gate}\\"' in rollback
-    assert "kubectl delete -k <overlay>" in rollback
-    steps = [line for line in rollback.splitlines() if line.startswith("#   kubectl")]
     for name in target.plugin_objects:
-        first = f"#   kubectl delete plugins.plugin.kubevirt.io {name}"
-        assert steps[0] == first, steps
+        assert steps[0] == f"kubectl delete plugins.plugin.kubevirt.io {name}", steps
     if not target.plugin_objects:
         assert "kubectl delete plugins" not in comment
 
@@ -228,7 +242,7 @@ def test_the_gate_rollback_returns_the_cr_to_what_it_was(target):
     prints (the gate's position), undoes gates.json exactly; at any other index its test op
     fails, so it never removes another gate."""
     text = (TARGETS_DIR / target.name / "kustomization.yaml").read_text()
-    (line,) = [x for x in text.splitlines() if x.startswith("#   kubectl patch") and " -p " in x]
+    (line,) = [x for x in text.splitlines() if x.startswith("#   ") and " -p " in x and "$i" in x]
     template = line.split(' -p "', 1)[1].rstrip('"').replace('\\"', '"')
     before = {"spec": {"configuration": {"developerConfiguration": {"featureGates": ["CPUManager", "HostDevices"]}}}}
     after = apply_patch(before, gate_patch(target.name))

@@ -8,9 +8,11 @@ the compute container, which the sidecar mounts with ``subPath: <plugin name>``.
 binds anywhere else would never be called: we refuse to start there instead.
 
 The node hook's socket is dialled by virt-handler, in its own container, with the path the
-Plugin CR names, verbatim. virt-handler mounts the host's ``/var/run/kubevirt``; KubeVirt's own
-end-to-end tests put node-hook sockets under ``/var/run/kubevirt/plugins/`` on the host
-(hostPath), so the DaemonSet serving it mounts that folder at the same path.
+Plugin CR names, verbatim (``pkg/virt-handler/plugins/manager.go`` ``executeHook``; nothing
+validates that path). virt-handler mounts the host's ``/var/run/kubevirt`` (virt-share-dir);
+KubeVirt's own end-to-end tests put node-hook sockets under ``/var/run/kubevirt/plugins/`` on the
+host. Ours sits in a folder of its own there, ``/var/run/kubevirt/plugins/pcitopo/``, which is all
+the DaemonSet mounts: other vendors' sockets stay out of its reach.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pcitopo.topology.errors import ConfigError
 PLUGIN_ROOT = "/var/run/kubevirt-plugin"
 DEFAULT_PLUGIN = "pcitopo"
 DOMAIN_SOCKET_NAME = "domain.sock"
-NODE_HOOK_SOCKET = "/var/run/kubevirt/plugins/pcitopo.sock"
+NODE_HOOK_SOCKET = "/var/run/kubevirt/plugins/pcitopo/node.sock"  # a folder of its own: the DaemonSet mounts only that
 MAX_SOCKET_PATH = 108  # sizeof(sockaddr_un.sun_path) on Linux
 # A Plugin's name is a Kubernetes object name (DNS subdomain); it is also the folder name.
 _PLUGIN_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
