@@ -32,6 +32,7 @@ BLOCKS = dict(re.findall(r"<!-- upgrade-kubevirt: ([^>]+?) -->\n```sh\n(.*?)```"
 NEW_RELEASE = "v1.10.0"
 # kinds the roll back deletes by name, beyond those the quick starts use
 EXTRA_KINDS = {"mutatingadmissionpolicy": "MutatingAdmissionPolicy",
+               "validatingadmissionpolicybinding": "ValidatingAdmissionPolicyBinding", "resourcequota": "ResourceQuota",
                "mutatingadmissionpolicybinding": "MutatingAdmissionPolicyBinding", "priorityclass": "PriorityClass"}
 
 
