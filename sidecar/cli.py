@@ -12,10 +12,9 @@ import os
 import sys
 from typing import Sequence
 
-from pcitopo.topology import __version__
 from pcitopo.topology.errors import ConfigError
 
-from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, print_json, run_door, version_text
 from .preflight import add_preflight_parser, cmd_preflight
 
 
@@ -63,8 +62,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         sys.stdout.write(topo_dot(topo, group_vfs(topo, bdfs).heads, live_root))
         return EXIT_OK
     if args.json:
-        json.dump(topo_json(topo, bdfs, oracle), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(topo_json(topo, bdfs, oracle))
         return EXIT_OK
     if args.tree:
         labels = {}
@@ -96,8 +94,7 @@ def _cmd_partitions(args: argparse.Namespace) -> int:
     labels = host_labels(topo)
     rows = partition_rows(topo, fabric, labels)
     if args.json:
-        json.dump(partitions_json(fabric, rows), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(partitions_json(fabric, rows))
     else:
         sys.stdout.write(partitions_text(fabric, rows))
     return EXIT_OK
@@ -110,8 +107,7 @@ def _cmd_pairs(args: argparse.Namespace) -> int:
 
     hp = host_pairs(open_host(args.sysfs))
     if args.json:
-        json.dump(pairs_json(hp), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(pairs_json(hp))
     else:
         sys.stdout.write(pairs_text(hp))
     return EXIT_OK
@@ -176,7 +172,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         write_atomic(args.prometheus_out, prometheus_text(report, pix))
     if args.nfd_out:
         write_atomic(args.nfd_out, nfd_text(report, pix))
-    doc = json.dumps(report.as_json(), indent=2) + "\n" if args.json or args.json_out else None
+    from pcitopo.topology import stamped
+
+    doc = json.dumps(stamped(report.as_json()), indent=2) + "\n" if args.json or args.json_out else None
     if args.json_out:  # what the node hook reads (ACS, ATS: root only) from the doctor DaemonSet
         write_atomic(args.json_out, doc)
     if args.json:
@@ -339,7 +337,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
 
         return install_command(argv[2:], "pcitopo guest install-nccl-topo")
     parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
-    parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")
+    parser.add_argument("--version", action="version", version=version_text("pcitopo"))
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     t = sub.add_parser("topo", help="GPU/NIC matrix like `nvidia-smi topo -m`, or the tree")
     t.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")

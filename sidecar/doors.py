@@ -84,3 +84,54 @@ def read_bounded(path: str, limit: int, what: str, error: type[PcitopoError] = C
     if len(data) > limit:
         raise error(f"{what} {path} is larger than {limit} bytes")
     return data
+
+
+def print_json(doc: dict) -> None:
+    """Every --json document on stdout: stamped with pcitopo's version and schema number
+    (pcitopo.topology.stamped), indented alike."""
+    import json
+
+    from pcitopo.topology import stamped
+
+    json.dump(stamped(doc), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def git_commit(checkout: str) -> str | None:
+    """The commit ``checkout`` (the folder holding the package's source) has checked out, read
+    from its ``.git`` files, or None when it is not a git checkout (an installed wheel). Only
+    ``--version`` asks: no git subprocess, nothing on the hook's path."""
+    dotgit = os.path.join(checkout, ".git")
+    try:
+        if os.path.isfile(dotgit):  # a worktree or submodule: "gitdir: PATH"
+            with open(dotgit) as fh:
+                dotgit = os.path.join(checkout, fh.read().split("gitdir:", 1)[1].strip())
+        with open(os.path.join(dotgit, "HEAD")) as fh:
+            head = fh.read().strip()
+        if not head.startswith("ref:"):
+            return head[:12] or None  # a detached HEAD holds the commit
+        ref = head[4:].strip()
+        common = dotgit
+        if os.path.isfile(os.path.join(dotgit, "commondir")):
+            with open(os.path.join(dotgit, "commondir")) as fh:
+                common = os.path.join(dotgit, fh.read().strip())
+        for base in (dotgit, common):
+            if os.path.isfile(os.path.join(base, ref)):
+                with open(os.path.join(base, ref)) as fh:
+                    return fh.read().strip()[:12]
+        with open(os.path.join(common, "packed-refs")) as fh:
+            for line in fh:
+                if line.rstrip().endswith(f" {ref}"):
+                    return line.split()[0][:12]
+    except (OSError, IndexError):
+        return None
+    return None
+
+
+def version_text(prog: str) -> str:
+    """What ``--version`` prints: ``PROG VERSION``, and the commit when the package runs from a
+    git checkout (an editable install: its folders sit at the checkout's top, beside .git)."""
+    import pcitopo.topology as lib
+
+    commit = git_commit(os.path.dirname(os.path.dirname(os.path.abspath(lib.__file__))))
+    return f"{prog} {lib.__version__}" + (f" (git {commit})" if commit else "")

@@ -11,10 +11,9 @@ kubevirt/preflight.py's; this module only prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from .doors import EXIT_CHECK_FAILED, EXIT_OK
+from .doors import EXIT_CHECK_FAILED, EXIT_OK, print_json
 
 
 def add_preflight_parser(sub) -> None:
@@ -45,8 +44,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     report = preflight(read_dump(args.dump), target(args.target), args.image)
     if args.json:
-        json.dump(as_json(report), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(as_json(report))
     else:
         sys.stdout.write("\n".join(text_lines(report, args.dump)) + "\n")
     return EXIT_CHECK_FAILED if report.fails else EXIT_OK

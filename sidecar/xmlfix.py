@@ -21,14 +21,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
-from pcitopo.topology import __version__
 from pcitopo.topology.libvirt.document import MAX_DOMAIN_BYTES
 from pcitopo.topology.errors import ConfigError, DomainError
 from pcitopo.topology.host.sources import default_sysfs
 
-from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser, read_bounded
+from .doors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser, print_json,
+                    read_bounded, version_text)
 from pcitopo.kubevirt.doors import DEFAULT_DOOR, DOORS
 
 
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                epilog=f"exit status: {EXIT_OK} ok; {EXIT_CHECK_FAILED} --check failed; {EXIT_BAD_INPUT} bad input (one line on "
                f"stderr); {EXIT_INTERNAL} internal error; {EXIT_UNKNOWN} --check unknown (nothing failed, but something it "
                "needs is missing: it says what)")
-    p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")
+    p.add_argument("--version", action="version", version=version_text("xmlfix (pcitopo)"))
     p.add_argument("domain", metavar="DOMAIN.xml|-", nargs="?", help="domain XML as KubeVirt hands it to a hook (- for stdin); "
                    "without it, with --vmi: the domain `pcitopo domain` predicts for that manifest on --sysfs")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
@@ -152,8 +153,9 @@ def xmlfix(argv: Sequence[str]) -> int:
     out = outcome.xml
     _print_warnings(outcome, fabric, args.check, domain, host, _judges_gdr(args, outcome))
 
+    report = check_report(outcome, host, fabric, vmi, args, _judges_gdr(args, outcome)) if args.check else None
     if args.json:
-        _print_prediction(outcome, host, fabric)
+        print_json(prediction_doc(outcome, host, fabric, report))
     if args.nccl_topo:
         _print_nccl_topo(outcome)
     _print_explanation(args, outcome, host, fabric)
@@ -172,8 +174,8 @@ def xmlfix(argv: Sequence[str]) -> int:
     # A passthrough or off outcome is never silent, whatever was asked for.
     if result is None:
         print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
-    if args.check:
-        return _check(outcome, host, fabric, vmi, args, _judges_gdr(args, outcome))
+    if report is not None:
+        return _check(report)
     return EXIT_OK
 
 
@@ -283,20 +285,37 @@ def _judges_gdr(args: argparse.Namespace, outcome) -> bool:
     return args.pairing != "off" and getattr(outcome.options, "pairing", "warn") != "off"
 
 
-def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.Namespace | None = None,
-           gdr: bool = True) -> int:
-    """--check: exit 0 only if the guest will see what the host has, and, given the VMI's JSON,
-    the VMI starts with every setting on the KubeVirt release judged (kubevirt/starts.py); 4
-    when nothing failed but something the check needs is missing."""
+@dataclass(frozen=True)
+class CheckReport:
+    """What ``--check`` decides: the verdict (``ok``, ``failed``, ``unknown``), its reasons with
+    their codes (topology/guest/predict.py ``REASON_CODES``), what is unknown, the verdict line's
+    parts, and the machine-readable record ``--check --json`` adds to the prediction."""
+
+    verdict: str
+    reasons: tuple
+    unknowns: tuple[str, ...]
+    why: str
+    record: dict
+
+    @property
+    def exit_code(self) -> int:
+        return {"ok": EXIT_OK, "failed": EXIT_CHECK_FAILED, "unknown": EXIT_UNKNOWN}[self.verdict]
+
+
+def check_report(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.Namespace | None = None,
+                 gdr: bool = True) -> CheckReport:
+    """--check's judgement: ok only if the guest will see what the host has, and, given the VMI's
+    JSON, the VMI starts with every setting on the KubeVirt release judged (kubevirt/starts.py);
+    unknown when nothing failed but something the check needs is missing."""
     import json
 
-    from pcitopo.topology.guest.predict import check_verdict
+    from pcitopo.topology.guest.predict import Reason, check_pairs_json, check_verdict, gdr_pairs_json
 
     from pcitopo.kubevirt.starts import release_check
 
     if outcome.result is None:
-        print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
-        return EXIT_CHECK_FAILED
+        r = Reason("not-rewritten", f"the hook would not rewrite this domain ({outcome.outcome})")
+        return CheckReport("failed", (r,), (), r.text, {"verdict": "failed", "reasons": [r.as_json()]})
     judged = None
     if vmi is not None:
         try:
@@ -305,37 +324,45 @@ def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.
             doc = None
         judged = release_check(doc if isinstance(doc, dict) else {}, getattr(args, "door", None), getattr(args, "cluster", None),
                                getattr(args, "kubevirt", None), outcome.xml)
-    detached = list(judged.lines) if judged is not None else []
+    detached = [Reason("kubevirt-release", line) for line in judged.lines] if judged is not None else []
     v = check_verdict(outcome.result, host, fabric, gdr)
-    problems = detached + list(v.problems)
-    for line in problems:
-        print(f"xmlfix: check: {line}", file=sys.stderr)
+    reasons = tuple(detached) + v.reasons
     # the verdict counts pairs and cells and names the release judged; what else fails the check
     # (NVLink, firmware, the door, the release) joins it by name, its sentence printed above
     why = "; ".join(list(v.parts[:1]) + ([judged.on] if judged is not None else []) + [f"{kind} (above)" for kind in v.parts[1:]]
-                    + [f"{line.split(':', 1)[0]} (above)" for line in detached])
-    if problems:  # a failure wins over what is unknown, which is still said
-        for line in v.unknowns:
+                    + [f"{r.text.split(':', 1)[0]} (above)" for r in detached])
+    verdict = "failed" if reasons else "unknown" if v.unknowns else "ok"
+    pairs, accepted = check_pairs_json(outcome.result, host, fabric)
+    record = {"verdict": verdict, "reasons": [r.as_json() for r in reasons], "unknowns": list(v.unknowns), "summary": why,
+              "pairs": pairs, "accepted": accepted, "gdr": gdr_pairs_json(outcome.result, host), "gdr_judged": gdr}
+    return CheckReport(verdict, reasons, v.unknowns, why, record)
+
+
+def _check(report: CheckReport) -> int:
+    """--check's lines on stderr: each reason, what is unknown, then the verdict line."""
+    rewritten = "pairs" in report.record  # else the one reason is the verdict line itself
+    for r in report.reasons if rewritten else ():
+        print(f"xmlfix: check: {r.text}", file=sys.stderr)
+    if report.verdict == "failed":  # a failure wins over what is unknown, which is still said
+        for line in report.unknowns:
             print(f"xmlfix: check: unknown: {line}", file=sys.stderr)
-        print(f"xmlfix: check: failed: {why}", file=sys.stderr)
-        return EXIT_CHECK_FAILED
-    if v.unknowns:
-        print(f"xmlfix: check: unknown: {'; '.join(v.unknowns)}; {why}", file=sys.stderr)
-        return EXIT_UNKNOWN
-    print(f"xmlfix: check: ok: {why}", file=sys.stderr)
-    return EXIT_OK
+        print(f"xmlfix: check: failed: {report.why}", file=sys.stderr)
+    elif report.verdict == "unknown":
+        print(f"xmlfix: check: unknown: {'; '.join(report.unknowns)}; {report.why}", file=sys.stderr)
+    else:
+        print(f"xmlfix: check: ok: {report.why}", file=sys.stderr)
+    return report.exit_code
 
 
-def _print_prediction(outcome, host, fabric=None) -> None:
-    """--json: what `pcitopo verify --expect` checks in the guest."""
-    import json
-
+def prediction_doc(outcome, host, fabric=None, check: CheckReport | None = None) -> dict:
+    """--json: what `pcitopo verify --expect` checks in the guest; with --check, the verdict under "check"."""
     from pcitopo.topology.guest.predict import prediction
 
     doc = prediction(outcome.result, host, fabric) if outcome.result is not None else {
         "devices": [], "pairs": [], "notes": [f"domain left unchanged ({outcome.outcome}): {outcome.reason}"]}
-    json.dump(doc, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    if check is not None:
+        doc["check"] = check.record
+    return doc
 
 
 def _print_nccl_topo(outcome) -> None:

@@ -94,6 +94,12 @@ class DirSource:
         self.root = os.fspath(root)
         self.name = self.root
 
+    @property
+    def label(self) -> str:
+        """How outputs name the tree (:func:`path_label`): ``/sys`` live, else the directory's name."""
+        real = os.path.realpath(self.root)
+        return "/sys" if real == "/sys" else path_label(real)
+
     def _abs(self, rel: str) -> str:
         return os.path.join(self.root, rel) if rel else self.root
 
@@ -160,8 +166,23 @@ class MemoryTree:
         # Whether this machine's CPU stands for the tree's host when the tree records no width
         # (topology/model/cpuinfo.py): True for synthetic hosts and fixtures, False for a capture file.
         self.cpu_is_local = True
+        self.origin: str | None = None  # the capture file it was read from
         self._entries: dict[str, _File | _Link | _Dir] = {}
         self._children: dict[str, set[str]] = {"": set()}
+
+    @property
+    def label(self) -> str:
+        """How outputs name the tree (:func:`path_label`): a capture by its name and digest."""
+        if self.origin is None:
+            return self.name
+        import hashlib
+
+        try:
+            with open(self.origin, "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()[:12]
+        except OSError:  # gone since it was read: the name alone
+            return path_label(self.origin)
+        return f"{path_label(self.origin)} sha256:{digest}"
 
     # -- building -------------------------------------------------------------------------
     def _add_parents(self, rel: str) -> None:
@@ -294,6 +315,7 @@ class MemoryTree:
 
         name = os.fspath(path)
         tree = cls(name)
+        tree.origin = name
         total = 0
         try:
             with tarfile.open(name, mode="r:*") as tar:
@@ -347,6 +369,18 @@ def _not_a_capture(name: str, e: BaseException) -> str:
     else:
         what = "not a gzip'd tar"
     return f"{name}: not a readable capture tarball ({what}); --sysfs takes {SYSFS_KINDS}"
+
+
+def path_label(path: str) -> str:
+    """A source's name in outputs, the same however its path was typed (relative, absolute,
+    through a symlink, from any directory): the last component of its real path, and the one
+    above it when the last says only what kind of file it is (a fixture's ``sysfs.tar.gz`` or
+    ``sysfs/``). Error messages keep the path as typed: that is what the user can act on."""
+    real = os.path.realpath(path)
+    base = os.path.basename(real)
+    if base in ("sysfs.tar.gz", "sysfs"):
+        return f"{os.path.basename(os.path.dirname(real))}/{base}"
+    return base
 
 
 def default_sysfs() -> str:

@@ -200,7 +200,7 @@ def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict
             {"a": str(a), "b": str(b), "nccl": cls.nccl.value, "nvml": cls.nvml.value, "nvlink": nvlink.count(fa, fb)}
         )
     return {
-        "host": topo.name,
+        "host": topo.label,
         "devices": [with_vfs(topo, device_json(topo, r), groups.vfs_of(r.function.bdf)) for r in rows],
         "pairs": out_pairs,
         "nvlink_source": nvlink.source,
