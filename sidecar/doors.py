@@ -34,12 +34,41 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+# What the human outputs print beyond ASCII, and what stands for each where the terminal's
+# encoding (LC_ALL=C, ISO-8859-1) cannot show it: the text keeps its meaning in the reader's own
+# encoding (no mojibake, as forcing UTF-8 on a Latin-1 terminal would give), and a UTF-8
+# terminal, pipe or golden file sees the same bytes as before. Anything else not encodable
+# prints as a backslash escape rather than stopping the command.
+ASCII_FALLBACKS = {"→": "->", "–": "-", "−": "-", "─": "-", "│": "|", "├": "|-", "└": "`-", "×": "x", "·": ".", "…": "..."}
+
+
+def _ascii_fallback(err: UnicodeError) -> tuple[str, int]:
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    bad = err.object[err.start:err.end]
+    return "".join(ASCII_FALLBACKS.get(c, f"\\u{ord(c):04x}") for c in bad), err.end
+
+
+def readable_streams() -> None:
+    """Let stdout and stderr print any text in any locale (:data:`ASCII_FALLBACKS`)."""
+    import codecs
+
+    try:
+        codecs.lookup_error("pcitopo-ascii")
+    except LookupError:
+        codecs.register_error("pcitopo-ascii", _ascii_fallback)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and (stream.encoding or "").replace("-", "").lower() != "utf8":
+            stream.reconfigure(errors="pcitopo-ascii")
+
+
 def run_door(prog: str, body: Callable[[], int], *, with_kind: bool = False, output_is_result: bool = False) -> int:
     """Run ``body`` and return its exit code; every failure becomes one line on stderr.
 
     ``with_kind`` prefixes a PcitopoError's reason with its kind (``prog: sysfs: reason``, as
     in the gRPC error details). ``output_is_result``: stdout carries the result (the shim's
     XML), so a reader that leaves early is a failure, not the reader's choice (``| head``)."""
+    readable_streams()
     try:
         return body()
     except PcitopoError as e:

@@ -216,14 +216,23 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
     labels = labels or {}
     out: list[str] = []
 
+    def two_level_top(f: PciFunction) -> bool:
+        """NCCL flattens a Broadcom switch only when a switch of its generation sits below one of
+        its downstream ports (the second level); a Gen4 part's ids alone do not say which level."""
+        gen = bcm_gen(f, 0)
+        return any(bcm_gen(topo.function(us), 1) == gen for ds in topo.children(f.bdf) for us in topo.children(ds)
+                   if topo.role(topo.function(us)) == Role.UPSTREAM_PORT)
+
     def describe(f: PciFunction) -> str:
         role = topo.role(f)
         bits = [str(f.bdf), f"[{f.ids}]", role.value]
         if role == Role.UPSTREAM_PORT:
             if f.vendor == MELLANOX:
                 bits.append("(ConnectX integrated switch)")
-            elif bcm_gen(f, 0):
+            elif bcm_gen(f, 0) and two_level_top(f):
                 bits.append(f"(Broadcom Gen{bcm_gen(f, 0)} two-level top: NCCL flattens the level below into it)")
+            elif bcm_gen(f, 0) and bcm_gen(f, 1) != bcm_gen(f, 0):  # a Gen4 part alone: one level, nothing to flatten
+                bits.append(f"(Broadcom Gen{bcm_gen(f, 0)} switch, one level)")
             elif bcm_gen(f, 1):
                 bits.append(f"(Broadcom Gen{bcm_gen(f, 1)} virtual switch)")
         name = part_name(f, live_root)
