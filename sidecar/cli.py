@@ -375,6 +375,9 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     _add_doctor_parser(sub, default_sysfs())
     _add_domain_parser(sub, default_sysfs())
     add_preflight_parser(sub)
+    from .golden import add_golden_parser, cmd_golden
+
+    add_golden_parser(sub)
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     if not argv:  # bare `pcitopo`: the commands, not only "a command is required"
         parser.print_help(sys.stderr)
@@ -382,7 +385,8 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
                "partitions": _cmd_partitions, "pairs": _cmd_pairs, "guest-tool": _cmd_guest_tool,
-               "domain": _cmd_domain, "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight}[args.command]
+               "domain": _cmd_domain, "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight,
+               "golden": cmd_golden}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

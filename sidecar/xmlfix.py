@@ -338,19 +338,24 @@ def check_report(outcome, host, fabric=None, vmi: bytes | None = None, args: arg
     return CheckReport(verdict, reasons, v.unknowns, why, record)
 
 
-def _check(report: CheckReport) -> int:
-    """--check's lines on stderr: each reason, what is unknown, then the verdict line."""
+def check_lines(report: CheckReport) -> list[str]:
+    """--check's lines: each reason, what is unknown, then the verdict line."""
     rewritten = "pairs" in report.record  # else the one reason is the verdict line itself
-    for r in report.reasons if rewritten else ():
-        print(f"xmlfix: check: {r.text}", file=sys.stderr)
+    out = [f"check: {r.text}" for r in (report.reasons if rewritten else ())]
     if report.verdict == "failed":  # a failure wins over what is unknown, which is still said
-        for line in report.unknowns:
-            print(f"xmlfix: check: unknown: {line}", file=sys.stderr)
-        print(f"xmlfix: check: failed: {report.why}", file=sys.stderr)
+        out += [f"check: unknown: {line}" for line in report.unknowns]
+        out.append(f"check: failed: {report.why}")
     elif report.verdict == "unknown":
-        print(f"xmlfix: check: unknown: {'; '.join(report.unknowns)}; {report.why}", file=sys.stderr)
+        out.append(f"check: unknown: {'; '.join(report.unknowns)}; {report.why}")
     else:
-        print(f"xmlfix: check: ok: {report.why}", file=sys.stderr)
+        out.append(f"check: ok: {report.why}")
+    return out
+
+
+def _check(report: CheckReport) -> int:
+    """--check's lines on stderr."""
+    for line in check_lines(report):
+        print(f"xmlfix: {line}", file=sys.stderr)
     return report.exit_code
 
 
