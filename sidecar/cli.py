@@ -15,6 +15,7 @@ from typing import Sequence
 from pcitopo.topology.errors import ConfigError
 
 from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, print_json, run_door, version_text
+from .golden import add_golden_parser, cmd_golden
 from .preflight import add_preflight_parser, cmd_preflight
 
 
@@ -131,12 +132,20 @@ def _phys_bits(text: str) -> int:
 def _cmd_capture(args: argparse.Namespace) -> int:
     from pcitopo.topology.host.capture import capture
 
-    summary = capture(args.sysfs, args.output, sys.stdout.buffer, args.phys_bits)  # -o - is stdout
+    source = args.sysfs
+    if args.from_topo:  # a planned or synthetic node (fixtures/README.md, "The .topo format")
+        from pcitopo.topology.synth import load_topo_file
+
+        source = load_topo_file(args.from_topo)
+    summary = capture(source, args.output, sys.stdout.buffer, args.phys_bits)  # -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
-        f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
+        f"({summary.entries} entries) from {args.from_topo or args.sysfs} into {'stdout' if args.output == '-' else args.output}",
         file=sys.stderr,
     )
+    if summary.host_bits is None and args.from_topo:
+        print(f"warning: {args.from_topo} has no `cpu phys-bits=N` line and no --phys-bits was given: the capture "
+              "records no CPU width, and the MMIO check will say unknown", file=sys.stderr)
     if summary.host_bits is not None:  # the MMIO check's host width travels with the capture
         print(f"recorded the host CPU's physical-address width: {summary.host_bits} bits", file=sys.stderr)
     for s in summary.skipped:
@@ -191,6 +200,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _add_capture_parser(sub, default_sysfs: str) -> None:
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
     c.add_argument("--sysfs", default=default_sysfs, help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
+    c.add_argument("--from-topo", metavar="FILE.topo", help="instead of --sysfs: a planned or synthetic node described "
+                   "in the .topo format (fixtures/README.md; its `cpu` line records the CPU width)")
     c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
     c.add_argument("--phys-bits", type=_phys_bits, metavar="N", help="the node's CPU physical-address width (`address sizes` "
                    "in its /proc/cpuinfo), recorded in the capture; without it only a live sysfs records one (this machine's)")
@@ -375,8 +386,6 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     _add_doctor_parser(sub, default_sysfs())
     _add_domain_parser(sub, default_sysfs())
     add_preflight_parser(sub)
-    from .golden import add_golden_parser, cmd_golden
-
     add_golden_parser(sub)
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     if not argv:  # bare `pcitopo`: the commands, not only "a command is required"

@@ -292,14 +292,14 @@ def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
 
 
 def test_check_problems_and_prediction_carry_the_firmware_warning(b200):
-    from pcitopo.topology.guest.predict import check_problems, prediction
+    from pcitopo.topology.guest.predict import check_reasons, prediction
 
     seabios = _domain(b200, gpus_and_nics(b200))
     r = rewrite_domain(seabios, b200, host_phys_bits=46)
-    assert [p for p in check_problems(r, b200) if p.startswith("mmio-firmware: ")] != []
+    assert [p for p in check_reasons(r, b200) if p.text.startswith("mmio-firmware: ") and p.code == "firmware"] != []
     assert prediction(r, b200)["notes"][-1].startswith("mmio-firmware: ")
     efi = rewrite_domain(with_efi(seabios), b200, host_phys_bits=46)
-    assert not [p for p in check_problems(efi, b200) if "mmio-firmware" in p]
+    assert not [p for p in check_reasons(efi, b200) if "mmio-firmware" in p.text]
 
 
 def test_mmio_off_annotation_reaches_the_rewrite(b200):
@@ -420,7 +420,7 @@ def _cpuinfo(tmp_path, bits: int):
 def _live_node(tmp_path, name: str = "hgx-h100"):
     """A sysfs tree that records no width, as a live /sys does (the committed fixtures record
     their node's, issue 26 finding 1): it stands for the machine reading it."""
-    from testkit.synth import load_topo_file
+    from pcitopo.topology.synth import load_topo_file
 
     node = tmp_path / f"live-{name}"
     if node.is_dir():

@@ -287,7 +287,7 @@ def test_f8_yaml_vmi_is_accepted(tmp_path):
 
 def test_f8_host_without_gpus_says_so_and_shows_the_nics(tmp_path):
     """Finding 8: a host with one NIC and no GPU printed a 1x1 NIC matrix."""
-    from testkit.synth import build_tree, parse_topo
+    from pcitopo.topology.synth import build_tree, parse_topo
 
     text = ("numa 0 cpus=0-7\nrc 0000:15 numa=0\n  ep 15:00.0 preset=intel-vtd\n"
             "  rp 15:01.0 preset=intel-rp\n    ep 16:00.0 preset=cx7-eth\n")

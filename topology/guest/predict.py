@@ -256,11 +256,6 @@ def check_reasons(result: RewriteResult, host: Topology, fabric=None, gdr: bool 
     return out
 
 
-def check_problems(result: RewriteResult, host: Topology, fabric=None, gdr: bool = True) -> list[str]:
-    """:func:`check_reasons`' sentences, one line each."""
-    return [r.text for r in check_reasons(result, host, fabric, gdr)]
-
-
 def check_pairs_json(result: RewriteResult, host: Topology, fabric=None) -> tuple[list[dict], list[dict]]:
     """Each pair's host and guest class in both views (``--check --json``'s "pairs"), and the
     differences the check accepts ("accepted"), by :data:`ACCEPTED_CODES` code."""
