@@ -140,3 +140,13 @@ def test_the_projects_own_goldens_check_clean(host, capsys):
     """`make golden` writes fixtures/<host>/golden with the same command a team's CI uses."""
     code, out = check(ROOT / "fixtures" / host / "golden", capsys, ROOT / "fixtures" / host)
     assert code == 0 and "guest-visible: 0\nlayout only: 0\ntext only: 0" in out, out
+
+
+def test_ci_recipe_pins_this_version_and_runs_the_two_commands():
+    """docs/CI.md: a recipe of about 30 lines, pinned to the version it documents."""
+    from pcitopo.topology import __version__
+
+    text = (ROOT / "docs" / "CI.md").read_text()
+    assert f'"pcitopo=={__version__}"' in text and len(text.splitlines()) <= 45
+    for command in ("pcitopo capture --from-topo", "pcitopo golden make", "pcitopo golden check", "--update"):
+        assert command in text, command
