@@ -14,7 +14,7 @@ from typing import Sequence
 
 from pcitopo.topology.errors import ConfigError
 
-from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, print_json, run_door, version_text
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, Parser, VersionAction, print_json, run_door
 from .golden import add_golden_parser, cmd_golden
 from .preflight import add_preflight_parser, cmd_preflight
 
@@ -348,7 +348,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
 
         return install_command(argv[2:], "pcitopo guest install-nccl-topo")
     parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
-    parser.add_argument("--version", action="version", version=version_text("pcitopo"))
+    parser.add_argument("--version", action=VersionAction, prog="pcitopo")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     t = sub.add_parser("topo", help="GPU/NIC matrix like `nvidia-smi topo -m`, or the tree")
     t.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")

@@ -157,6 +157,19 @@ def git_commit(checkout: str) -> str | None:
     return None
 
 
+class VersionAction(argparse.Action):
+    """``--version``: :func:`version_text`, read only when asked (not at every parser build)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help="show the version and exit",
+                 prog: str = "pcitopo"):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+        self.prog_name = prog
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text(self.prog_name))
+        parser.exit()
+
+
 def version_text(prog: str) -> str:
     """What ``--version`` prints: ``PROG VERSION``, and the commit when the package runs from a
     git checkout (an editable install: its folders sit at the checkout's top, beside .git)."""

@@ -29,7 +29,7 @@ from pcitopo.topology.errors import ConfigError, DomainError
 from pcitopo.topology.host.sources import default_sysfs
 
 from .doors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser, print_json,
-                    read_bounded, version_text)
+                    read_bounded, VersionAction)
 from pcitopo.kubevirt.doors import DEFAULT_DOOR, DOORS
 
 
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                epilog=f"exit status: {EXIT_OK} ok; {EXIT_CHECK_FAILED} --check failed; {EXIT_BAD_INPUT} bad input (one line on "
                f"stderr); {EXIT_INTERNAL} internal error; {EXIT_UNKNOWN} --check unknown (nothing failed, but something it "
                "needs is missing: it says what)")
-    p.add_argument("--version", action="version", version=version_text("xmlfix (pcitopo)"))
+    p.add_argument("--version", action=VersionAction, prog="xmlfix (pcitopo)")
     p.add_argument("domain", metavar="DOMAIN.xml|-", nargs="?", help="domain XML as KubeVirt hands it to a hook (- for stdin); "
                    "without it, with --vmi: the domain `pcitopo domain` predicts for that manifest on --sysfs")
     p.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
