@@ -297,7 +297,7 @@ def test_named_devices_and_only_their_paths():
 def test_json_contract(capsys):
     assert pcitopo_main(["doctor", "--json", "--sysfs", str(FIXTURES / "hgx-h100-faults")]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"checks", "summary"} and set(doc["summary"]) == set(STATUSES)
+    assert set(doc) == {"pcitopo", "schema", "checks", "summary"} and set(doc["summary"]) == set(STATUSES)
     for c in doc["checks"]:
         assert set(c) == {"check", "status", "bdf", "message", "fix"}
         assert c["check"] in CHECKS and c["status"] in STATUSES

@@ -166,7 +166,7 @@ def test_f5_json_is_the_predicted_guest():
     r = run("xmlfix", "--json", "--sysfs", str(H100), str(H100 / "domain.xml"))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc) == {"devices", "pairs", "notes", "pairing", "nvlink_source", "nvlink_reason"}  # pairing: issue 20
+    assert set(doc) == {"pcitopo", "schema", "devices", "pairs", "notes", "pairing", "nvlink_source", "nvlink_reason"}  # pairing: issue 20
     assert doc["nvlink_source"] == "inferred from the SXM board table"
     assert doc["pairing"] == {"policy": "warn", "status": "ok", "gpus_checked": 8, "findings": []}
     # issue 19: NCCL's bandwidth on the host, per GPU path
