@@ -40,8 +40,8 @@ def _where(ctrls: dict[int, PciController], bus: int, seen: frozenset = frozense
     c = ctrls.get(bus)
     if c is None:
         return f"<no controller {bus}>"
-    if c.address is None or bus in seen:
-        return c.model or "pci"
+    if c.address is None or bus in seen:  # pcie.0, or a controller libvirt gives an address on define
+        return c.model if c.model in ("pcie-root", "pci-root") else f"{c.model} (address left to libvirt)"
     bits = [c.model]
     if c.bus_nr is not None:
         bits.append(f"busNr=0x{c.bus_nr:02x}")
@@ -72,7 +72,11 @@ def domain_facts(xml: bytes) -> DomainFacts:
     by_index = {c.index: c for c in view.pci_controllers()}
     used = Counter(a.bus for a in ([h.address for h in view.pci_hostdevs()] + [c.address for c in by_index.values()]
                                    + _other_addresses(view)) if a is not None)
-    controllers = {_where(by_index, i): c for i, c in by_index.items()}
+    controllers: dict[str, PciController] = {}
+    for i, c in sorted(by_index.items()):  # controllers without an address share a path: the nth of them
+        path = _where(by_index, i)
+        n = sum(1 for k in controllers if k == path or k.startswith(f"{path} #"))
+        controllers[f"{path} #{n + 1}" if n else path] = c
     spare = Counter(c.model for i, c in by_index.items() if c.model in PORT_MODELS and not used[i])
     placements, hostdevs = {}, {}
     for h in view.pci_hostdevs():
