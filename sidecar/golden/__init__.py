@@ -72,12 +72,16 @@ def _make(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _golden_files(directory: str) -> tuple[dict, dict[str, dict[str, bytes]]]:
-    """golden.json and each VM's golden files (a missing file reads as empty)."""
+def _golden_files(directory: str, update: bool = False) -> tuple[dict, dict[str, dict[str, bytes]]]:
+    """golden.json and each VM's golden files; a missing one is bad input, except under
+    ``update`` (it reads as empty, a guest-visible difference, then is written)."""
     from .compare import _load
-    from .make import FILES, GOLDEN_JSON, VM_FILE
+    from .make import FILES, GOLDEN_FORMAT, GOLDEN_JSON, VM_FILE
 
     record = _load(_read(os.path.join(directory, GOLDEN_JSON)), os.path.join(directory, GOLDEN_JSON))
+    if record.get("golden_format") != GOLDEN_FORMAT:
+        raise ConfigError(f"{os.path.join(directory, GOLDEN_JSON)}: golden_format {record.get('golden_format')!r}, this pcitopo "
+                          f"reads {GOLDEN_FORMAT} (make the goldens again with pcitopo golden make)")
     vms: dict[str, dict[str, bytes]] = {}
     for vm in record.get("vms") or ():
         name = vm.get("name") if isinstance(vm, dict) else None
@@ -86,9 +90,10 @@ def _golden_files(directory: str) -> tuple[dict, dict[str, dict[str, bytes]]]:
         files = {}
         for fname in (VM_FILE, *FILES):
             path = os.path.join(directory, name, fname)
+            if not os.path.isfile(path) and fname != "nccl-topo.xml" and (fname == VM_FILE or not update):  # no NCCL file: no GPU or NIC placed
+                raise ConfigError(f"{path}: missing (pcitopo golden make writes it; --update cannot, the VM is in it)"
+                                  if fname == VM_FILE else f"{path}: missing (pcitopo golden check --update writes it)")
             files[fname] = _read(path) if os.path.isfile(path) else b""
-        if not files[VM_FILE]:
-            raise ConfigError(f"{os.path.join(directory, name, VM_FILE)}: missing (it is the VM the goldens are for)")
         vms[name] = files
     return record, vms
 
@@ -99,7 +104,7 @@ def _check(args: argparse.Namespace) -> int:
     from .compare import Differences, compare_vm
     from .make import VM_FILE, all_outputs, read_node, write_golden
 
-    record, golden = _golden_files(args.golden)
+    record, golden = _golden_files(args.golden, args.update)
     node = read_node(args.node)
     fresh = all_outputs(node, {name: files[VM_FILE] for name, files in golden.items()},
                         any(v.get("given") for v in record.get("vms") or ()))

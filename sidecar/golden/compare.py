@@ -137,14 +137,16 @@ def compare_nccl_file(golden: bytes, fresh: bytes) -> Differences:
 def compare_vm(golden: dict[str, bytes], fresh: dict[str, bytes]) -> Differences:
     """One VM's files, golden against fresh (file name -> bytes; a file absent from one side is empty)."""
     out = Differences()
-    gp, fp = _load(golden.get("prediction.json", b"{}"), "prediction.json"), _load(fresh.get("prediction.json", b"{}"), "prediction.json")
+    missing = [name for name in ("domain.xml", "prediction.json", "verdict.json") if not golden.get(name)]
+    out.guest += [f"{name}: missing from the goldens" for name in missing]
+    gp, fp = _load(golden.get("prediction.json") or b"{}", "prediction.json"), _load(fresh.get("prediction.json") or b"{}", "prediction.json")
     labels = _labels(fp) | _labels(gp)
-    if golden.get("domain.xml") != fresh.get("domain.xml"):
+    if "domain.xml" not in missing and golden.get("domain.xml") != fresh.get("domain.xml"):
         d = compare_domains(golden.get("domain.xml", b""), fresh.get("domain.xml", b""), labels)
         out.guest += d.guest
         out.layout += d.layout
     for part in (compare_prediction(gp, fp),
-                 compare_verdict(_load(golden.get("verdict.json", b"{}"), "verdict.json"), _load(fresh.get("verdict.json", b"{}"), "verdict.json")),
+                 compare_verdict(_load(golden.get("verdict.json") or b"{}", "verdict.json"), _load(fresh.get("verdict.json") or b"{}", "verdict.json")),
                  compare_nccl_file(golden.get("nccl-topo.xml", b""), fresh.get("nccl-topo.xml", b""))):
         out.guest += part.guest
         out.layout += part.layout
