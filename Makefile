@@ -94,9 +94,13 @@ image: .cache/.debian
 
 # Regenerate golden domains (inputs and expected outputs) and topo.json, and the domains the
 # deploy/ examples' "Checked against" commands name (fixtures/examples.py); review the diff.
+# fixtures/<host>/golden/ is what a team's CI keeps for its own nodes (docs/CI.md), made by the
+# same command; tests/test_golden.py runs `pcitopo golden check` on each.
+GOLDEN_HOSTS := hgx-b200 hgx-h100 dgx-h100 hgx-b300
 golden: setup-base
 	$(RUN) fixtures/golden.py
 	$(RUN) fixtures/examples.py
+	for h in $(GOLDEN_HOSTS); do $(BIN)/pcitopo golden make fixtures/$$h -o fixtures/$$h/golden || exit 1; done
 
 # At least 10,000 generated examples through every property (prints the count; CI runs fewer).
 # The 6,000-example rewrite property alone outlasts pytest's 600 s per-test cap on a busy 2-core machine.

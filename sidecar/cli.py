@@ -12,10 +12,10 @@ import os
 import sys
 from typing import Sequence
 
-from pcitopo.topology import __version__
 from pcitopo.topology.errors import ConfigError
 
-from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, Parser, run_door
+from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, Parser, VersionAction, print_json, run_door
+from .golden import add_golden_parser, cmd_golden
 from .preflight import add_preflight_parser, cmd_preflight
 
 
@@ -63,8 +63,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         sys.stdout.write(topo_dot(topo, group_vfs(topo, bdfs).heads, live_root))
         return EXIT_OK
     if args.json:
-        json.dump(topo_json(topo, bdfs, oracle), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(topo_json(topo, bdfs, oracle))
         return EXIT_OK
     if args.tree:
         labels = {}
@@ -96,8 +95,7 @@ def _cmd_partitions(args: argparse.Namespace) -> int:
     labels = host_labels(topo)
     rows = partition_rows(topo, fabric, labels)
     if args.json:
-        json.dump(partitions_json(fabric, rows), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(partitions_json(fabric, rows))
     else:
         sys.stdout.write(partitions_text(fabric, rows))
     return EXIT_OK
@@ -110,8 +108,7 @@ def _cmd_pairs(args: argparse.Namespace) -> int:
 
     hp = host_pairs(open_host(args.sysfs))
     if args.json:
-        json.dump(pairs_json(hp), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(pairs_json(hp))
     else:
         sys.stdout.write(pairs_text(hp))
     return EXIT_OK
@@ -142,12 +139,20 @@ def _seconds(text: str) -> int:
 def _cmd_capture(args: argparse.Namespace) -> int:
     from pcitopo.topology.host.capture import capture
 
-    summary = capture(args.sysfs, args.output, sys.stdout.buffer, args.phys_bits)  # -o - is stdout
+    source = args.sysfs
+    if args.from_topo:  # a planned or synthetic node (fixtures/README.md, "The .topo format")
+        from pcitopo.topology.synth import load_topo_file
+
+        source = load_topo_file(args.from_topo)
+    summary = capture(source, args.output, sys.stdout.buffer, args.phys_bits)  # -o - is stdout
     print(
         f"captured {summary.functions} PCI functions and {summary.numa_nodes} NUMA nodes "
-        f"({summary.entries} entries) from {args.sysfs} into {'stdout' if args.output == '-' else args.output}",
+        f"({summary.entries} entries) from {args.from_topo or args.sysfs} into {'stdout' if args.output == '-' else args.output}",
         file=sys.stderr,
     )
+    if summary.host_bits is None and args.from_topo:
+        print(f"warning: {args.from_topo} has no `cpu phys-bits=N` line and no --phys-bits was given: the capture "
+              "records no CPU width, and the MMIO check will say unknown", file=sys.stderr)
     if summary.host_bits is not None:  # the MMIO check's host width travels with the capture
         print(f"recorded the host CPU's physical-address width: {summary.host_bits} bits", file=sys.stderr)
     for s in summary.skipped:
@@ -220,7 +225,9 @@ def _doctor_pass(args: argparse.Namespace) -> int:
         write_atomic(args.prometheus_out, prometheus_text(report, pix))
     if args.nfd_out:
         write_atomic(args.nfd_out, nfd_text(report, pix))
-    doc = json.dumps(report.as_json(), indent=2) + "\n" if args.json or args.json_out else None
+    from pcitopo.topology import stamped
+
+    doc = json.dumps(stamped(report.as_json()), indent=2) + "\n" if args.json or args.json_out else None
     if args.json_out:  # what the node hook reads (ACS, ATS: root only) from the doctor DaemonSet
         write_atomic(args.json_out, doc)
     if args.json:
@@ -237,6 +244,8 @@ def _doctor_pass(args: argparse.Namespace) -> int:
 def _add_capture_parser(sub, default_sysfs: str) -> None:
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
     c.add_argument("--sysfs", default=default_sysfs, help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
+    c.add_argument("--from-topo", metavar="FILE.topo", help="instead of --sysfs: a planned or synthetic node described "
+                   "in the .topo format (fixtures/README.md; its `cpu` line records the CPU width)")
     c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")
     c.add_argument("--phys-bits", type=_phys_bits, metavar="N", help="the node's CPU physical-address width (`address sizes` "
                    "in its /proc/cpuinfo), recorded in the capture; without it only a live sysfs records one (this machine's)")
@@ -413,7 +422,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
 
         return install_command(argv[2:], "pcitopo guest install-nccl-topo")
     parser = Parser(prog="pcitopo", description="Host PCIe topology as NCCL and nvidia-smi see it.")
-    parser.add_argument("--version", action="version", version=f"pcitopo {__version__}")
+    parser.add_argument("--version", action=VersionAction, prog="pcitopo")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     t = sub.add_parser("topo", help="GPU/NIC matrix like `nvidia-smi topo -m`, or the tree")
     t.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
@@ -451,6 +460,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     _add_doctor_parser(sub, default_sysfs())
     _add_domain_parser(sub, default_sysfs())
     add_preflight_parser(sub)
+    add_golden_parser(sub)
     sub.add_parser("serve", help="run the KubeVirt hook server (see `pcitopo serve --help`)")
     if not argv:  # bare `pcitopo`: the commands, not only "a command is required"
         parser.print_help(sys.stderr)
@@ -458,7 +468,8 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = {"topo": _cmd_topo, "capture": _cmd_capture, "verify": _cmd_verify, "doctor": _cmd_doctor,
                "partitions": _cmd_partitions, "pairs": _cmd_pairs, "guest-tool": _cmd_guest_tool,
-               "domain": _cmd_domain, "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight}[args.command]
+               "domain": _cmd_domain, "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight,
+               "golden": cmd_golden}[args.command]
     return run_door(f"pcitopo {args.command}", lambda: handler(args))
 
 

@@ -12,10 +12,9 @@ kubevirt/preflight.py's; this module only prints it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from .doors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
+from .doors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, print_json
 
 
 def assume_names() -> list[str]:
@@ -66,8 +65,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     report = preflight(read_dump(args.dump), target(args.target), assume=args.assume_release, images=tuple(args.image),
                        allow=tuple(args.allow_sidecar), components=tuple(args.component))
     if args.json:
-        json.dump(as_json(report), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(as_json(report))
     else:
         sys.stdout.write("\n".join(text_lines(report, args.dump)) + "\n")
     if report.unknown:

@@ -351,7 +351,9 @@ def serve_main(argv: list[str]) -> int:
     args = _serve_parser().parse_args(argv)
     ignored = _hook_version_arg(args.version)
     if ignored is None:
-        print(f"pcitopo {__version__}")
+        from .doors import version_text
+
+        print(version_text("pcitopo"))
         return EXIT_OK
     if args.module_map and not args.fabric:
         raise ConfigError("--module-map needs --fabric")

@@ -22,15 +22,16 @@ import argparse
 import dataclasses
 import os
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
-from pcitopo.topology import __version__
 from pcitopo.topology.libvirt.document import MAX_DOMAIN_BYTES
 from pcitopo.topology.errors import ConfigError, DomainError, PcitopoError
 from pcitopo.topology.host.files import read_bounded, write_atomic
 from pcitopo.topology.host.sources import default_sysfs
 
-from .doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser
+from .doors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser, print_json,
+                    VersionAction)
 from pcitopo.kubevirt.doors import DOORS
 from pcitopo.kubevirt.releases import DOOR_ROWS, RELEASES, ReleaseUnknown
 
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                epilog=f"exit status: {EXIT_OK} ok; {EXIT_CHECK_FAILED} --check failed; {EXIT_BAD_INPUT} bad input (one line on "
                f"stderr); {EXIT_INTERNAL} internal error; {EXIT_UNKNOWN} --check unknown (nothing failed, but something it "
                "needs is missing: it says what)")
-    p.add_argument("--version", action="version", version=f"xmlfix (pcitopo) {__version__}")
+    p.add_argument("--version", action=VersionAction, prog="xmlfix (pcitopo)")
     p.add_argument("domain", metavar="DOMAIN.xml|-", nargs="?", help="domain XML as KubeVirt hands it to a hook (- for stdin); "
                    "without it, with --vmi: the domain `pcitopo domain` predicts for that manifest on --sysfs")
     p.add_argument("--sysfs", default=None, help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or this "
@@ -193,8 +194,9 @@ def _run(args: argparse.Namespace, manifest: bytes | None, vmi: bytes | None) ->
     out = outcome.xml
     _print_warnings(outcome, fabric, args.check, domain, host, _judges_gdr(args, outcome))
 
+    report = check_report(outcome, host, fabric, vmi, args, _judges_gdr(args, outcome)) if args.check else None
     if args.json:
-        _print_prediction(outcome, host, fabric)
+        print_json(prediction_doc(outcome, host, fabric, report))
     if args.nccl_topo:
         _print_nccl_topo(outcome)
     _print_explanation(args, outcome, host, fabric, vmi)
@@ -213,8 +215,8 @@ def _run(args: argparse.Namespace, manifest: bytes | None, vmi: bytes | None) ->
     # A passthrough or off outcome is never silent, whatever was asked for.
     if result is None:
         print(f"xmlfix: domain left unchanged ({outcome.outcome}): {outcome.reason}", file=sys.stderr)
-    if args.check:
-        return _check(outcome, host, fabric, vmi, args, _judges_gdr(args, outcome))
+    if report is not None:
+        return _check(report)
     return EXIT_OK
 
 
@@ -364,110 +366,98 @@ def _judges_gdr(args: argparse.Namespace, outcome) -> bool:
     return args.pairing != "off" and getattr(outcome.options, "pairing", "warn") != "off"
 
 
-def _check(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.Namespace | None = None,
-           gdr: bool = True) -> int:
-    """--check: exit 0 only if the guest will see what the host has, and, given the VMI's JSON,
-    the VMI starts with every setting on the KubeVirt release judged (kubevirt/starts.py); 4
-    when nothing failed but something the check needs is missing."""
-    import json
-    from dataclasses import replace
+@dataclass(frozen=True)
+class CheckReport:
+    """What ``--check`` decides: the verdict (``ok``, ``failed``, ``unknown``), its reasons with
+    their codes (topology/guest/predict.py ``REASON_CODES``), what is unknown, the verdict line's
+    parts, and the machine-readable record ``--check --json`` adds to the prediction."""
+
+    verdict: str
+    reasons: tuple
+    unknowns: tuple[str, ...]
+    why: str
+    record: dict
+
+    @property
+    def exit_code(self) -> int:
+        return {"ok": EXIT_OK, "failed": EXIT_CHECK_FAILED, "unknown": EXIT_UNKNOWN}[self.verdict]
 
 
-    from pcitopo.topology.guest.predict import check_verdict
-
-    from pcitopo.kubevirt.starts import release_check
+def check_report(outcome, host, fabric=None, vmi: bytes | None = None, args: argparse.Namespace | None = None,
+                 gdr: bool = True) -> CheckReport:
+    """--check's judgement: ok only if the guest will see what the host has, and, given the VMI's
+    JSON, the VMI starts with every setting on the KubeVirt release judged (kubevirt/starts.py);
+    unknown when nothing failed but something the check needs is missing."""
+    from pcitopo.topology.guest.predict import Reason, check_pairs_json, check_verdict, gdr_pairs_json
 
     if outcome.result is None:
-        print(f"xmlfix: check: failed: the hook would not rewrite this domain ({outcome.outcome})", file=sys.stderr)
-        return EXIT_CHECK_FAILED
-    judged = policy = None
-    if vmi is not None:
-        try:
-            doc = json.loads(vmi)
-        except ValueError:
-            doc = None
-        doc = doc if isinstance(doc, dict) else {}
-        policy, pinned = _policy(doc, args)
-        judged = release_check(doc, getattr(args, "door", None), getattr(args, "cluster", None),
-                               getattr(args, "kubevirt", None), outcome.xml, getattr(args, "assume_release", None), pinned)
-    detached = list(judged.lines) if judged is not None else []
-    if policy is not None and policy.certain:  # the target's Sidecar policy, as preflight judges it
-        detached.append(f"policy: {policy.why}" + (f" (to admit it, vetted: {policy.admit})" if policy.admit else ""))
-    names, gaps = _device_facts(doc if judged is not None and isinstance(doc, dict) else None, args)
-    detached += list(names.failed)
+        r = Reason("not-rewritten", f"the hook would not rewrite this domain ({outcome.outcome})")
+        return CheckReport("failed", (r,), (), r.text, {"verdict": "failed", "reasons": [r.as_json()]})
+    judged = _judge_vm(vmi, args, outcome.xml) if vmi is not None else None
+    detached = [Reason(code, line) for code, line in judged.failures] if judged is not None else []
     v = check_verdict(outcome.result, host, fabric, gdr)
-    v = replace(v, unknowns=tuple(v.unknowns) + tuple(names.unknown) + gaps)
-    if judged is not None and judged.unknown:  # a release nobody read: neither ok nor failed
-        v = replace(v, unknowns=(*v.unknowns, f"kubevirt: {judged.unknown}"))
-    unknowns = list(v.unknowns) + ([f"policy: {policy.why}"] if policy is not None and not policy.certain else [])
-    problems = detached + list(v.problems)
-    for line in problems:
-        print(f"xmlfix: check: {line}", file=sys.stderr)
+    reasons = tuple(detached) + v.reasons
+    unknowns = tuple(v.unknowns) + (judged.unknowns if judged is not None else ())
     # the verdict counts pairs and cells and names the release judged; what else fails the check
-    # (NVLink, firmware, the door, the release) joins it by name, its sentence printed above
+    # (NVLink, firmware, the door, the release, the policy, device names) joins it by name, its
+    # sentence printed above
     here = [args.here] if getattr(args, "here", None) else []  # no --sysfs: this machine was the node
-    why = "; ".join(list(v.parts[:1]) + ([judged.on] if judged is not None else []) + [f"{kind} (above)" for kind in v.parts[1:]]
-                    + [f"{line.split(':', 1)[0]} (above)" for line in detached] + here)
-    if problems:  # a failure wins over what is unknown, which is still said
-        for line in unknowns:
-            print(f"xmlfix: check: unknown: {line}", file=sys.stderr)
-        print(f"xmlfix: check: failed: {why}", file=sys.stderr)
-        return EXIT_CHECK_FAILED
-    if unknowns:
-        print(f"xmlfix: check: unknown: {'; '.join(unknowns)}; {why}", file=sys.stderr)
-        return EXIT_UNKNOWN
-    print(f"xmlfix: check: ok: {why}", file=sys.stderr)
-    return EXIT_OK
+    why = "; ".join(list(v.parts[:1]) + ([judged.on] if judged is not None and judged.on else [])
+                    + [f"{kind} (above)" for kind in v.parts[1:]] + [f"{r.text.split(':', 1)[0]} (above)" for r in detached] + here)
+    verdict = "failed" if reasons else "unknown" if unknowns else "ok"
+    pairs, accepted = check_pairs_json(outcome.result, host, fabric)
+    record = {"verdict": verdict, "reasons": [r.as_json() for r in reasons], "unknowns": list(unknowns), "summary": why,
+              "pairs": pairs, "accepted": accepted, "gdr": gdr_pairs_json(outcome.result, host), "gdr_judged": gdr}
+    return CheckReport(verdict, reasons, unknowns, why, record)
 
 
-def _policy(vmi: dict, args: argparse.Namespace | None):
-    """The Sidecar policy's refusal of ``vmi`` (None: admitted or not judged; not certain: it
-    hinges on what the dump lacks) and the pcitopo images the admin pinned (``--image``, else the
-    dump's params)."""
-    from pcitopo.kubevirt.admitted import in_dump, judged
-    from pcitopo.kubevirt.cluster import read_dump
-    from pcitopo.kubevirt.preflight import vmi_policy_refusal
-    from pcitopo.kubevirt.targets import TARGETS, target
-
-    if args is None:
-        return None, ()
-    images, dump_paths = tuple(getattr(args, "image", None) or ()), list(getattr(args, "cluster", None) or [])
-    name = getattr(args, "target", None)
-    if name is not None and name not in [t.name for t in TARGETS]:
-        raise ConfigError(f"--target {name!r}: give one of {', '.join(t.name for t in TARGETS)}")
-    dump = read_dump(dump_paths) if dump_paths else None
-    refusal = vmi_policy_refusal(vmi, dump, target(name) if name else None, images)
-    pinned = judged(in_dump(dump) if dump is not None else None, images).pcitopo
-    return refusal, pinned
-
-
-def _device_facts(vmi, args):
-    """The VMI's resource names on the dump (kubevirt/hostdevices.py judge_names): the
-    prediction's when it ran, else judged here for a domain given as an argument; and what else
-    is unknown about the devices (nothing yet beyond check_unknowns)."""
-    from pcitopo.kubevirt.hostdevices import NameVerdict, names_on
-
-    pred = getattr(args, "predicted", None)
-    if pred is not None:  # its driver gaps are the placed devices' (check_unknowns says them)
-        return pred.names, ()
-    if vmi is None or not getattr(args, "cluster", None):
-        return NameVerdict(), ()
-    from pcitopo.kubevirt.cluster import read_dump
-    from pcitopo.kubevirt.manifest import as_vmi
-
-    return names_on(as_vmi(vmi, args.vmi), read_dump(args.cluster)), ()
-
-
-def _print_prediction(outcome, host, fabric=None) -> None:
-    """--json: what `pcitopo verify --expect` checks in the guest."""
+def _judge_vm(vmi: bytes, args: argparse.Namespace | None, domain_xml: bytes):
+    """The VMI on its cluster as preflight judges it (kubevirt/vmjudge.py), from xmlfix's options."""
     import json
 
+    from pcitopo.kubevirt.vmjudge import VmQuestion, judge_vm
+
+    try:
+        doc = json.loads(vmi)
+    except ValueError:
+        doc = None
+    q = VmQuestion(tuple(getattr(args, "cluster", None) or ()), getattr(args, "kubevirt", None),
+                   getattr(args, "assume_release", None), getattr(args, "door", None),
+                   tuple(getattr(args, "image", None) or ()), getattr(args, "target", None), getattr(args, "vmi", None) or "VMI")
+    pred = getattr(args, "predicted", None)
+    return judge_vm(doc if isinstance(doc, dict) else {}, q, domain_xml, pred.names if pred is not None else None)
+
+
+def check_lines(report: CheckReport) -> list[str]:
+    """--check's lines: each reason, what is unknown, then the verdict line."""
+    rewritten = "pairs" in report.record  # else the one reason is the verdict line itself
+    out = [f"check: {r.text}" for r in (report.reasons if rewritten else ())]
+    if report.verdict == "failed":  # a failure wins over what is unknown, which is still said
+        out += [f"check: unknown: {line}" for line in report.unknowns]
+        out.append(f"check: failed: {report.why}")
+    elif report.verdict == "unknown":
+        out.append(f"check: unknown: {'; '.join(report.unknowns)}; {report.why}")
+    else:
+        out.append(f"check: ok: {report.why}")
+    return out
+
+
+def _check(report: CheckReport) -> int:
+    """--check's lines on stderr."""
+    for line in check_lines(report):
+        print(f"xmlfix: {line}", file=sys.stderr)
+    return report.exit_code
+
+
+def prediction_doc(outcome, host, fabric=None, check: CheckReport | None = None) -> dict:
+    """--json: what `pcitopo verify --expect` checks in the guest; with --check, the verdict under "check"."""
     from pcitopo.topology.guest.predict import prediction
 
     doc = prediction(outcome.result, host, fabric) if outcome.result is not None else {
         "devices": [], "pairs": [], "notes": [f"domain left unchanged ({outcome.outcome}): {outcome.reason}"]}
-    json.dump(doc, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    if check is not None:
+        doc["check"] = check.record
+    return doc
 
 
 def _print_nccl_topo(outcome) -> None:

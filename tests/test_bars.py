@@ -124,7 +124,7 @@ def test_the_planted_unassigned_bar_is_the_one_writer_s_output():
 
 
 def test_bar_fault_needs_a_function_with_bars():
-    from testkit.synth import TopoError, parse_topo
+    from pcitopo.topology.synth import TopoError, parse_topo
 
     text = "numa 0 cpus=0\nrc 0000:00 numa=0\n  rp 00:01.0 preset=intel-rp fault=bar-unassigned\n"
     with pytest.raises(TopoError, match="line 3: fault=bar-unassigned"):

@@ -23,7 +23,7 @@ from pcitopo.topology.host.sysfs import open_host
 from pcitopo.topology.model.tree import Bdf
 from testkit import REPO as ROOT
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
-from testkit.synth import build_tree, parse_topo
+from pcitopo.topology.synth import build_tree, parse_topo
 
 H100 = ROOT / "fixtures" / "hgx-h100"
 GPUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # GPU0-3 on node 0, GPU4-7 on node 1

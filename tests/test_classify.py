@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from testkit.synth import host_from_topo
+from pcitopo.topology.synth import host_from_topo
 from pcitopo.topology.paths.classify import NvlinkOracle, classify
 
 NUMA2 = """

@@ -263,8 +263,8 @@ def test_a_capture_of_a_whole_host_keeps_a_missing_link_a_failure(tmp_path, caps
     """A host built from its description (as a live sysfs is whole) with the IOMMU off: its
     capture records that it is whole, and the doctor fails it; a tarball written without the
     record (a copy) is unknown."""
-    from testkit.synth import build_tree, parse_topo
-    from testkit.synth.doctor import iommu_off
+    from pcitopo.topology.synth import build_tree, parse_topo
+    from pcitopo.topology.synth.doctor import iommu_off
 
     tree = build_tree(iommu_off(parse_topo((H100 / "host.topo").read_text(), "hgx-h100")))
     captured, _ = capture_tree(tree, 52)

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from pcitopo.sidecar.cli import pcitopo_main
 from testkit import FIXTURES
 from testkit import REPO as ROOT
-from testkit.synth import build_tree, parse_topo
-from testkit.synth.doctor import build_config
+from pcitopo.topology.synth import build_tree, parse_topo
+from pcitopo.topology.synth.doctor import build_config
 from pcitopo.topology.model.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
 from pcitopo.topology.host.capture import capture
 from pcitopo.topology.host.configspace import (
@@ -297,7 +297,7 @@ def test_named_devices_and_only_their_paths():
 def test_json_contract(capsys):
     assert pcitopo_main(["doctor", "--json", "--sysfs", str(FIXTURES / "hgx-h100-faults")]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"checks", "summary"} and set(doc["summary"]) == set(STATUSES)
+    assert set(doc) == {"pcitopo", "schema", "checks", "summary"} and set(doc["summary"]) == set(STATUSES)
     for c in doc["checks"]:
         assert set(c) == {"check", "status", "bdf", "message", "fix"}
         assert c["check"] in CHECKS and c["status"] in STATUSES
@@ -533,7 +533,7 @@ def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
     ("iommu-type=translated", "iommu-type='translated' is not one of DMA, DMA-FQ, identity"),
 ])
 def test_bad_doctor_keys_in_a_description_name_the_line(key, fragment):
-    from testkit.synth import TopoError
+    from pcitopo.topology.synth import TopoError
 
     with pytest.raises(TopoError, match=re.escape(f"t.topo line 7: {fragment}")):
         host_of(pair(gpu=key))
@@ -544,7 +544,7 @@ def test_bad_doctor_keys_in_a_description_name_the_line(key, fragment):
 def iommu_off_h100(tmp_path) -> Path:
     """fixtures/hgx-h100 as a node with the IOMMU off, captured without root (64 bytes of
     config space): the node of the trial that printed 154 lines."""
-    from testkit.synth.doctor import iommu_off
+    from pcitopo.topology.synth.doctor import iommu_off
 
     from pcitopo.topology.host.capture import capture_tree
 

@@ -5,6 +5,8 @@ finding it covers; they run the installed console scripts on the fixtures and th
 
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +43,11 @@ def test_f1_every_fixture_records_its_nodes_width(name, tmp_path, monkeypatch):
     tarball now holds the `address sizes` line of the CPU its board ships with, whatever machine
     reads it; fixtures/README.md says which CPU and width for each."""
     monkeypatch.setenv("PCITOPO_CPUINFO", cpuinfo39(tmp_path))
-    cpu, phys, virt = generate.ADDRESS_SIZES[name]
+    from pcitopo.topology.synth import parse_topo
+
+    topo = FIXTURES / name / "host.topo"
+    phys, virt = parse_topo(topo.read_text(), str(topo)).address_bits
+    cpu = re.search(r"address width\"\): (.*)$", topo.read_text(), re.M).group(1)
     recorded = MemoryTree.from_tarball(FIXTURES / name / "sysfs.tar.gz").read(ADDRESS_SIZES_MEMBER)
     assert recorded == f"address sizes\t: {phys} bits physical, {virt} bits virtual\n".encode()
     width = open_host(FIXTURES / name).host_width()

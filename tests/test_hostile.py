@@ -42,7 +42,7 @@ from pcitopo.sidecar.config import PREFIX
 from pcitopo.sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
 from testkit.server_proc import PrivateServer
-from testkit.synth import load_topo_file
+from pcitopo.topology.synth import load_topo_file
 from pcitopo.topology.errors import PcitopoError
 from pcitopo.topology.guest.rewrite import rewrite_domain
 from pcitopo.topology.host.sysfs import open_host

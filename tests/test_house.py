@@ -227,7 +227,7 @@ def test_no_import_cycle():
 
 # topology/'s rooms in the order the data flows, bottom first: a module may import from its own
 # room and the rooms before it, never from a later one (docs/ARCHITECTURE.md draws the same).
-ORDER = ("errors", "model", "host", "paths", "libvirt", "guest", "checks", "views")
+ORDER = ("errors", "model", "host", "paths", "libvirt", "synth", "guest", "checks", "views")
 
 
 def room_of(module: str) -> str | None:
@@ -356,7 +356,7 @@ def test_the_unused_name_finder_sees_one():
 
 
 def test_no_test_only_code_in_the_library_or_the_doors():
-    """Test helpers live in testkit/ (e.g. build_config in testkit/synth/doctor.py), dead
+    """Test helpers live in testkit/, dead
     constants go: the product's modules hold only what the product uses."""
     sources = {str(p.relative_to(ROOT)): p.read_text() for d in ("topology", "kubevirt", "sidecar") for p in (ROOT / d).rglob("*.py") if not set(GENERATED) & set(p.parts)}
     entry_points = (ROOT / "pyproject.toml").read_text()

@@ -30,7 +30,7 @@ from testkit.kubevirt_define import pci_address_count as port_count_v2_devices
 from testkit.kubevirt_releases import Release
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
-from testkit.synth import host_from_topo
+from pcitopo.topology.synth import host_from_topo
 
 EXAMPLES = {name: (host, vmi, gpus) for name, host, vmi, gpus in deploy_examples(REPO)}
 NAMES = sorted(EXAMPLES)

@@ -292,14 +292,14 @@ def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
 
 
 def test_check_problems_and_prediction_carry_the_firmware_warning(b200):
-    from pcitopo.topology.guest.predict import check_problems, prediction
+    from pcitopo.topology.guest.predict import check_reasons, prediction
 
     seabios = _domain(b200, gpus_and_nics(b200))
     r = rewrite_domain(seabios, b200, host_phys_bits=46)
-    assert [p for p in check_problems(r, b200) if p.startswith("mmio-firmware: ")] != []
+    assert [p for p in check_reasons(r, b200) if p.text.startswith("mmio-firmware: ") and p.code == "firmware"] != []
     assert prediction(r, b200)["notes"][-1].startswith("mmio-firmware: ")
     efi = rewrite_domain(with_efi(seabios), b200, host_phys_bits=46)
-    assert not [p for p in check_problems(efi, b200) if "mmio-firmware" in p]
+    assert not [p for p in check_reasons(efi, b200) if "mmio-firmware" in p.text]
 
 
 def test_mmio_off_annotation_reaches_the_rewrite(b200):
@@ -420,13 +420,15 @@ def _cpuinfo(tmp_path, bits: int):
 def _live_node(tmp_path, name: str = "hgx-h100"):
     """A sysfs tree that records no width, as a live /sys does (the committed fixtures record
     their node's, issue 26 finding 1): it stands for the machine reading it."""
-    from testkit.synth import load_topo_file
+    from pcitopo.topology.synth import build_tree, parse_topo
 
     node = tmp_path / f"live-{name}"
     if node.is_dir():
         return node
     node.mkdir()
-    load_topo_file(ROOT / "fixtures" / name / "host.topo").write_tarball(node / "sysfs.tar.gz")
+    text = (ROOT / "fixtures" / name / "host.topo").read_text()
+    no_width = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("cpu "))  # the fixture's `cpu` line
+    build_tree(parse_topo(no_width, name)).write_tarball(node / "sysfs.tar.gz")
     return node
 
 
@@ -483,7 +485,7 @@ def test_explain_says_where_the_width_came_from(tmp_path, monkeypatch, capsys):
     dom.write_bytes(_domain(h100_host := open_host(node), _gpus(h100_host)))
     assert xmlfix(["--sysfs", str(node), "--explain", str(dom)]) == 0
     text = capsys.readouterr().out
-    assert f"host width 46 bits, recorded in {node}" in " ".join(text.split())  # folded at 100 columns
+    assert "host width 46 bits, recorded in node.tar.gz sha256:" in " ".join(text.split())  # its name, not its path  # folded at 100 columns
     # a tree that records no width (a live /sys) stands for this machine; the error says so
     with pytest.raises(MmioError, match=r"host CPU has 39 \(\$PCITOPO_CPUINFO=.*cpuinfo-39 on this machine\)"):
         xmlfix(["--sysfs", str(_live_node(tmp_path)), "--explain", str(dom)])

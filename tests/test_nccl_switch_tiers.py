@@ -21,7 +21,7 @@ from pcitopo.topology.paths.ncclprice import nccl_busid, nccl_tree
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
 from pcitopo.topology.paths.nccltree import link_order
 from testkit.nccl.graph import Graph, Node
-from testkit.synth import host_from_topo
+from pcitopo.topology.synth import host_from_topo
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 GOLDEN_HOSTS = ("hgx-b200", "hgx-h100", "dgx-h100", "hgx-b300", "dgx-a100")

@@ -19,7 +19,7 @@ from pcitopo.topology.model.nvswitch_mgmt import management_reason, parse_vpd, v
 from pcitopo.topology.paths.partitions import compute_nics
 from pcitopo.topology.model.labels import default_devices
 from pcitopo.topology.views.report import tree_text
-from testkit.synth import build_tree, parse_topo
+from pcitopo.topology.synth import build_tree, parse_topo
 from pcitopo.topology.host.sysfs import SysfsReader, open_host
 from pcitopo.topology.host.sources import MemoryTree, PCI_DEVICES_DIR, resolve
 

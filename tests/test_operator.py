@@ -166,7 +166,7 @@ def test_f5_json_is_the_predicted_guest():
     r = run("xmlfix", "--json", "--sysfs", str(H100), str(H100 / "domain.xml"))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc) == {"devices", "pairs", "notes", "pairing", "nvlink_source", "nvlink_reason"}  # pairing: issue 20
+    assert set(doc) == {"pcitopo", "schema", "devices", "pairs", "notes", "pairing", "nvlink_source", "nvlink_reason"}  # pairing: issue 20
     assert doc["nvlink_source"] == "inferred from the SXM board table"
     assert doc["pairing"] == {"policy": "warn", "status": "ok", "gpus_checked": 8, "findings": []}
     # issue 19: NCCL's bandwidth on the host, per GPU path
@@ -287,7 +287,7 @@ def test_f8_yaml_vmi_is_accepted(tmp_path):
 
 def test_f8_host_without_gpus_says_so_and_shows_the_nics(tmp_path):
     """Finding 8: a host with one NIC and no GPU printed a 1x1 NIC matrix."""
-    from testkit.synth import build_tree, parse_topo
+    from pcitopo.topology.synth import build_tree, parse_topo
 
     text = ("numa 0 cpus=0-7\nrc 0000:15 numa=0\n  ep 15:00.0 preset=intel-vtd\n"
             "  rp 15:01.0 preset=intel-rp\n    ep 16:00.0 preset=cx7-eth\n")

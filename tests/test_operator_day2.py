@@ -374,7 +374,7 @@ def test_finding_12_nic_legend_shows_the_rdma_device_name():
 def test_finding_12_capture_records_rdma_names_of_any_nic(tmp_path, topo):
     """Finding 12: the capture kept infiniband/ only for ConnectX-7 (15b3:1021) functions; a
     ConnectX-6 Dx's mlx5 name now survives capture and shows in the legend read from it."""
-    from testkit.synth import build_tree, parse_topo
+    from pcitopo.topology.synth import build_tree, parse_topo
 
     text = """
         numa 0 cpus=0-3

@@ -19,7 +19,7 @@ from pcitopo.sidecar.cli import pcitopo_main, xmlfix_main
 from pcitopo.sidecar.core import handle_define_domain
 from testkit import REPO as ROOT
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
-from testkit.synth import build_tree, host_from_topo, parse_topo
+from pcitopo.topology.synth import build_tree, host_from_topo, parse_topo
 from pcitopo.topology.errors import PairingError
 from pcitopo.topology.host.sysfs import SysfsReader, open_host
 from pcitopo.topology.model.tree import Bdf, Topology

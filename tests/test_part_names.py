@@ -14,7 +14,7 @@ import pytest
 
 from pcitopo.topology.host.names import KNOWN_PARTS
 from pcitopo.topology.host.sources import PCI_DEVICES_DIR, resolve
-from testkit.synth import build_tree, parse_topo
+from pcitopo.topology.synth import build_tree, parse_topo
 
 PCI_IDS = Path("/usr/share/misc/pci.ids")  # Debian's pci.ids package (pciutils depends on it)
 # Named after rdma-core's rdma_topo, where pci.ids names them by family ("mlx5Gen PCIe Bridge") or

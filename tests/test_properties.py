@@ -265,7 +265,7 @@ def mutated_sysfs(draw):
     """A generated host's sysfs tree with a few entries removed, turned into directories or
     links, given garbage content, or made into symlink loops."""
     world = draw(generated_worlds(bmc=False, max_nodes=2))
-    from testkit.synth import build_tree, parse_topo
+    from pcitopo.topology.synth import build_tree, parse_topo
 
     tree = build_tree(parse_topo(world.topo, "mutated"))
     entries = list(tree.iter_entries())

@@ -189,7 +189,7 @@ def test_unknown_hostdev_is_a_clear_error(hosts):
 
 def test_out_of_buses_is_a_clear_error():
     from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
-    from testkit.synth import host_from_topo
+    from pcitopo.topology.synth import host_from_topo
 
     # Two PCI domains' worth of switches: the host has room, one guest domain does not.
     lines = ["numa 0 cpus=0-3"]

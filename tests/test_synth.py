@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import testkit.synth.build as synth_build
+import pcitopo.topology.synth.build as synth_build
 from testkit import FIXTURES, fixture_script
-from testkit.synth import build_tree, format_cpus, load_topo_file, parse_topo
+from pcitopo.topology.synth import build_tree, format_cpus, load_topo_file, parse_topo
 from pcitopo.topology.libvirt.domain import parse_cpuset
 from pcitopo.topology.errors import SysfsError
 from pcitopo.topology.model.tree import Topology

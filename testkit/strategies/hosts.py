@@ -15,7 +15,7 @@ from pcitopo.topology.host.sysfs import SysfsReader, open_host
 from pcitopo.topology.model.tree import Bdf, Role, Topology
 
 from .. import FIXTURES
-from ..synth import build_tree, parse_topo
+from pcitopo.topology.synth import build_tree, parse_topo
 
 GPU_PRESETS = ("h100", "h200", "b200", "a100-pcie", "l40s")
 NIC_PRESETS = ("cx7-ib", "cx7-eth", "cx6-dx", "bf3")

@@ -190,9 +190,46 @@ def gdr_in_guest(result: RewriteResult, host: Topology) -> GdrVerdict:
     return gdr_verdict(host, [d.host for d in result.report.placed], lambda a, b: guest.get(frozenset((a, b))))
 
 
-def check_problems(result: RewriteResult, host: Topology, fabric=None, gdr: bool = True) -> list[str]:
-    """Everything that keeps the guest from seeing what the host has, one line each; empty
-    when it will. The only accepted difference is the documented Broadcom flattening
+# The one list of the reasons ``--check`` fails for, by code (``xmlfix --check --json``'s
+# "reasons": [{"code", "text"}]). A new reason is a row here and a :class:`Reason` where it is
+# found; a reader keys on the code, never on the sentence (human text may change in any release).
+REASON_CODES = {
+    "pair-class": "pairs whose NCCL or nvidia-smi class differs in the guest from the host's, for one cause",
+    "numa-cells-missing": "devices on host NUMA nodes that back no guest cell",
+    "no-guest-numa": "devices on several host NUMA nodes, and no guest NUMA cells tied to them",
+    "gdr-lost": "a GPU without a NIC at PIX or PXB in the guest where the node has one for it",
+    "firmware": "BARs the guest firmware will not assign (mmio-firmware, ...)",
+    "nvlink": "with a fabric file: GPUs that will not get NVLink",
+    "kubevirt-release": "the VMI would not start, or not with every setting, on the KubeVirt release judged",
+    "policy": "the deploy target's Sidecar policy would refuse the VMI at create (namespace label, tag, image not admitted)",
+    "device-name": "a device request whose resource name neither permittedHostDevices nor any node has",
+    "not-rewritten": "the hook would not rewrite this domain",
+}
+# Differences ``--check`` accepts, by code: what a guest shows differently by design.
+ACCEPTED_CODES = {
+    "broadcom-flattening": "nvidia-smi PXB on the host, PIX in the guest, where NCCL already says PIX on the host "
+                           "(a two-level Broadcom switch mirrored as the one switch NCCL flattens it to)",
+}
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One reason of the check: a code of :data:`REASON_CODES` and its sentence."""
+
+    code: str
+    text: str
+
+    def __post_init__(self) -> None:
+        if self.code not in REASON_CODES:  # a code nobody listed is a bug here, not a user's input
+            raise ValueError(f"reason code {self.code!r} is not in REASON_CODES")
+
+    def as_json(self) -> dict:
+        return {"code": self.code, "text": self.text}
+
+
+def check_reasons(result: RewriteResult, host: Topology, fabric=None, gdr: bool = True) -> list[Reason]:
+    """Everything that keeps the guest from seeing what the host has, one :class:`Reason` each;
+    empty when it will. The only accepted difference is the documented Broadcom flattening
     (nvidia-smi PXB → PIX where NCCL already says PIX on the host). A firmware warning (a GPU
     whose BARs the guest firmware will not assign) and, with a fabric file, GPUs that will not
     get NVLink (the NVLink check's verdict) are problems too (:func:`beyond_pairs`), and so is,
@@ -207,14 +244,50 @@ def check_problems(result: RewriteResult, host: Topology, fabric=None, gdr: bool
     for why, vs in groups.items():
         e = vs[0]
         view = "nccl" if e.differs("nccl") else "nvml"
-        out.append(f"{len(vs)} pair(s) differ, e.g. {e.name} ({e.p.a}-{e.p.b}) {view.upper()} {e.transition(view)}: {why}")
+        out.append(Reason("pair-class", f"{len(vs)} pair(s) differ, e.g. {e.name} ({e.p.a}-{e.p.b}) {view.upper()} "
+                                        f"{e.transition(view)}: {why}"))
     if result.report.missing_cells is not None:
-        out.append(result.report.missing_cells.line)
+        out.append(Reason("numa-cells-missing", result.report.missing_cells.line))
     if not result.report.numa_map and len({d.host_node for d in result.report.placed if d.host_node >= 0}) > 1:
-        out.append(KUBEVIRT_NUMA_ADVICE)
+        out.append(Reason("no-guest-numa", KUBEVIRT_NUMA_ADVICE))
     if gdr:
-        out += gdr_in_guest(result, host).lines
-    return out + beyond_pairs(result, fabric)
+        out += [Reason("gdr-lost", line) for line in gdr_in_guest(result, host).lines]
+    out += [Reason("firmware", line) for line in firmware_warnings(result)]
+    nv = result.report.nvlink
+    if fabric is not None and nv is not None and not nv.nvlink_ok:
+        out.append(Reason("nvlink", f"NVLink: {nv.message}"))
+    return out
+
+
+def check_pairs_json(result: RewriteResult, host: Topology, fabric=None) -> tuple[list[dict], list[dict]]:
+    """Each pair's host and guest class in both views (``--check --json``'s "pairs"), and the
+    differences the check accepts ("accepted"), by :data:`ACCEPTED_CODES` code."""
+    pairs, flattened = [], []
+    for v in pair_views(result, host, fabric):
+        g = v.p.guest
+        pairs.append({"a": str(v.p.a), "b": str(v.p.b), "labels": list(v.labels), "nvlink": v.nvlink,
+                      "host": {"nccl": v.p.host.nccl.value, "nvml": v.p.host.nvml.value},
+                      "guest": {"nccl": g.nccl.value, "nvml": g.nvml.value} if g is not None else None,
+                      "differs": [view for view in ("nccl", "nvml") if v.differs(view)]})
+        if v.by_design and v.differs("nvml") and not v.differs("nccl"):
+            flattened.append(pairs[-1]["a"] + "-" + pairs[-1]["b"])
+    accepted = [{"code": "broadcom-flattening", "text": ACCEPTED_CODES["broadcom-flattening"], "pairs": flattened}] if flattened else []
+    return pairs, accepted
+
+
+def gdr_pairs_json(result: RewriteResult, host: Topology) -> list[dict]:
+    """GPUDirect RDMA per GPU of the VM (``--check --json``'s "gdr"): its best NIC on the node and
+    among the VM's, with NCCL's host class, the best class the guest shows it to a NIC of the VM,
+    and whether the guest gives it GPUDirect RDMA (PIX or PXB)."""
+    def nic(p) -> str | None:
+        return str(p.nic.bdf) if p.nic is not None else None
+
+    def cls(p) -> str | None:
+        return p.cls.nccl.value if p.cls is not None else None
+
+    return [{"gpu": str(g.host.gpu.bdf), "host_nic": nic(g.host), "host_nccl": cls(g.host), "vm_nic": nic(g.got),
+             "guest_nccl": g.guest.value if g.guest is not None else None, "gdr": g.gdr, "lost": g.lost}
+            for g in gdr_in_guest(result, host).gpus]
 
 
 def check_unknowns(result: RewriteResult, host: Topology) -> list[str]:
@@ -243,6 +316,7 @@ class CheckVerdict:
     problems: tuple[str, ...]
     unknowns: tuple[str, ...]
     parts: tuple[str, ...]
+    reasons: tuple[Reason, ...] = ()  # the problems with their codes (REASON_CODES)
 
     @property
     def state(self) -> str:
@@ -252,9 +326,10 @@ class CheckVerdict:
 def check_verdict(result: RewriteResult, host: Topology, fabric=None, gdr: bool = True) -> CheckVerdict:
     """The one judgement behind every door that shows ``--check``'s outcome (:class:`CheckVerdict`);
     ``gdr`` False: GPUDirect RDMA is counted, not judged (``pcitopo.kubevirt.io/pairing: off``)."""
-    problems = check_problems(result, host, fabric, gdr)
+    reasons = check_reasons(result, host, fabric, gdr)
     kinds = [line.split(":", 1)[0] for line in beyond_pairs(result, fabric)]
-    return CheckVerdict(tuple(problems), tuple(check_unknowns(result, host)), (verdict(result, host, fabric), *kinds))
+    return CheckVerdict(tuple(r.text for r in reasons), tuple(check_unknowns(result, host)), (verdict(result, host, fabric), *kinds),
+                        tuple(reasons))
 
 
 def firmware_warnings(result: RewriteResult) -> list[str]:

@@ -192,12 +192,14 @@ def _capture_iommu(source: Source, tree: MemoryTree, skipped: list[str]) -> None
             tree.add_link(f"{IOMMU_CLASS_DIR}/{unit}", t)
 
 
-def capture(sysfs: str | os.PathLike, out: str | os.PathLike, stdout: BinaryIO | None = None,
+def capture(sysfs: str | os.PathLike | Source, out: str | os.PathLike, stdout: BinaryIO | None = None,
             phys_bits: int | None = None) -> CaptureSummary:
-    """Capture ``sysfs`` into the file ``out``; ``out == "-"`` writes to ``stdout`` (a binary
-    stream, e.g. ``sys.stdout.buffer``), refusing a terminal. ``phys_bits``: the node's CPU
-    address width, recorded whatever the source (``pcitopo capture --phys-bits``)."""
-    tree, summary = capture_tree(open_source(sysfs), phys_bits)
+    """Capture ``sysfs`` (a path, or a source already open: a tree built from a ``.topo``) into
+    the file ``out``; ``out == "-"`` writes to ``stdout`` (a binary stream, e.g.
+    ``sys.stdout.buffer``), refusing a terminal. ``phys_bits``: the node's CPU address width,
+    recorded whatever the source (``pcitopo capture --phys-bits``)."""
+    source = sysfs if hasattr(sysfs, "listdir") else open_source(sysfs)  # type: ignore[arg-type]
+    tree, summary = capture_tree(source, phys_bits)
     try:
         if os.fspath(out) == "-":
             if stdout is None or stdout.isatty():

@@ -100,6 +100,12 @@ class DirSource:
             self._whole = is_live_sysfs(self.root)
         return self._whole
 
+    @property
+    def label(self) -> str:
+        """How outputs name the tree (:func:`path_label`): ``/sys`` live, else the directory's name."""
+        real = os.path.realpath(self.root)
+        return "/sys" if real == "/sys" else path_label(real)
+
     def _abs(self, rel: str) -> str:
         return os.path.join(self.root, rel) if rel else self.root
 
@@ -169,9 +175,24 @@ class MemoryTree:
         # Whether a link the tree lacks is absent on its host (:data:`WHOLE_MEMBER`): True for a
         # host built in memory from its description, for a tarball only when its capture says so.
         self.whole = True
+        self.origin: str | None = None  # the capture file it was read from
         self._entries: dict[str, _File | _Link | _Dir] = {}
         self._children: dict[str, set[str]] = {"": set()}
         self.path_bytes = 0  # every entry's path and link target: what a capture's bounds count
+
+    @property
+    def label(self) -> str:
+        """How outputs name the tree (:func:`path_label`): a capture by its name and digest."""
+        if self.origin is None:
+            return self.name
+        import hashlib
+
+        try:
+            with open(self.origin, "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()[:12]
+        except OSError:  # gone since it was read: the name alone
+            return path_label(self.origin)
+        return f"{path_label(self.origin)} sha256:{digest}"
 
     # -- building -------------------------------------------------------------------------
     def _add_parents(self, rel: str) -> None:
@@ -312,6 +333,7 @@ class MemoryTree:
 
         name = os.fspath(path)
         tree = cls(name)
+        tree.origin = name
         try:
             for m in members(name, MAX_ATTR_BYTES):
                 if m.kind == "dir":
@@ -388,6 +410,16 @@ def is_whole(source: object) -> bool:
 def _read_back(tree: "MemoryTree") -> "MemoryTree":
     tree.whole = isinstance(tree.read(WHOLE_MEMBER), bytes)
     return tree
+def path_label(path: str) -> str:
+    """A source's name in outputs, the same however its path was typed (relative, absolute,
+    through a symlink, from any directory): the last component of its real path, and the one
+    above it when the last says only what kind of file it is (a fixture's ``sysfs.tar.gz`` or
+    ``sysfs/``). Error messages keep the path as typed: that is what the user can act on."""
+    real = os.path.realpath(path)
+    base = os.path.basename(real)
+    if base in ("sysfs.tar.gz", "sysfs"):
+        return f"{os.path.basename(os.path.dirname(real))}/{base}"
+    return base
 
 
 def default_sysfs() -> str:

@@ -56,6 +56,10 @@ NODE_DIR = "devices/system/node"
 class SysfsReader:
     """Reads PCI functions and NUMA nodes from a source. The only code that knows sysfs names."""
 
+    @property
+    def label(self) -> str:
+        return getattr(self.source, "label", self.source.name)
+
     def __init__(self, source: Source):
         self.source = source
         self.name = source.name
@@ -221,11 +225,11 @@ def source_width(source: Source) -> HostWidth:
     machine's /proc/cpuinfo or $PCITOPO_CPUINFO (a live /sys, a sysfs directory, a fixture)."""
     data = source.read(ADDRESS_SIZES_MEMBER)
     if isinstance(data, bytes):
-        return recorded_width(data, source.name)
+        return recorded_width(data, getattr(source, "label", source.name))
     if isinstance(data, Unreadable):
         return HostWidth(None, f"{source.name}: {ADDRESS_SIZES_MEMBER} {data.why}")
     if not getattr(source, "cpu_is_local", True):
-        return HostWidth(None, f"not recorded in {source.name} (captured from a directory without --phys-bits, or by an "
+        return HostWidth(None, f"not recorded in {getattr(source, 'label', source.name)} (captured from a directory without --phys-bits, or by an "
                          "older pcitopo; capture again to record it)")
     return local_width()
 

@@ -199,6 +199,12 @@ RECENT_KEEP = 2
 class Topology:
     """A PCI tree, read lazily through a loader and cached."""
 
+    @property
+    def label(self) -> str:
+        """The name outputs carry (topology/host/sources.py ``path_label``), the same however the
+        path was typed; ``name`` (as typed) is for error messages."""
+        return getattr(self._loader, "label", self.name)
+
     def __init__(self, loader: FunctionLoader):
         self._loader = loader
         self.name = loader.name

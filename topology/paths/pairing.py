@@ -127,7 +127,7 @@ class HostPairs:
 
 def host_pairs(topo: Topology) -> HostPairs:
     gpus = [topo.function(b) for b in default_devices(topo) if topo.role(b) == Role.GPU]
-    return HostPairs(topo.name, tuple(host_pair(topo, g) for g in gpus), dict(host_labels(topo)))
+    return HostPairs(topo.label, tuple(host_pair(topo, g) for g in gpus), dict(host_labels(topo)))
 
 
 # -- a VM's allocation -------------------------------------------------------------------------

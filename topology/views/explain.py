@@ -302,7 +302,7 @@ def summary_lines(result, host: Topology, fabric=None, doctor=None, gdr: bool = 
     from ..model.labels import default_devices
 
     kinds = Counter(host.role(host.function(b)).value for b in default_devices(host))
-    out = [f"host:    {host.name}: {kinds['gpu']} GPUs, {kinds['nic']} NICs, {len(host.numa_nodes())} NUMA node(s)"]
+    out = [f"host:    {host.label}: {kinds['gpu']} GPUs, {kinds['nic']} NICs, {len(host.numa_nodes())} NUMA node(s)"]
     r = result.report
     placed = Counter(d.role for d in r.placed)
     fw = f", firmware {r.mmio.firmware}" if r.mmio is not None else ""

@@ -200,7 +200,7 @@ def topo_json(topo: Topology, bdfs: Sequence[Bdf], nvlink: NvlinkOracle) -> dict
             {"a": str(a), "b": str(b), "nccl": cls.nccl.value, "nvml": cls.nvml.value, "nvlink": nvlink.count(fa, fb)}
         )
     return {
-        "host": topo.name,
+        "host": topo.label,
         "devices": [with_vfs(topo, device_json(topo, r), groups.vfs_of(r.function.bdf)) for r in rows],
         "pairs": out_pairs,
         "nvlink_source": nvlink.source,
@@ -216,16 +216,29 @@ def tree_text(topo: Topology, live_root: str | None = None, labels: dict[Bdf, st
     labels = labels or {}
     out: list[str] = []
 
+    def broadcom_level(f: PciFunction) -> str:
+        """Which level of a Broadcom complex ``f`` is. NCCL flattens a switch into the one above
+        only when both present as one complex's levels; a Gen4 part's ids are the same at either
+        level, so the tree around it decides: a top has a switch of its generation below one of
+        its downstream ports, a virtual switch has one above its upstream port."""
+        gen = bcm_gen(f, 0) or bcm_gen(f, 1)
+        below = [topo.function(us) for ds in topo.children(f.bdf) for us in topo.children(ds)]
+        if bcm_gen(f, 0) and any(topo.role(u) == Role.UPSTREAM_PORT and bcm_gen(u, 1) == gen for u in below):
+            return f"(Broadcom Gen{gen} two-level top: NCCL flattens the level below into it)"
+        ds = topo.parent(f)
+        top = topo.parent(ds) if ds is not None else None
+        if bcm_gen(f, 1) and top is not None and topo.role(top) == Role.UPSTREAM_PORT and bcm_gen(top, 0) == gen:
+            return f"(Broadcom Gen{gen} virtual switch)"
+        return f"(Broadcom Gen{gen} switch, one level)"
+
     def describe(f: PciFunction) -> str:
         role = topo.role(f)
         bits = [str(f.bdf), f"[{f.ids}]", role.value]
         if role == Role.UPSTREAM_PORT:
             if f.vendor == MELLANOX:
                 bits.append("(ConnectX integrated switch)")
-            elif bcm_gen(f, 0):
-                bits.append(f"(Broadcom Gen{bcm_gen(f, 0)} two-level top: NCCL flattens the level below into it)")
-            elif bcm_gen(f, 1):
-                bits.append(f"(Broadcom Gen{bcm_gen(f, 1)} virtual switch)")
+            elif bcm_gen(f, 0) or bcm_gen(f, 1):
+                bits.append(broadcom_level(f))
         name = part_name(f, live_root)
         if name:
             bits.append(name)

@@ -3,8 +3,8 @@ with the presets' real BAR sizes at addresses a BIOS bump allocator would plausi
 
 from __future__ import annotations
 
-from pcitopo.topology.model.bars import Bar, format_resource
-from pcitopo.topology.model.tree import Bdf
+from ..model.bars import Bar, format_resource
+from ..model.tree import Bdf
 
 from .looks import VF_BAR, MiB
 from .spec import DeviceSpec, HostSpec
@@ -26,7 +26,7 @@ def _align_up(x: int, a: int) -> int:
 
 
 def _unassigned_bar(dev: DeviceSpec) -> int | None:
-    """The BAR the ``bar-unassigned`` fault (testkit/synth/doctor.py) leaves unplaced: the
+    """The BAR the ``bar-unassigned`` fault (topology/synth/doctor.py) leaves unplaced: the
     function's largest; None without the fault."""
     if "bar-unassigned" not in dev.look.faults or not dev.look.bars:
         return None  # (the parser refuses the fault on a function without BARs)

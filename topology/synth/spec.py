@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from pcitopo.topology.errors import SysfsError
-from pcitopo.topology.model.tree import Bdf
+from ..errors import SysfsError
+from ..model.tree import Bdf
 
 from .looks import Look
 
@@ -92,6 +92,9 @@ class HostSpec:
     name: str
     numa: list[NumaSpec]
     roots: list[RootSpec]
+    # the CPU's (physical, virtual) address bits: the ``cpu`` line, recorded as a capture records
+    # the node's /proc/cpuinfo ``address sizes`` (the MMIO check's host width); None: not given
+    address_bits: tuple[int, int] | None = None
 
     def devices(self) -> Iterator[DeviceSpec]:
         """Every device line, depth first in description order."""

@@ -1,6 +1,6 @@
 """A parsed description → a tree laid out like ``/sys`` (:class:`MemoryTree`): exactly the files,
 links and formatting the kernel shows, only the attribute names :mod:`topology.host.sysfs`
-reads; the doctor's files come from :mod:`testkit.synth.doctor`."""
+reads; the doctor's files come from :mod:`pcitopo.topology.synth.doctor`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import os
 import textwrap
 from dataclasses import replace
 
-from pcitopo.topology.errors import SysfsError
-from pcitopo.topology.host.sources import PCI_DEVICES_DIR, MemoryTree
-from pcitopo.topology.host.sysfs import (
+from ..errors import SysfsError
+from ..host.sources import PCI_DEVICES_DIR, MemoryTree
+from ..host.sysfs import (
     LINK_ATTRS,
     NODE_ATTRS,
     NODE_DIR,
@@ -19,7 +19,8 @@ from pcitopo.topology.host.sysfs import (
     RESOURCE_ATTRS,
     SysfsReader,
 )
-from pcitopo.topology.model.tree import Bdf, Topology
+from ..model.cpuinfo import ADDRESS_SIZES_MEMBER
+from ..model.tree import Bdf, Topology
 
 from . import doctor as synth_doctor
 from .bars import place_bars
@@ -83,6 +84,9 @@ class _Builder:
             for vf, pf in dev.vf_bdfs():
                 self.add_function(parent_dir, vf, vf_look, dev.numa, self.group(), physfn=pf, kind="vf")
         self.doctor.finish(self.tree)
+        if self.spec.address_bits is not None:
+            phys, virt = self.spec.address_bits
+            self.tree.add_file(ADDRESS_SIZES_MEMBER, f"address sizes\t: {phys} bits physical, {virt} bits virtual\n")
         return self.tree
 
     def add_device(self, dev: DeviceSpec, parent_dir: str, shared_group: int | None,

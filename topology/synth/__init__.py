@@ -15,7 +15,7 @@ formatting) and nothing else: only the attribute names :mod:`topology.host.sysfs
 
 The pieces, in the order the data flows: :mod:`.looks` (presets, BAR sizes), :mod:`.spec` (the
 parsed description), :mod:`.parse` (``.topo`` text → spec), :mod:`.bars` (``resource`` files),
-:mod:`.build` (spec → tree). Importers use the names below: ``from testkit.synth import X``.
+:mod:`.build` (spec → tree). Importers use the names below: ``from pcitopo.topology.synth import X``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What ``pcitopo doctor`` reads, for synthetic hosts: config space with ACS/ATS,
 ``driver_override``, IOMMU groups with their type, IOMMU units; and planted faults. (The
-``resource`` files, with real BAR sizes per device id, are :mod:`testkit.synth`'s; it plants
+``resource`` files, with real BAR sizes per device id, are :mod:`pcitopo.topology.synth`'s; it plants
 the ``bar-unassigned`` fault named here.)
 
-Kept apart from :mod:`testkit.synth` (which calls :class:`DoctorFiles` from its builder) so the
+Kept apart from :mod:`pcitopo.topology.synth` (which calls :class:`DoctorFiles` from its builder) so the
 host-readiness layer can move with the synthesiser as one piece. The fixture README lists which
 values follow public facts and which are guesses.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Protocol, Sequence
 
-from pcitopo.topology.host.configspace import (
+from ..host.configspace import (
     ACS_CR,
     ACS_DT,
     ACS_RR,
@@ -30,13 +30,13 @@ from pcitopo.topology.host.configspace import (
     LEGACY_BYTES,
     PCIE_BYTES,
 )
-from pcitopo.topology.model.tree import Bdf
-from pcitopo.topology.host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
-from pcitopo.topology.host.sources import MemoryTree
+from ..model.tree import Bdf
+from ..host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
+from ..host.sources import MemoryTree
 
 
 class Look(Protocol):
-    """What this module reads of a :class:`testkit.synth.Look` (declared here so the two
+    """What this module reads of a :class:`pcitopo.topology.synth.Look` (declared here so the two
     modules do not import each other)."""
 
     vendor: int
@@ -54,7 +54,7 @@ class Look(Protocol):
 
 
 class DeviceSpec(Protocol):
-    """What this module reads of a :class:`testkit.synth.DeviceSpec`."""
+    """What this module reads of a :class:`pcitopo.topology.synth.DeviceSpec`."""
 
     @property
     def look(self) -> Look: ...
@@ -64,7 +64,7 @@ class DeviceSpec(Protocol):
 
 
 class HostSpec(Protocol):
-    """What :func:`iommu_off` reads of a :class:`testkit.synth.HostSpec`."""
+    """What :func:`iommu_off` reads of a :class:`pcitopo.topology.synth.HostSpec`."""
 
     def devices(self) -> Iterator[Any]: ...
 
@@ -148,7 +148,7 @@ def minimal_config(look: Look, kind: str, gdr_path: bool) -> bytes:
 
 class DoctorFiles:
     """Per-build state for the doctor's files: IOMMU groups and units. (``resource`` is written
-    by :mod:`testkit.synth` with real sizes per device id; it plants ``bar-unassigned``.)"""
+    by :mod:`pcitopo.topology.synth` with real sizes per device id; it plants ``bar-unassigned``.)"""
 
     def __init__(self) -> None:
         self.groups: dict[int, list[tuple[str, str]]] = {}  # group -> [(bdf, function dir)]

@@ -8,9 +8,9 @@ import re
 from dataclasses import replace
 from typing import Sequence
 
-from pcitopo.topology.errors import PcitopoError
-from pcitopo.topology.libvirt.domain import parse_cpuset
-from pcitopo.topology.model.tree import Bdf
+from ..errors import PcitopoError
+from ..libvirt.domain import parse_cpuset
+from ..model.tree import Bdf
 
 from . import doctor as synth_doctor
 from .looks import LINK_FILES, OMITTABLE, PRESETS, SPEEDS, WIDTHS, Look
@@ -39,6 +39,7 @@ class _Parser:
         self.stack: list[tuple[int, RootSpec | DeviceSpec, int | None]] = []
         self.seen: dict[Bdf, tuple[int, str]] = {}  # every function and VF → (line, what)
         self.secondary: dict[int, int] = {}  # id(bridge) → its secondary bus (from its first child)
+        self.address_bits: tuple[int, int] | None = None
 
     def fail(self, reason: str, line: int | None = None) -> TopoError:
         return TopoError(self.name, line if line is not None else self.lineno, reason)
@@ -54,14 +55,18 @@ class _Parser:
             self.line(len(body) - len(stripped), stripped.split())
         if not self.numa:
             raise self.fail("no 'numa' line: every host has at least node 0", 1)
-        spec = HostSpec(self.name, self.numa, self.roots)
+        spec = HostSpec(self.name, self.numa, self.roots, self.address_bits)
         _check(spec, self)
         return spec
 
     def line(self, indent: int, tokens: list[str]) -> None:
         head = tokens[0]
+        if head == "cpu":
+            if indent:
+                raise self.fail("'cpu' lines are not indented")
+            return self.cpu_line(tokens)
         if head not in KINDS and head != "numa":
-            raise self.fail(f"unknown line kind {head!r} (want numa, {', '.join(KINDS)})")
+            raise self.fail(f"unknown line kind {head!r} (want cpu, numa, {', '.join(KINDS)})")
         if len(tokens) < 2:
             raise self.fail(f"{head} needs an address")
         if head in ("numa", "rc"):
@@ -106,6 +111,17 @@ class _Parser:
         if not lo <= n <= hi:
             raise self.fail(f"{key}={value} is out of range {lo}..{hi}")
         return n
+
+    def cpu_line(self, tokens: list[str]) -> None:
+        """``cpu phys-bits=52 [virt-bits=57]``: the CPU's address sizes, as /proc/cpuinfo prints them
+        (virtual bits default to 48, x86-64's 4-level paging)."""
+        if self.address_bits is not None:
+            raise self.fail("a second 'cpu' line (one CPU kind per host)")
+        kv = self.keyvals(tokens[1:], {"phys-bits", "virt-bits"})
+        if "phys-bits" not in kv:
+            raise self.fail("cpu needs phys-bits=N (the `address sizes` of the node's /proc/cpuinfo)")
+        self.address_bits = (self.int_value("phys-bits", kv["phys-bits"], 32, 64),
+                             self.int_value("virt-bits", kv.get("virt-bits", "48"), 32, 64))
 
     def numa_line(self, tokens: list[str]) -> None:
         node = self.int_value("numa", tokens[1], 0, 1023)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pcitopo.topology.host.sysfs import OPTIONAL_ATTRS, RESOURCE_ATTRS
+from ..host.sysfs import OPTIONAL_ATTRS, RESOURCE_ATTRS
 
 # The kernel's pci_speed_string(); "Unknown" is what a function without link registers shows.
 SPEEDS = {
