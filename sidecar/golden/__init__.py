@@ -46,7 +46,9 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 def _read(path: str) -> bytes:
-    from ..doors import MAX_VMI_BYTES, read_bounded
+    from pcitopo.topology.host.files import read_bounded
+
+    from ..doors import MAX_VMI_BYTES
 
     return read_bounded(path, MAX_VMI_BYTES, "file")
 

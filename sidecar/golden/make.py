@@ -82,8 +82,8 @@ def default_vm(host: Topology) -> bytes:
                "resources": {"requests": {"memory": "64Gi"}},
                "devices": {"gpus": [{"name": f"gpu{i}", "deviceName": _resource(host, b)} for i, b in enumerate(gpus)],
                            "hostDevices": [{"name": f"nic{i}", "deviceName": _resource(host, b)} for i, b in enumerate(nics)]}}}}
-    head = (f"# pcitopo golden make's default VM for this node: every GPU and NIC passed through\n"
-            f"# (golden.json, \"assumed\"). Give your own with --vmi.\n")
+    head = ("# pcitopo golden make's default VM for this node: every GPU and NIC passed through\n"
+            "# (golden.json, \"assumed\"). Give your own with --vmi.\n")
     return (head + yaml.safe_dump(vmi, sort_keys=False)).encode()
 
 
@@ -110,7 +110,7 @@ def vm_outputs(node: Node, vm_bytes: bytes) -> dict[str, bytes]:
     from pcitopo.kubevirt.manifest import vmi_as_json
 
     from ..core import handle_define_domain
-    from ..xmlfix import check_lines, check_report, prediction_doc
+    from ..commands.check import check_lines, check_report, prediction_doc
 
     host = node.host
     domain = vm_domain(host, vm_bytes)
@@ -132,6 +132,7 @@ def vm_domain(host: Topology, vm_bytes: bytes) -> bytes:
     """The domain KubeVirt v1.9.0's virt-launcher hands the hook for the VM on the node (``pcitopo
     domain --cpu-policy devices``), the VM's ``golden.pcitopo.io/VVVV_DDDD`` resources standing for
     those PCI ids (as a cluster's permittedHostDevices would say)."""
+    from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI
     from pcitopo.kubevirt.launcher.cpus import CpuPolicy
     from pcitopo.kubevirt.launcher.dumped import expand
     from pcitopo.kubevirt.launcher.predict import Inputs, predict
@@ -142,7 +143,8 @@ def vm_domain(host: Topology, vm_bytes: bytes) -> bytes:
     vmi, _ = expand(doc, as_vmi(doc, VM_FILE), None)
     devices = (vmi.get("spec", {}).get("domain", {}).get("devices") or {})
     names = [d.get("deviceName") or "" for kind in ("gpus", "hostDevices") for d in devices.get(kind) or () if isinstance(d, dict)]
-    permitted = {n: n.split("/", 1)[1].replace("_", ":") for n in names if n.startswith(RESOURCE_DOMAIN)}
+    permitted = PermittedHostDevices(tuple(PermittedPCI(n, n.split("/", 1)[1].replace("_", ":").lower())
+                                           for n in names if n.startswith(RESOURCE_DOMAIN)), (), True)
     return predict(host, vmi, Inputs(policy=CpuPolicy.DEVICES, permitted=permitted)).xml
 
 
@@ -184,8 +186,8 @@ def all_outputs(node: Node, vms: dict[str, bytes], given: bool) -> dict[str, byt
 
 
 def write_golden(directory: str, files: dict[str, bytes]) -> None:
-    """Write the files (each whole or not at all, the doctor's writer)."""
-    from pcitopo.topology.checks.fleet import write_atomic
+    """Write the files (each whole or not at all: the one writer, topology/host/files.py)."""
+    from pcitopo.topology.host.files import write_atomic
 
     for rel, data in files.items():
         path = os.path.join(directory, rel)
@@ -193,4 +195,4 @@ def write_golden(directory: str, files: dict[str, bytes]) -> None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         except OSError as e:
             raise ConfigError(f"cannot create {os.path.dirname(path)}: {e.strerror or e}") from None
-        write_atomic(path, data.decode("utf-8"))
+        write_atomic(path, data, error=ConfigError)
