@@ -96,7 +96,7 @@ image: .cache/.debian
 # deploy/ examples' "Checked against" commands name (fixtures/examples.py); review the diff.
 # fixtures/<host>/golden/ is what a team's CI keeps for its own nodes (docs/CI.md), made by the
 # same command; tests/test_golden.py runs `pcitopo golden check` on each.
-GOLDEN_HOSTS := hgx-b200 hgx-h100 dgx-h100 hgx-b300
+GOLDEN_HOSTS := hgx-b200 hgx-h100 dgx-h100 hgx-b300 dgx-a100
 golden: setup-base
 	$(RUN) fixtures/golden.py
 	$(RUN) fixtures/examples.py

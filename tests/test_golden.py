@@ -135,9 +135,10 @@ def test_golden_bad_input_is_one_line(tmp_path, capsys):
     assert err[-1].startswith("pcitopo golden: cannot read file") and "golden.json" in err[-1]
 
 
-@pytest.mark.parametrize("host", ["hgx-b200", "hgx-h100", "dgx-h100", "hgx-b300"])
+@pytest.mark.parametrize("host", sorted(p.parent.parent.name for p in (ROOT / "fixtures").glob("*/golden/golden.json")))
 def test_the_projects_own_goldens_check_clean(host, capsys):
-    """`make golden` writes fixtures/<host>/golden with the same command a team's CI uses."""
+    """`make golden` writes fixtures/<host>/golden with the same command a team's CI uses, for
+    every golden host (the Makefile's list, which fixtures/golden.py's must equal)."""
     code, out = check(ROOT / "fixtures" / host / "golden", capsys, ROOT / "fixtures" / host)
     assert code == 0 and "guest-visible: 0\nlayout only: 0\ntext only: 0" in out, out
 
@@ -150,3 +151,15 @@ def test_ci_recipe_pins_this_version_and_runs_the_two_commands():
     assert f'"pcitopo=={__version__}"' in text and len(text.splitlines()) <= 45
     for command in ("pcitopo capture --from-topo", "pcitopo golden make", "pcitopo golden check", "--update"):
         assert command in text, command
+
+
+def test_the_makefile_makes_goldens_for_every_golden_host():
+    import re
+
+    from testkit import fixture_script
+
+    project_goldens = fixture_script("golden")
+
+    hosts = re.search(r"^GOLDEN_HOSTS := (.*)$", (ROOT / "Makefile").read_text(), re.M)[1].split()
+    assert sorted(hosts) == sorted(project_goldens.GOLDEN_HOSTS)
+    assert sorted(hosts) == sorted(p.parent.parent.name for p in (ROOT / "fixtures").glob("*/golden/golden.json"))
