@@ -217,20 +217,23 @@ def _cmd_domain(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     for line in pred.unknowns:  # what the domain rests on but the inputs do not say (exit 4)
         print(f"pcitopo domain: unknown: {line}", file=sys.stderr)
-    refused = _domain_policy(pred.vmi, args.cluster)
+    refused = _domain_policy(pred.vmi, args)
     return refused if refused != EXIT_OK else (EXIT_UNKNOWN if pred.unknowns else EXIT_OK)
 
 
-def _domain_policy(vmi: dict, dump_paths: list[str] | None) -> int:
-    """A dump with pcitopo's params and gate Sidecar: the Sidecar policy judges the VMI as
-    preflight does (kubevirt/vmjudge.py); a refusal is one line and exit 1 (the domain is what it
-    would be, were it admitted)."""
-    if not dump_paths:
+def _domain_policy(vmi: dict, args: argparse.Namespace) -> int:
+    """With --cluster: the Sidecar policy (--target's, or the dump's params with gate Sidecar)
+    judges the VMI as preflight does (kubevirt/vmjudge.py); a refusal is one line and exit 1 (the
+    domain is what it would be, were it admitted)."""
+    if not args.cluster:
+        if args.target or args.image:
+            raise ConfigError("--target and --image judge the VM on a cluster: give --cluster as well")
         return EXIT_OK
     from pcitopo.kubevirt.cluster import read_dump
     from pcitopo.kubevirt.vmjudge import VmQuestion, policy_of
 
-    refused, _ = policy_of(vmi, VmQuestion(tuple(dump_paths)), read_dump(dump_paths))
+    q = VmQuestion(tuple(args.cluster), images=tuple(args.image), target=args.target)
+    refused, _ = policy_of(vmi, q, read_dump(args.cluster))
     if refused is None or not refused.certain:
         return EXIT_OK
     print(f"pcitopo domain: policy: {refused.why}" + (f" (to admit it, vetted: {refused.admit})" if refused.admit else ""),
@@ -251,6 +254,10 @@ def _add_domain_parser(sub, default_sysfs: str) -> None:
                    "release's re-parse of the earlier answers)")
     d.add_argument("--hook", choices=("pcitopo", "none"), default="pcitopo", help="with --call: who answers the earlier "
                    "calls (default pcitopo, as the VM's hookSidecars annotation or the Plugin attaches it)")
+    d.add_argument("--target", metavar="NAME", help="with --cluster: also judge the VM by this deploy target's Sidecar "
+                   "policy, as `pcitopo preflight` and `xmlfix --check --target` do (exit 1 when it refuses the VM)")
+    d.add_argument("--image", metavar="REF", action="append", default=[], help="the pcitopo image your overlay pins "
+                   "(REPOSITORY@sha256:<64 hex>; repeatable): the VM's hook sidecar is pcitopo's when it runs exactly that")
     d.add_argument("-o", "--output", metavar="FILE", help="write the domain here instead of stdout")
 
 

@@ -41,10 +41,6 @@ def _dumps(tmp: Path) -> list[Path]:
     return out + [later]
 
 
-def _has_params(dump_path: Path) -> bool:
-    return any(o.get("metadata", {}).get("name") == "pcitopo-image" for o in read_dump([str(dump_path)]).of_kind("PodTemplate"))
-
-
 def _preflight_says(dump_path: Path, name: str) -> set[str]:
     tgt, assume = TARGET.get(dump_path.name, DEFAULT_TARGET)
     report = preflight(read_dump([str(dump_path)]), target(tgt), assume=assume)
@@ -72,8 +68,8 @@ def _check_says(capsys, manifest: Path, dump_path: Path) -> set[str]:
 
 
 def _domain_says(capsys, manifest: Path, dump_path: Path) -> set[str]:
-    _, assume = TARGET.get(dump_path.name, DEFAULT_TARGET)
-    args = ["domain", "--vmi", str(manifest), "--sysfs", str(H100), "--cluster", str(dump_path)]
+    tgt, assume = TARGET.get(dump_path.name, DEFAULT_TARGET)
+    args = ["domain", "--vmi", str(manifest), "--sysfs", str(H100), "--cluster", str(dump_path), "--target", tgt]
     rc = pcitopo_main(args + (["--assume-release", assume] if assume else []))
     _, err = capsys.readouterr()
     if rc == EXIT_UNKNOWN and "not a KubeVirt release pcitopo read" in err:
@@ -89,10 +85,7 @@ def test_every_cluster_fixture_vm_gets_one_verdict_from_preflight_the_check_and_
             manifest = tmp_path / f"{name.replace('/', '_')}.yaml"
             manifest.write_text(yaml.safe_dump(obj))
             said = {"preflight": _preflight_says(dump_path, name), "check": _check_says(capsys, manifest, dump_path)}
-            domain = _domain_says(capsys, manifest, dump_path)
-            if not _has_params(dump_path):  # the prediction takes no --target: it judges the policy from the dump's params
-                domain |= said["preflight"] & {"policy"}
-            said["domain"] = domain
+            said["domain"] = _domain_says(capsys, manifest, dump_path)
             seen.append((dump_path.name, name, said["preflight"]))
             if len({frozenset(v) for v in said.values()}) != 1:
                 disagreements.append((dump_path.name, name, said))
