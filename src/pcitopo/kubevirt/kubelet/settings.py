@@ -1,0 +1,130 @@
+"""Which kubelet settings a prediction places the pod's CPUs with, and the options that give them.
+
+In order: the flags (``--topology-policy``, ``--cpu-policy``, ``--reserved-cpus``), else the
+node's kubelet configuration (``--kubelet-config``: the ``KubeletConfiguration`` file, or the
+JSON report of ``pcitopo doctor --kubelet-dir ... --json``, which carries the doctor's reading),
+else docs/DEPLOY.md's recommendation: ``cpuManagerPolicy: static`` with
+``distribute-cpus-across-numa``, ``topologyManagerPolicy: best-effort``, one core reserved.
+Whatever was not read is said in one line (:attr:`Resolved.assumed`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from pcitopo.topology.errors import ConfigError, DomainError
+from pcitopo.topology.libvirt.domain import parse_cpuset
+
+from pcitopo.kubevirt.kubelet.static import DISTRIBUTE, FULL_PCPUS, KubeletSettings
+from pcitopo.kubevirt.kubelet.topologymanager import POLICIES
+
+CPU_POLICY_CHOICES = ("distribute", "packed", "devices")
+
+
+def add_kubelet_args(p: argparse.ArgumentParser) -> None:
+    """The kubelet options of a prediction (``--cpu-policy`` is request.py's, shared with xmlfix)."""
+    p.add_argument("--topology-policy", metavar="POLICY", help="the node's kubelet topologyManagerPolicy: "
+                   f"{', '.join(POLICIES)} (default: the --kubelet-config's, else best-effort, docs/DEPLOY.md's)")
+    p.add_argument("--reserved-cpus", metavar="LIST", help="the node's kubelet reservedSystemCPUs (a cpuset list such as "
+                   "0,112); default: the --kubelet-config's reservation, else one core taken as kubelet takes it")
+    p.add_argument("--kubelet-config", metavar="FILE", help="the node's KubeletConfiguration (/var/lib/kubelet/config.yaml) "
+                   "or `pcitopo doctor --kubelet-dir DIR --json`'s report: the CPU manager's policy, options, "
+                   "topology manager policy and reservation the pod's CPUs are placed with")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    settings: KubeletSettings
+    spread_over_devices: bool  # --cpu-policy devices: not kubelet's, a what-if kept for old command lines
+    assumed: str | None  # one line: what was not read
+
+
+def _quantity_cpus(text: str) -> int:
+    """kubelet's numReservedCPUs: ceil(kubeReserved.cpu + systemReserved.cpu)."""
+    total = 0.0
+    for part in text.split("+"):
+        part = part.strip()
+        try:
+            total += float(part[:-1]) / 1000 if part.endswith("m") else float(part)
+        except ValueError:
+            raise ConfigError(f"--kubelet-config: kubeReserved/systemReserved cpu {part!r} is not a CPU quantity") from None
+    return math.ceil(total)
+
+
+def _cpuset(text: str, where: str) -> frozenset[int]:
+    try:
+        cpus = frozenset(parse_cpuset(text))
+    except DomainError:
+        cpus = frozenset()
+    if not cpus:
+        raise ConfigError(f"{where} {text!r}: not a CPU list such as 0,112 or 0-1")
+    return cpus
+
+
+def _from_reading(reading: Mapping[str, Any], path: str) -> KubeletSettings:
+    """The settings of the doctor's kubelet reading (``KubeletFacts.as_json``)."""
+    policy = reading.get("policy") or reading.get("config_policy")
+    if policy and policy != "static":
+        raise ConfigError(f"--kubelet-config {path}: cpuManagerPolicy {policy}: the pod gets no dedicated CPUs "
+                          "(KubeVirt's dedicatedCpuPlacement needs static)")
+    options = reading.get("options") or {}
+    reserved = reading.get("reserved_system_cpus")
+    quantity = reading.get("reserved_cpu")
+    return KubeletSettings(topology_policy=reading.get("topology_manager_policy") or "none",
+                           distribute=str(options.get(DISTRIBUTE, "false")).lower() == "true",
+                           full_pcpus_only=str(options.get(FULL_PCPUS, "false")).lower() == "true",
+                           reserved_cpus=_cpuset(str(reserved), f"--kubelet-config {path}: reservedSystemCPUs") if reserved else None,
+                           reserved_count=_quantity_cpus(str(quantity)) if quantity else None)
+
+
+def _read_file(path: str) -> KubeletSettings:
+    from pcitopo.topology.checks.kubelet import read_config
+
+    try:
+        with open(path, "rb") as fh:
+            doc = json.loads(fh.read(1024 * 1024))
+    except OSError as e:
+        raise ConfigError(f"--kubelet-config {path}: {e.strerror or e}") from None
+    except (ValueError, UnicodeDecodeError):
+        doc = None
+    if isinstance(doc, dict) and "kubelet" in doc:
+        if not isinstance(doc["kubelet"], dict):
+            raise ConfigError(f"--kubelet-config {path}: the doctor's report has no kubelet reading")
+        return _from_reading(doc["kubelet"], path)
+    facts = read_config(path)
+    if facts.unread:
+        raise ConfigError(f"--kubelet-config {path}: {'; '.join(facts.unread)}")
+    return _from_reading(facts.as_json(), path)
+
+
+def resolve(args: argparse.Namespace) -> Resolved:
+    """The settings for ``args`` (flags, then ``--kubelet-config``, then docs/DEPLOY.md's)."""
+    cpu_policy = getattr(args, "cpu_policy", None)
+    if cpu_policy is not None and cpu_policy not in CPU_POLICY_CHOICES:
+        raise ConfigError(f"--cpu-policy {cpu_policy}: unknown (one of {', '.join(CPU_POLICY_CHOICES)})")
+    topology = getattr(args, "topology_policy", None)
+    if topology is not None and topology not in POLICIES:
+        raise ConfigError(f"--topology-policy {topology}: unknown (one of {', '.join(POLICIES)})")
+    path = getattr(args, "kubelet_config", None)
+    settings = _read_file(path) if path else KubeletSettings()
+    if cpu_policy in ("distribute", "packed"):
+        settings = replace(settings, distribute=cpu_policy == "distribute")
+    if topology:
+        settings = replace(settings, topology_policy=topology)
+    reserved = getattr(args, "reserved_cpus", None)
+    if reserved:
+        settings = replace(settings, reserved_cpus=_cpuset(reserved, "--reserved-cpus"))
+    missing = [what for what, given in (
+        (f"cpuManagerPolicyOptions {DISTRIBUTE}", cpu_policy or path), ("topologyManagerPolicy best-effort", topology or path),
+        ("one core reserved", reserved or settings.reserved_cpus or settings.reserved_count))
+        if not given]
+    assumed = (f"kubelet assumed: {', '.join(missing)} (docs/DEPLOY.md's; give --kubelet-config, --cpu-policy, "
+               "--topology-policy, --reserved-cpus)") if missing else None
+    return Resolved(settings, cpu_policy == "devices", assumed)
+
+
+__all__ = ["CPU_POLICY_CHOICES", "Resolved", "add_kubelet_args", "resolve"]

@@ -1,0 +1,141 @@
+"""What a domain prediction is asked with, and its answer for a door: the manifest read as the
+VM or VMI it is (kubevirt/manifest.py's checks), the cluster dump (kubevirt/cluster.py), the release
+(``--kubevirt``, the dump's, else v1.9.0), and the options both doors take (``pcitopo domain``;
+``xmlfix --vmi`` without a domain argument): :func:`add_prediction_args`, :func:`predicted_domain`.
+Every assumption is a line of :attr:`Predicted.notes`; bad input is one line (ConfigError).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from pcitopo.topology.errors import ConfigError
+
+from pcitopo.kubevirt.hostdevices import NameVerdict
+
+
+def add_prediction_args(p: argparse.ArgumentParser, shared: bool = True) -> None:
+    """The options a prediction takes (``pcitopo domain``; ``xmlfix --vmi`` without a domain,
+    whose own ``--kubevirt`` and ``--cluster`` serve it too: ``shared`` False)."""
+    if shared:
+        p.add_argument("--kubevirt", metavar="VERSION", help="the KubeVirt release whose virt-launcher builds the domain: "
+                       "v1.6.0 to v1.9.0 or main (default: the dump's observedKubeVirtVersion, else v1.9.0); a release "
+                       "pcitopo did not read is unknown (exit 4)")
+        p.add_argument("--assume-release", metavar="RELEASE", help="build the domain of this release pcitopo read for "
+                       "the one --kubevirt or the dump names (v1.9.0 for a v1.9.1, say)")
+        p.add_argument("--cluster", metavar="FILE", action="append",
+                       help="the cluster dump `pcitopo preflight` reads (`kubectl get kubevirt,plugins.plugin.kubevirt.io,"
+                       "namespaces,nodes,vmis,vms -A -o yaml`), with resourceclaims,resourceslices,"
+                       "virtualmachineclusterinstancetypes,virtualmachineclusterpreferences added for DRA and instance "
+                       "types (- for stdin): the release, the machine type, permittedHostDevices, DRA allocations, "
+                       "instance types; nothing in it is required")
+    p.add_argument("--devices", metavar="BDF,...", help="the functions kubelet hands the pod, in the order of the "
+                   "VMI's gpus, SR-IOV interfaces, hostDevices (a running launcher's PCI_RESOURCE_* values); "
+                   "default: picked as `pcitopo pairs` pairs them")
+    p.add_argument("--cpu-policy", metavar="POLICY", help="how kubelet's static CPU manager places the pod's CPUs: "
+                   "distribute (cpuManagerPolicyOptions distribute-cpus-across-numa, docs/DEPLOY.md's), packed (no "
+                   "options); default: the --kubelet-config's, else distribute; devices (spread over every NUMA node "
+                   "of the devices) is not kubelet's, a what-if")
+    from pcitopo.kubevirt.kubelet.settings import add_kubelet_args
+
+    add_kubelet_args(p)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    xml: bytes
+    version: str
+    notes: tuple[str, ...]
+    vmi: dict  # the VMI the domain is for (instance type applied), for the hook's later calls
+    release: object  # pcitopo.kubevirt.launcher.releases.Release
+    # the VMI's resource names on the dump (kubevirt/hostdevices.py judge_names); with a name
+    # the cluster lacks, no domain (xml is empty): no pod is made for it
+    names: NameVerdict = NameVerdict()
+    # what the node's source cannot say about the picked functions (a copy without driver links)
+    gaps: tuple[str, ...] = ()
+    sizing: str | None = None  # when a device's node gets no guest cell: the vCPU count that gives it one
+
+    @property
+    def unknowns(self) -> tuple[str, ...]:
+        """What the domain rests on that the inputs do not say: ``xmlfix --check`` and ``pcitopo
+        domain`` say unknown (exit 4) for it."""
+        return tuple(self.names.unknown) + self.gaps
+
+
+def _release(args: argparse.Namespace, dump):
+    """The release group, its name, and where it came from; a release pcitopo did not read raises
+    :class:`~pcitopo.kubevirt.releases.ReleaseUnknown` unless ``--assume-release`` names one."""
+    from pcitopo.kubevirt.releases import check_kubevirt, judged_as
+    from pcitopo.kubevirt.launcher.releases import DEFAULT_VERSION, release_of, version_text
+
+    cr = dump.kubevirt if dump is not None else None
+    assume = getattr(args, "assume_release", None)
+    if args.kubevirt:
+        version, why = check_kubevirt(args.kubevirt), "--kubevirt"
+    elif cr is not None and cr.version:
+        version, why = cr.version, "the dump's KubeVirt CR"
+    elif assume:
+        version, why = None, "--assume-release"
+    else:
+        version, why = DEFAULT_VERSION, "assumed: give --kubevirt or --cluster"
+    name, said = judged_as(version, assume)
+    return release_of(name), version_text(name), said or why
+
+
+def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host) -> Predicted:
+    """The prediction for the ``--vmi`` file ``name`` (its bytes: ``manifest``, read once by the
+    door, standard input included) on ``host`` with the options :func:`add_prediction_args` adds."""
+    from pcitopo.kubevirt.launcher.allocation import parse_devices
+    from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
+    from pcitopo.kubevirt.kubelet.settings import resolve
+    from pcitopo.kubevirt.launcher.cpus import CpuPolicy
+    from pcitopo.kubevirt.launcher.dumped import expand
+    from pcitopo.kubevirt.launcher.predict import Inputs, predict
+    from pcitopo.kubevirt.hostdevices import driver_gaps, names_on
+
+    dump = None
+    cluster = getattr(args, "cluster", None)  # xmlfix may carry its own --cluster (one path or several)
+    if cluster:
+        from pcitopo.kubevirt.cluster import read_dump
+
+        dump = read_dump(cluster if isinstance(cluster, (list, tuple)) else [cluster])
+    doc = _manifest(manifest, name)
+    from pcitopo.kubevirt.manifest import as_vmi
+
+    vmi, notes = expand(doc, as_vmi(doc, name), dump)
+    release, version, why = _release(args, dump)
+    cr = dump.kubevirt if dump is not None else None
+    names = names_on(vmi, dump)
+    if names.failed:  # before any function is picked: a name the cluster lacks is not a driver binding
+        return Predicted(b"", version, (), vmi, release, names)
+    kubelet = resolve(args)
+    policy = CpuPolicy.DEVICES if kubelet.spread_over_devices else \
+        CpuPolicy.DISTRIBUTE if kubelet.settings.distribute else CpuPolicy.PACKED
+    model = ((cr.raw.get("spec") or {}).get("configuration") or {}).get("cpuModel") if cr else None
+    inputs = Inputs(release=release, version=version, machine=(cr.machine_type if cr and cr.machine_type else UPSTREAM_MACHINE),
+                    cpu_model=model or "host-model",
+                    devices=tuple(parse_devices(args.devices)), policy=policy, kubelet=kubelet.settings,
+                    permitted=cr.permitted if cr else None, dump=dump)
+    try:
+        p = predict(host, vmi, inputs)
+    except ConfigError as e:
+        if names.unknown:  # the name itself may not exist: say that before any driver binding
+            raise ConfigError(f"{names.unknown[0]}; and on this node: {e.reason}") from None
+        raise
+    head = [f"KubeVirt {version} ({why}), machine {inputs.machine}"]
+    if kubelet.assumed:
+        head.append(kubelet.assumed)
+    gaps = driver_gaps(host, [h.source for h in p.hostdevs])
+    return Predicted(p.xml, version, tuple(head + notes + list(p.notes)), vmi, release, names, gaps, p.sizing)
+
+
+def _manifest(data: bytes, name: str) -> dict:
+    """The manifest as an object: the one VM or VMI (YAML or JSON; of several documents the one
+    VM or VMI), after the checks ``xmlfix --vmi`` makes (kubevirt/manifest.py)."""
+    from pcitopo.kubevirt.manifest import manifest_document, vmi_as_json
+
+    vmi_as_json(data, name)  # kinds, annotations, labels: the same messages as --vmi
+    return manifest_document(data, name)
+
+
