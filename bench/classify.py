@@ -15,10 +15,10 @@ import sys
 import time
 
 from testkit import FIXTURES
-from pcitopo.topology.paths.classify import classify, pairs
-from pcitopo.topology.model.tree import Role, Topology
-from pcitopo.topology.host.sysfs import SysfsReader
-from pcitopo.topology.host.sources import MemoryTree, open_source
+from pcitopo.paths.classify import classify, pairs
+from pcitopo.model.tree import Role, Topology
+from pcitopo.host.sysfs import SysfsReader
+from pcitopo.host.sources import MemoryTree, open_source
 
 
 def pick16(source) -> list:

@@ -37,7 +37,7 @@ from harness import (  # bench/harness.py: the script's own folder is first on s
 )
 from perf import MIB_LIMIT as BUDGET_MIB, ensure_bytecode, materialise
 
-from pcitopo.sidecar.config import annotation
+from pcitopo.serve.options import annotation
 from testkit import FIXTURES
 from testkit.hookkit import vmi_json
 
@@ -47,10 +47,10 @@ def ms(s: float) -> str:
 
 
 def in_process(host_dir: Path, domain: bytes, n: int) -> list[tuple[str, str, str, int]]:
-    from pcitopo.sidecar.core import handle_define_domain
-    from pcitopo.topology.checks.doctor import run_checks
-    from pcitopo.topology.model.tree import Bdf
-    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.serve.core import handle_define_domain
+    from pcitopo.checks.doctor import run_checks
+    from pcitopo.model.tree import Bdf
+    from pcitopo.host.sysfs import open_host
 
     topo = open_host(host_dir)
     placed = [d.host for d in handle_define_domain(domain, None, topo).result.report.placed]

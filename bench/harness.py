@@ -24,7 +24,7 @@ from typing import Callable
 from testkit import REPO
 from testkit.server_proc import BIN, PrivateServer  # noqa: F401  (BIN: bench/perf_measure.py's console scripts)
 
-# Where the code under test (topology/, sidecar/) comes from: this checkout, or another tree
+# Where the code under test (src/pcitopo/) comes from: this checkout, or another tree
 # (``bench/perf.py --tree DIR``, e.g. an older commit for a before/after comparison). Child
 # processes get it first on PYTHONPATH, ahead of the editable install.
 CODE = {"root": REPO}
@@ -34,7 +34,7 @@ def code_env(env: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
     """``env`` (default: ours) with the code under test first on PYTHONPATH, plus ``extra``."""
     out = dict(os.environ if env is None else env)
     if CODE["root"] != REPO:
-        out["PYTHONPATH"] = os.pathsep.join([str(CODE["root"])] + ([out["PYTHONPATH"]] if out.get("PYTHONPATH") else []))
+        out["PYTHONPATH"] = os.pathsep.join([str(CODE["root"] / "src")] + ([out["PYTHONPATH"]] if out.get("PYTHONPATH") else []))
     out.update(extra)
     return out
 
@@ -289,7 +289,8 @@ class Server(PrivateServer):
         plain connect() so gRPC's client reconnect backoff is not what gets measured."""
         import grpc
 
-        from pcitopo.sidecar.hookproto import info_pb2, info_pb2_grpc
+        from pcitopo.serve.hookproto import info_pb2
+        from pcitopo.serve.hookproto import info_pb2_grpc
 
         deadline = time.monotonic() + timeout
         while not self.socket.exists():
@@ -322,7 +323,8 @@ def define_new_connection(target: str, domain: bytes, vmi: bytes, timeout: float
     """One OnDefineDomain (v1alpha3) on a fresh connection, as virt-launcher makes every call."""
     import grpc
 
-    from pcitopo.sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc
+    from pcitopo.serve.hookproto import v1alpha3_pb2
+    from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
 
     with grpc.insecure_channel(target) as ch:
         return v1alpha3_pb2_grpc.CallbacksStub(ch).OnDefineDomain(

@@ -14,7 +14,7 @@ import contextlib
 import os
 import sys
 
-from pcitopo.topology.guest.rewrite import rewrite_domain
+from pcitopo.guest.rewrite import rewrite_domain
 from testkit import REPO
 from testkit.kubevirt_converter import UPSTREAM_MACHINE
 from testkit.kubevirt_define import RealLibvirt, vmi_interfaces, boot_defines, free_hotplug_ports, real_libvirt_available

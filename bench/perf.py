@@ -55,14 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--starts", type=int, default=None, help="server starts for exec -> first Info (default 30; smoke 2)")
     ap.add_argument("--results", metavar="FILE", help="also write the table as Markdown to FILE (bench/RESULTS.md)")
     ap.add_argument("--json", metavar="FILE", help="also write every number as JSON")
-    ap.add_argument("--tree", metavar="DIR", help="measure the topology/ and sidecar/ of another tree (e.g. `git archive` of an "
+    ap.add_argument("--tree", metavar="DIR", help="measure the src/pcitopo/ of another tree (e.g. `git archive` of an "
                     "older commit) with this harness, fixtures and venv: a before/after comparison under the same load")
     args = ap.parse_args(argv)
     if args.tree:
         CODE["root"] = Path(args.tree).resolve()
-        if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(CODE["root"]):
+        if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != str(CODE["root"] / "src"):
             # Start again with the other tree first on PYTHONPATH (ahead of the editable
-            # install), so this process imports its topology/ and sidecar/ as the children do.
+            # install), so this process imports its src/pcitopo/ as the children do.
             os.execve(sys.executable, [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:])], code_env())
     smoke = args.smoke
     args.samples = args.samples or (3 if smoke else 50)

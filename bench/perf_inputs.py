@@ -27,8 +27,7 @@ def ensure_bytecode() -> None:
     compile the changed modules again: slower starts and ~1-4 MiB more RSS than in production."""
     import compileall
 
-    for pkg in ("topology", "kubevirt", "sidecar"):
-        compileall.compile_dir(str(CODE["root"] / pkg), quiet=2)
+    compileall.compile_dir(str(CODE["root"] / "src" / "pcitopo"), quiet=2)
 
 
 def materialise(name: str) -> Path:
@@ -111,7 +110,7 @@ def floor_paths(sysfs: Path, domain: bytes) -> tuple[list[str], list[str]]:
     """(files, links) the job cannot avoid: for every assigned device and every bridge above it,
     its bus/pci/devices link, each attribute file in its directory and each symlink there (driver,
     iommu_group, physfn); plus every NUMA node's cpulist. Listed once, outside the timing."""
-    from pcitopo.topology.model.tree import is_bdf
+    from pcitopo.model.tree import is_bdf
 
     files: list[str] = []
     links: list[str] = []
@@ -162,8 +161,8 @@ class Inputs:
 
 def load_inputs() -> Inputs:
     from testkit.hookkit import vmi_json
-    from pcitopo.topology.guest.rewrite import rewrite_domain
-    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.guest.rewrite import rewrite_domain
+    from pcitopo.host.sysfs import open_host
 
     b200 = materialise(HOST)
     domain_path = ROOT / "fixtures" / HOST / "domain.xml"

@@ -74,10 +74,10 @@ def in_process(inp: Inputs, n: int, rows: dict[str, Stat]) -> None:
     """(1a, 1b) the floor's halves; (2) the rewrite on a cold host model; (2b) what the server
     runs per call (warm model); (2c) the same on a plain model kept across calls; (5) host
     size, interleaved (the ratio is the figure)."""
-    from pcitopo.sidecar.core import handle_define_domain
-    from pcitopo.sidecar.hooks import HostCache  # what serve keeps across calls: the model, the doctor's findings
-    from pcitopo.topology.guest.rewrite import rewrite_domain
-    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.serve.core import handle_define_domain
+    from pcitopo.serve.hooks import HostCache  # what serve keeps across calls: the model, the doctor's findings
+    from pcitopo.guest.rewrite import rewrite_domain
+    from pcitopo.host.sysfs import open_host
 
     lxml_floor, sysfs_floor, _ = floor_calls(inp)
     rows["floor_lxml"] = sample(lxml_floor, n)
@@ -169,7 +169,8 @@ def in_a_row(s: Server, inp: Inputs, args: argparse.Namespace, rows: dict[str, S
     connection reused."""
     import grpc
 
-    from pcitopo.sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc
+    from pcitopo.serve.hookproto import v1alpha3_pb2
+    from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
 
     n, calls = args.samples, args.calls
     cpu0 = cpu_seconds(s.pid)

@@ -31,7 +31,7 @@ def header(out: list[str], res: dict, command: str) -> None:
     out.append(f"- libraries: {m['libs']}")
     out.append(f"- commit {m['commit']}, {m['date']}; load average before {res['load_before']}, after {res['load_after']}")
     if res["code"] != str(ROOT):
-        out.append(f"- code under test: topology/ and sidecar/ from {res['code']} (harness, fixtures and venv from this checkout)")
+        out.append(f"- code under test: src/pcitopo/ from {res['code']} (harness, fixtures and venv from this checkout)")
     out.append(f"- input: fixtures/{HOST}/domain.xml ({inp['domain_bytes']} B, {inp['hostdevs']} hostdevs), "
                f"VMI JSON {inp['vmi_bytes']} B with {', '.join(OUR_ANNOTATIONS)}; sysfs materialised as directories; "
                f"floor reads {inp['floor_files']} files + {inp['floor_links']} links")

@@ -3,8 +3,8 @@
 
 The .proto files live at ``proto/pcitopo/sidecar/hookproto/*.proto`` so that protoc, run with
 ``-I proto``, writes modules whose imports already name their installed package (``from
-pcitopo.sidecar.hookproto import info_pb2``; the folder ``sidecar/`` installs as
-``pcitopo.sidecar``, see pyproject.toml): protoc writes them below ``pcitopo/sidecar/hookproto/``
+pcitopo.serve.hookproto import info_pb2``; the folder ``sidecar/`` installs as
+``pcitopo.cli``, see pyproject.toml): protoc writes them below ``pcitopo/sidecar/hookproto/``
 of a temporary folder, and they are copied into ``sidecar/hookproto/`` exactly as grpcio-tools
 prints them, with no post-processing, and ``tests/sidecar/test_hook_proto.py`` regenerates it into a temporary folder and
 compares byte for byte.
@@ -24,8 +24,8 @@ from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_ROOT.parent
-PACKAGE_DIR = "sidecar/hookproto"  # where the generated modules are committed
-PROTO_PACKAGE_DIR = "pcitopo/sidecar/hookproto"  # where the .proto files are, below proto/
+PACKAGE_DIR = "src/pcitopo/serve/hookproto"  # where the generated modules are committed
+PROTO_PACKAGE_DIR = "pcitopo/serve/hookproto"  # where the .proto files are, below proto/
 PROTOS = ("info.proto", "v1alpha1.proto", "v1alpha2.proto", "v1alpha3.proto", "plugins_v1alpha1.proto")
 # The grpcio-tools release the committed code was generated with.
 GENERATOR = "1.85.1"

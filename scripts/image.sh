@@ -41,8 +41,8 @@ done
 
 log() { printf 'image: %s\n' "$*" >&2; }
 
-VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' topology/__init__.py)
-[[ -n $VERSION ]] || { log "cannot read __version__ from topology/__init__.py"; exit 2; }
+VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' src/pcitopo/__init__.py)
+[[ -n $VERSION ]] || { log "cannot read __version__ from src/pcitopo/__init__.py"; exit 2; }
 NAME=${TAG:-localhost/pcitopo:$VERSION}
 
 case $ARCH in

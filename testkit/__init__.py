@@ -1,7 +1,7 @@
 """pcitopo's test kit: support code that ``tests/``, ``bench/`` and ``fixtures/`` share.
 
 - ``.topo`` host descriptions → sysfs-shaped trees (the fixtures' source) are the product's now,
-  :mod:`pcitopo.topology.synth` (`pcitopo capture --from-topo`);
+  :mod:`pcitopo.synth` (`pcitopo capture --from-topo`);
 - :mod:`testkit.kubevirt_sim`: what KubeVirt and libvirt do to a domain around the hook (the
   first call's shape is the product's, ``pcitopo.kubevirt.launcher``: one model of KubeVirt);
 - :mod:`testkit.kubevirt_releases`: KubeVirt's re-parse between hook calls, per release;

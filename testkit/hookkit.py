@@ -21,16 +21,14 @@ from typing import Sequence
 import grpc
 from lxml import etree
 
-from pcitopo.sidecar.hookproto import (
-    info_pb2,
-    info_pb2_grpc,
-    v1alpha1_pb2,
-    v1alpha1_pb2_grpc,
-    v1alpha2_pb2,
-    v1alpha2_pb2_grpc,
-    v1alpha3_pb2,
-    v1alpha3_pb2_grpc,
-)
+from pcitopo.serve.hookproto import info_pb2
+from pcitopo.serve.hookproto import info_pb2_grpc
+from pcitopo.serve.hookproto import v1alpha1_pb2
+from pcitopo.serve.hookproto import v1alpha1_pb2_grpc
+from pcitopo.serve.hookproto import v1alpha2_pb2
+from pcitopo.serve.hookproto import v1alpha2_pb2_grpc
+from pcitopo.serve.hookproto import v1alpha3_pb2
+from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
 
 from . import REPO
 from .kubevirt_releases import Release

@@ -16,7 +16,7 @@ from pcitopo.kubevirt.launcher.converter import (MAX_HOTPLUG_RATIO, MAX_HOTPLUG_
                                                   is_dra as _is_dra, max_sockets, vcpu_hotplug)
 from pcitopo.kubevirt.launcher.allocation import device_requests
 from pcitopo.kubevirt.launcher.skeleton import RHEL_MACHINE  # noqa: F401
-from pcitopo.topology.model.tree import Bdf
+from pcitopo.model.tree import Bdf
 
 # pkg/dra/utils.go, pkg/dra/metadata/types.go (KEP-5304).
 DRA_METADATA_API = "metadata.resource.k8s.io/v1alpha1"

@@ -15,7 +15,7 @@ from lxml import etree
 from pcitopo.kubevirt.launcher.defines import (  # noqa: F401
     LARGE_MEMORY, MAX_PCI_BUS_INDEX, Boot, append_root_ports, boot_defines, devices_from_readback,
     disable_hotplug_on_occupied, pci_address_count, port_count_v1, port_count_v2, vmi_interfaces, with_placeholders)
-from pcitopo.topology.libvirt.domain import ROOT_PORT, parse_int
+from pcitopo.libvirt.domain import ROOT_PORT, parse_int
 
 
 def free_hotplug_ports(xml: bytes) -> int:

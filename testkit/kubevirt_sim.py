@@ -24,8 +24,8 @@ from typing import Iterable, Sequence
 
 from lxml import etree
 
-from pcitopo.topology.libvirt.domain import ROOT_PORT, parse_cpuset, parse_int
-from pcitopo.topology.model.tree import Bdf, Role, Topology
+from pcitopo.libvirt.domain import ROOT_PORT, parse_cpuset, parse_int
+from pcitopo.model.tree import Bdf, Role, Topology
 
 from pcitopo.kubevirt.launcher.skeleton import (GuestCell, Hostdev, LauncherSpec, OVMF_VARS, QEMU_NS,  # noqa: F401
                                                  KUBEVIRT_NS, launcher_domain, with_efi as launcher_efi)
@@ -179,10 +179,10 @@ def _strip_mmio_owned(root: etree._Element) -> None:
     feature, and the pref64-reserve / x-nv-gpudirect-clique properties in <qemu:override>;
     issue 19: what link and nccl-topo own: x-speed / x-width, and the fw_cfg NCCL entry (with a
     <sysinfo type='fwcfg'> left empty by it)."""
-    from pcitopo.topology.guest.cliques import CLIQUE_PROPERTY
-    from pcitopo.topology.guest.mmio import FEATURE_1G_PAGES, PREF64_RESERVE
-    from pcitopo.topology.libvirt.links import X_SPEED, X_WIDTH
-    from pcitopo.topology.paths.ncclxml import FWCFG_NAME
+    from pcitopo.guest.cliques import CLIQUE_PROPERTY
+    from pcitopo.guest.mmio import FEATURE_1G_PAGES, PREF64_RESERVE
+    from pcitopo.libvirt.links import X_SPEED, X_WIDTH
+    from pcitopo.nccl.topoxml import FWCFG_NAME
 
     for si in root.findall("sysinfo[@type='fwcfg']"):
         for e in si.findall(f"entry[@name='{FWCFG_NAME}']"):

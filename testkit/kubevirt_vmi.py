@@ -1,5 +1,5 @@
 """The shipped examples (``deploy/*.yaml``) and their stand-in nodes, and the domain the tests give
-them: test scaffolding around the product's prediction (:mod:`pcitopo.kubevirt.launcher.predict`,
+them: test scaffolding around the product's prediction (:mod:`pcitopo.kubevirt.launcher.first_domain`,
 what ``pcitopo domain`` prints), which is the one model of KubeVirt's converter.
 
 :func:`domain_for_vmi` asks the product for the first hook input with the pod's CPUs as kubelet
@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
-from pcitopo.kubevirt.launcher.predict import Inputs, predict
-from pcitopo.kubevirt.launcher.releases import Release
+from pcitopo.kubevirt.launcher.first_domain import Inputs, predict
+from pcitopo.kubevirt.launcher.release_groups import Release
 from pcitopo.kubevirt.manifest import as_vmi as _as_vmi
-from pcitopo.topology.model.tree import Bdf, Topology
+from pcitopo.model.tree import Bdf, Topology
 
 VM_KINDS = ("VirtualMachine", "VirtualMachineInstance")
 
 
 def as_vmi(doc: dict[str, Any]) -> dict[str, Any]:
-    """The VMI a manifest starts (kubevirt/manifest.py's reading)."""
+    """The VMI a manifest starts (src/pcitopo/kubevirt/manifest.py's reading)."""
     return _as_vmi(doc, str(doc.get("metadata", {}).get("name", "manifest")))
 
 
@@ -43,7 +43,7 @@ def deploy_examples(repo: Path) -> list[tuple[str, Topology, dict[str, Any], lis
 
     import yaml
 
-    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.host.sysfs import open_host
 
     out = []
     for path in sorted((repo / "deploy").rglob("*.yaml")):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pcitopo.topology.synth import host_from_topo
+from pcitopo.synth import host_from_topo
 
 # issue 11: the host CPU's address width comes from /proc/cpuinfo; tests (and the doors they run
 # as subprocesses) read a fixed one, a 46-bit Sapphire Rapids, so results do not depend on this machine.

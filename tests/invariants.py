@@ -3,7 +3,7 @@ output XML alone (not against the planner's data structures), and an independent
 derivation for the host-class = guest-class property.
 
 Rules (docs/SOURCES.md, "Bus and slot accounting" and "Domain XML as KubeVirt hands it over",
-has their public sources; written out here independently of topology/guest/buses.py):
+has their public sources; written out here independently of src/pcitopo/guest/buses.py):
 - PCI controller indexes are unique and leave no gaps (libvirt fills gaps with root ports);
   index 0 is pcie-root.
 - pcie-expander-bus only on pcie-root; root ports only on pcie-root or an expander bus;
@@ -31,8 +31,8 @@ from typing import Iterable, Mapping
 
 from lxml import etree
 
-from pcitopo.topology.paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
-from pcitopo.topology.libvirt.domain import (
+from pcitopo.paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
+from pcitopo.libvirt.domain import (
     DOWNSTREAM,
     OUR_ALIAS_PREFIX,
     PCIE_ROOT,
@@ -42,7 +42,7 @@ from pcitopo.topology.libvirt.domain import (
     UPSTREAM,
     parse_int,
 )
-from pcitopo.topology.model.tree import Bdf, NumaNode, PciFunction, Topology
+from pcitopo.model.tree import Bdf, NumaNode, PciFunction, Topology
 
 BRIDGE_CLASS = 0x060400
 # What QEMU presents in the guest (a TI switch and a Red Hat root port: never Broadcom).
@@ -298,7 +298,7 @@ def check_created_aliases(before: bytes, after: bytes) -> list[str]:
     return errors
 
 
-# -- the guest tree, derived independently of topology/guest/tree.py ----------------------------------
+# -- the guest tree, derived independently of src/pcitopo/guest/view.py ----------------------------------
 
 class _Loader:
     def __init__(self, functions: dict[Bdf, PciFunction], nodes: Mapping[int, NumaNode]):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pcitopo.topology.model.bars import (
+from pcitopo.model.bars import (
     IORESOURCE_MEM,
     IORESOURCE_MEM_64,
     IORESOURCE_PREFETCH,
@@ -15,11 +15,11 @@ from pcitopo.topology.model.bars import (
     format_resource,
     parse_resource,
 )
-from pcitopo.topology.host.capture import capture
-from pcitopo.topology.errors import SysfsError
-from pcitopo.topology.model.tree import Topology
-from pcitopo.topology.host.sysfs import SysfsReader, open_host
-from pcitopo.topology.host.sources import MemoryTree
+from pcitopo.host.capture import capture
+from pcitopo.errors import SysfsError
+from pcitopo.model.tree import Topology
+from pcitopo.host.sysfs import SysfsReader, open_host
+from pcitopo.host.sources import MemoryTree
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -124,7 +124,7 @@ def test_the_planted_unassigned_bar_is_the_one_writer_s_output():
 
 
 def test_bar_fault_needs_a_function_with_bars():
-    from pcitopo.topology.synth import TopoError, parse_topo
+    from pcitopo.synth import TopoError, parse_topo
 
     text = "numa 0 cpus=0\nrc 0000:00 numa=0\n  rp 00:01.0 preset=intel-rp fault=bar-unassigned\n"
     with pytest.raises(TopoError, match="line 3: fault=bar-unassigned"):

@@ -169,8 +169,8 @@ def test_names_within_path_max_still_count_against_the_tree_bound(tmp_path):
 
 def test_the_bounds_leave_room_for_a_real_large_capture():
     """fixtures/sriov-4k (4,096 VFs, 96k members) reads as before."""
-    from pcitopo.topology.host.sources import MemoryTree
-    from pcitopo.topology.host.tarball import MAX_ENTRIES, MAX_PATH_BYTES
+    from pcitopo.host.sources import MemoryTree
+    from pcitopo.host.tarball import MAX_ENTRIES, MAX_PATH_BYTES
 
     tree = MemoryTree.from_tarball(FIXTURES / "sriov-4k" / "sysfs.tar.gz")
     assert 90_000 < len(tree) < MAX_ENTRIES / 2 and tree.path_bytes < MAX_PATH_BYTES / 2

@@ -1,12 +1,12 @@
-"""Bus, slot, index and chassis accounting (topology/guest/buses.py), one rule at a time."""
+"""Bus, slot, index and chassis accounting (src/pcitopo/guest/buses.py), one rule at a time."""
 
 from __future__ import annotations
 
 import pytest
 
-from pcitopo.topology.guest import buses
-from pcitopo.topology.model.address import address_in_range
-from pcitopo.topology.errors import PlanError
+from pcitopo.guest import buses
+from pcitopo.model.address import address_in_range
+from pcitopo.errors import PlanError
 
 
 def test_address_limits():

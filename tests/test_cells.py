@@ -29,10 +29,10 @@ from testkit import REPO as ROOT
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 from testkit.kubevirt_vmi import as_vmi, domain_for_vmi
 from testkit.server_proc import ServerProcess, serve_argv, wait_for_socket
-from pcitopo.topology.guest.rewrite import Why, rewrite_domain
-from pcitopo.topology.host.sysfs import open_host
-from pcitopo.topology.libvirt.domain import parse_cpuset
-from pcitopo.topology.model.tree import Role
+from pcitopo.guest.rewrite import Why, rewrite_domain
+from pcitopo.host.sysfs import open_host
+from pcitopo.libvirt.domain import parse_cpuset
+from pcitopo.model.tree import Role
 
 BIN = Path(sys.executable).parent
 B200 = ROOT / "fixtures" / "hgx-b200"
@@ -246,7 +246,7 @@ POD = "7d6c3f0e-2b1a-4c55-9e0f-5a7b8c9d0e1f"
 
 
 def doctor(capsys, *args: str) -> tuple[int, str]:
-    from pcitopo.sidecar.cli import pcitopo_main
+    from pcitopo.cli.main import pcitopo_main
 
     code = pcitopo_main(["doctor", "--sysfs", str(B200), *args])
     return code, capsys.readouterr().out
@@ -313,7 +313,7 @@ def test_i27_cells_doctor_daemonset_mounts_the_kubelet_files_read_only(capsys, t
     kubelet file, so that it starts on every distribution: tests/test_every_distribution.py)."""
     import shutil
 
-    from pcitopo.sidecar.cli import pcitopo_main
+    from pcitopo.cli.main import pcitopo_main
     from testkit.admission.manifests import kustomize, overlay, pod_specs
 
     if shutil.which("kubectl") is None:

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from pcitopo.sidecar.cli import pcitopo_main, xmlfix_main
-from pcitopo.sidecar.doors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
-from pcitopo.topology.host.capture import is_live_sysfs
-from pcitopo.topology.host.sources import MemoryTree
-from pcitopo.topology.host.sysfs import open_host
-from pcitopo.topology.model.tree import Bdf
+from pcitopo.cli.main import pcitopo_main, xmlfix_main
+from pcitopo.program import EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
+from pcitopo.host.capture import is_live_sysfs
+from pcitopo.host.sources import MemoryTree
+from pcitopo.host.sysfs import open_host
+from pcitopo.model.tree import Bdf
 from testkit import REPO as ROOT
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
-from pcitopo.topology.synth import build_tree, parse_topo
+from pcitopo.synth import build_tree, parse_topo
 
 H100 = ROOT / "fixtures" / "hgx-h100"
 GPUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # GPU0-3 on node 0, GPU4-7 on node 1

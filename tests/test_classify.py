@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pcitopo.topology.synth import host_from_topo
-from pcitopo.topology.paths.classify import NvlinkOracle, classify
+from pcitopo.synth import host_from_topo
+from pcitopo.paths.classify import NvlinkOracle, classify
 
 NUMA2 = """
 numa 0 cpus=0-3
@@ -195,8 +195,8 @@ rc 0000:15 numa=0
 def test_fixture_gpu_to_own_nic(fixture):
     """Each GPU has exactly one NIC at its closest class: PIX (HGX) or PXB (DGX, where the GPU sits
     below its ConnectX-7's integrated switch); docs/SOURCES.md, "Reference hosts"."""
-    from pcitopo.topology.host.sysfs import open_host
-    from pcitopo.topology.model.tree import Role
+    from pcitopo.host.sysfs import open_host
+    from pcitopo.model.tree import Role
 
     h = open_host(f"fixtures/{fixture}")
     gpus = [f for f in h.functions() if h.role(f) == Role.GPU]
@@ -231,5 +231,5 @@ rc 0000:00 numa=0
                 ep 0a:00.0 preset=cx7-ib
 """)
     assert cls(h, "07:00.0", "0a:00.0") == ("PXB", "PXB")
-    from pcitopo.topology.paths.classify import nccl_path
+    from pcitopo.paths.classify import nccl_path
     assert [str(b) for b in nccl_path(h, h.function("07:00.0")).switches] == ["0000:05:00.0", "0000:01:00.0"]

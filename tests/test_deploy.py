@@ -16,7 +16,7 @@ from testkit import REPO as ROOT
 from testkit import fixture_script
 from testkit.kubevirt_vmi import VM_KINDS, as_vmi, domain_for_vmi
 from testkit.server_proc import BIN
-from pcitopo.topology.host.sysfs import open_host
+from pcitopo.host.sysfs import open_host
 
 DEPLOY = ROOT / "deploy"
 DOCS = ROOT / "docs" / "DEPLOY.md"

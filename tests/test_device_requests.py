@@ -1,4 +1,4 @@
-"""One reading of a device request and of a node (kubevirt/hostdevices.py; docs/SOURCES.md,
+"""One reading of a device request and of a node (src/pcitopo/kubevirt/hostdevices.py; docs/SOURCES.md,
 "Device requests and permittedHostDevices").
 
 - A resource name the dump's KubeVirt CR does not permit fails ``xmlfix --check --cluster`` and
@@ -24,13 +24,13 @@ import yaml
 from pcitopo.kubevirt.cluster import read_dump
 from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI, judge_names, reach
 from pcitopo.kubevirt.manifest import as_vmi
-from pcitopo.kubevirt.preflight import preflight
+from pcitopo.kubevirt.cluster_verdict import preflight
 from pcitopo.kubevirt.targets import target
-from pcitopo.sidecar.cli import pcitopo_main, xmlfix_main
-from pcitopo.sidecar.doors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
-from pcitopo.topology.checks.doctor import run_checks
-from pcitopo.topology.host.capture import MISSING_COSTS, capture_tree
-from pcitopo.topology.host.sysfs import open_host
+from pcitopo.cli.main import pcitopo_main, xmlfix_main
+from pcitopo.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
+from pcitopo.checks.doctor import run_checks
+from pcitopo.host.capture import MISSING_COSTS, capture_tree
+from pcitopo.host.sysfs import open_host
 from testkit import REPO
 
 CLUSTERS = REPO / "fixtures" / "clusters"
@@ -206,8 +206,8 @@ def test_a_resource_with_two_selectors_reaches_the_functions_of_both():
 
 def test_the_prediction_picks_within_what_the_node_hook_counts(tmp_path, capsys):
     """The functions ``pcitopo domain`` picks for a permitted resource are among the node hook's
-    candidates for the same VMI (sidecar/plugin/devices.py), both from hostdevices.reach."""
-    from pcitopo.sidecar.plugin.devices import requested_devices
+    candidates for the same VMI (src/pcitopo/serve/plugin/devices.py), both from hostdevices.reach."""
+    from pcitopo.serve.plugin.devices import requested_devices
 
     dump = read_dump([str(STRANGER)])
     vmi = example_asking(tmp_path, "nvidia.com/GH100_H100_SXM5_80GB")
@@ -223,7 +223,7 @@ def test_the_prediction_picks_within_what_the_node_hook_counts(tmp_path, capsys)
 # -- a copy without driver or iommu_group links ---------------------------------------------------------
 
 def _copy_without_links(tmp_path: Path) -> Path:
-    from pcitopo.topology.host.sources import MemoryTree
+    from pcitopo.host.sources import MemoryTree
 
     out = tmp_path / "copy"
     MemoryTree.from_tarball(H100 / "sysfs.tar.gz").write_dir(out)
@@ -263,8 +263,8 @@ def test_a_capture_of_a_whole_host_keeps_a_missing_link_a_failure(tmp_path, caps
     """A host built from its description (as a live sysfs is whole) with the IOMMU off: its
     capture records that it is whole, and the doctor fails it; a tarball written without the
     record (a copy) is unknown."""
-    from pcitopo.topology.synth import build_tree, parse_topo
-    from pcitopo.topology.synth.doctor import iommu_off
+    from pcitopo.synth import build_tree, parse_topo
+    from pcitopo.synth.doctorfiles import iommu_off
 
     tree = build_tree(iommu_off(parse_topo((H100 / "host.topo").read_text(), "hgx-h100")))
     captured, _ = capture_tree(tree, 52)

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcitopo.sidecar.cli import pcitopo_main
+from pcitopo.cli.main import pcitopo_main
 from testkit import FIXTURES
 from testkit import REPO as ROOT
-from pcitopo.topology.synth import build_tree, parse_topo
-from pcitopo.topology.synth.doctor import build_config
-from pcitopo.topology.model.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
-from pcitopo.topology.host.capture import capture
-from pcitopo.topology.host.configspace import (
+from pcitopo.synth import build_tree, parse_topo
+from pcitopo.synth.doctorfiles import build_config
+from pcitopo.model.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
+from pcitopo.host.capture import capture
+from pcitopo.host.configspace import (
     ACS_DT,
     EXT_CAP_ACS,
     EXT_CAP_ATS,
@@ -29,12 +29,12 @@ from pcitopo.topology.host.configspace import (
     ConfigSpace,
     ConfigUnknown,
 )
-from pcitopo.topology.checks.doctor import CHECKS, STATUSES, run_checks
-from pcitopo.topology.errors import SysfsError
-from pcitopo.topology.checks.fleet import nfd_text, pix_facts, prometheus_text
-from pcitopo.topology.model.tree import Topology
-from pcitopo.topology.host.sysfs import DOCTOR_ATTRS, SysfsReader, open_host
-from pcitopo.topology.host.sources import MemoryTree, Unreadable, resolve
+from pcitopo.checks.doctor import CHECKS, STATUSES, run_checks
+from pcitopo.errors import SysfsError
+from pcitopo.views.exports import nfd_text, pix_facts, prometheus_text
+from pcitopo.model.tree import Topology
+from pcitopo.host.sysfs import DOCTOR_ATTRS, SysfsReader, open_host
+from pcitopo.host.sources import MemoryTree, Unreadable, resolve
 
 
 # What fixtures/hgx-h100-faults plants (its README lists the same): (check, bdf) of every fail.
@@ -58,7 +58,7 @@ def host_of(text: str) -> Topology:
 
 
 def doctor(text: str, bdfs=None):
-    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.model.tree import Bdf
 
     return run_checks(host_of(text), [Bdf.parse(b) for b in bdfs] if bdfs else None)
 
@@ -390,7 +390,7 @@ def test_an_unprivileged_read_of_live_config_space_is_unknown_needs_root(tmp_pat
                             capture_output=True, check=True, timeout=30).stdout
     assert len(unpriv) == 64
     tree.add_file(f"{resolve(tree, f'bus/pci/devices/{nic}')}/config", unpriv)
-    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.model.tree import Bdf
 
     report = run_checks(Topology(SysfsReader(tree)), [Bdf.parse(nic)])
     ats = by_check(report, "ats")[0]
@@ -458,9 +458,9 @@ def test_the_readme_sample_run_is_what_the_command_prints(capsys):
 def test_labels_are_host_wide_whichever_devices_are_named():
     """A device's label is its number among all the host's GPUs/NICs (as `pcitopo topo` and
     `partitions` print it), not its rank among the BDFs given: 0000:9a:00.0 is GPU4 either way."""
-    from pcitopo.topology.model.labels import label_devices
-    from pcitopo.topology.model.tree import Bdf
-    from pcitopo.topology.model.labels import default_devices
+    from pcitopo.model.labels import label_devices
+    from pcitopo.model.tree import Bdf
+    from pcitopo.model.labels import default_devices
 
     topo = open_host(str(FIXTURES / "hgx-h100-faults"))
     topo_labels = {str(lab.function.bdf): lab.label for lab in label_devices(topo, default_devices(topo))}
@@ -516,7 +516,7 @@ def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
     tree.add_link(f"{ds}/config", "../../../../../../dev/zero")  # a link where a file belongs
     tree.add_file(f"{nic}/config", b"\xff" * 4096)  # every header 0xffffffff
     tree.add_file(f"{nic}/driver_override", "x" * 10_000)  # larger than any attribute
-    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.model.tree import Bdf
 
     report = run_checks(Topology(SysfsReader(tree)), None)
     bar = by_check(report, "bar", "0000:18:00.0")[0]
@@ -533,7 +533,7 @@ def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
     ("iommu-type=translated", "iommu-type='translated' is not one of DMA, DMA-FQ, identity"),
 ])
 def test_bad_doctor_keys_in_a_description_name_the_line(key, fragment):
-    from pcitopo.topology.synth import TopoError
+    from pcitopo.synth import TopoError
 
     with pytest.raises(TopoError, match=re.escape(f"t.topo line 7: {fragment}")):
         host_of(pair(gpu=key))
@@ -544,9 +544,9 @@ def test_bad_doctor_keys_in_a_description_name_the_line(key, fragment):
 def iommu_off_h100(tmp_path) -> Path:
     """fixtures/hgx-h100 as a node with the IOMMU off, captured without root (64 bytes of
     config space): the node of the trial that printed 154 lines."""
-    from pcitopo.topology.synth.doctor import iommu_off
+    from pcitopo.synth.doctorfiles import iommu_off
 
-    from pcitopo.topology.host.capture import capture_tree
+    from pcitopo.host.capture import capture_tree
 
     spec = iommu_off(parse_topo((FIXTURES / "hgx-h100" / "host.topo").read_text(), "hgx-h100"))
     out = tmp_path / "iommu-off.tar.gz"
@@ -582,7 +582,7 @@ def _device_dir(tree: MemoryTree, bdf: str) -> str:
 def fix_problems(tree: MemoryTree, f) -> list[str]:
     """What in ``f``'s fix commands does not fit the tree they are meant for: a sysfs path the
     kernel would not have there, a tool pointed at a device without what it sets."""
-    from pcitopo.topology.host.configspace import ConfigSpace
+    from pcitopo.host.configspace import ConfigSpace
 
     run = f.remedy.run if f.remedy else ""
     out = []
@@ -645,7 +645,7 @@ def test_each_fix_fits_the_state_it_fixes(state, keys, which, says):
 
 def test_the_fix_checker_sees_a_wrong_fix():
     """The old fix for an unbound device (``driver/unbind`` with no driver) is refused."""
-    from pcitopo.topology.checks.findings import Finding, Fix
+    from pcitopo.checks.findings import Finding, Fix
 
     tree = build_tree(parse_topo(textwrap.dedent(pair(gpu="driver=none")), "t.topo"))
     wrong = Fix(run="echo 0000:18:00.0 > /sys/bus/pci/devices/0000:18:00.0/driver/unbind")
@@ -654,7 +654,7 @@ def test_the_fix_checker_sees_a_wrong_fix():
 
 def test_one_line_for_many_devices_runs_each_devices_own_fix(tmp_path):
     """The loop of a grouped line, expanded, is every device's own commands."""
-    from pcitopo.topology.checks.screen import group_fix
+    from pcitopo.views.doctor import group_fix
 
     report = run_checks(open_host(iommu_off_h100(tmp_path)))
     failed = [f for f in report.failed if f.check == "vfio-driver"]
@@ -665,7 +665,7 @@ def test_one_line_for_many_devices_runs_each_devices_own_fix(tmp_path):
 
 
 def test_labels_compact_into_ranges():
-    from pcitopo.topology.checks.screen import compact
+    from pcitopo.views.doctor import compact
 
     assert compact(["GPU0", "GPU1", "GPU2", "NIC0", "NIC2", "NIC3", "GPU7"]) == "GPU0-2,7, NIC0,2-3"
     assert compact(["NIC@0000:17:00.2", "GPU0", "NIC@0000:17:00.2"]) == "NIC@0000:17:00.2, GPU0"
@@ -684,7 +684,7 @@ def test_json_out_writes_the_json_report_atomically(tmp_path, capsys):
 
 
 def test_summary_does_not_call_a_vm_on_a_host_that_is_not_ready_ok(capsys):
-    from pcitopo.sidecar.cli import xmlfix_main
+    from pcitopo.cli.main import xmlfix_main
 
     domain = str(FIXTURES / "hgx-h100" / "domain.xml")
     xmlfix_main(["--summary", "--sysfs", str(FIXTURES / "hgx-h100-faults"), domain])
@@ -702,8 +702,8 @@ def test_a_finding_changed_after_the_doctor_made_it_is_shown_by_its_own_words(tm
     (dataclasses.replace): those are shown as they are, never under the kind or fix they had."""
     from dataclasses import replace
 
-    from pcitopo.topology.checks.findings import DoctorReport
-    from pcitopo.topology.checks.screen import report_text
+    from pcitopo.checks.findings import DoctorReport
+    from pcitopo.views.doctor import report_text
 
     report = run_checks(open_host(iommu_off_h100(tmp_path)))
     acs = [f for f in report.findings if f.check == "acs"]
@@ -720,7 +720,7 @@ def test_a_finding_changed_after_the_doctor_made_it_is_shown_by_its_own_words(tm
 def test_the_json_out_file_is_what_the_unprivileged_node_hook_reads(tmp_path):
     """The contract between the doctor DaemonSet and the node hook: the root doctor's
     --json-out file fills in the acs/ats checks an unprivileged read leaves unknown."""
-    from pcitopo.sidecar.plugin.doctorfile import DoctorFile, with_doctor_file
+    from pcitopo.serve.plugin.doctorfile import DoctorFile, with_doctor_file
 
     out = tmp_path / "doctor.json"
     assert pcitopo_main(["doctor", "--json-out", str(out), "--sysfs", str(FIXTURES / "hgx-h100-faults")]) == 1

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
-from pcitopo.topology.errors import DomainError
-from pcitopo.topology.libvirt import domain
+from pcitopo.errors import DomainError
+from pcitopo.libvirt import domain
 
 
 def _hostdev(bus: str) -> etree._Element:

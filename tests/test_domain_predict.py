@@ -13,8 +13,8 @@ from lxml import etree
 
 from testkit import REPO as ROOT
 from testkit import fixture_script
-from pcitopo.kubevirt.launcher.releases import Release, release_of
-from pcitopo.topology.errors import ConfigError
+from pcitopo.kubevirt.launcher.release_groups import Release, release_of
+from pcitopo.errors import ConfigError
 
 BIN = Path(sys.executable).parent
 EXAMPLES = fixture_script("examples")
@@ -95,7 +95,7 @@ def test_default_settings_give_the_cells_kubelet_gives(tmp_path):
 
 
 def etree_cpus(cell) -> set[int]:
-    from pcitopo.topology.libvirt.domain import parse_cpuset
+    from pcitopo.libvirt.domain import parse_cpuset
 
     return parse_cpuset(cell.get("cpus"))
 

@@ -14,7 +14,7 @@ What is checked, and how:
   every request is used exactly once;
 - the pairing itself: each constraint joins exactly one GPU request and one NIC request and
   matches on ``resource.kubernetes.io/pcieRoot``; every request is in one constraint;
-- the pcitopo annotations are valid options (sidecar/config.py) and ask for the pairing check.
+- the pcitopo annotations are valid options (src/pcitopo/serve/options.py) and ask for the pairing check.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import copy
 import pytest
 import yaml
 
-from pcitopo.sidecar.config import PREFIX, options_from_annotations
+from pcitopo.serve.options import PREFIX, options_from_annotations
 from testkit import REPO as ROOT
 
 DRA = ROOT / "deploy" / "dra"

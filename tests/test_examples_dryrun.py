@@ -15,9 +15,9 @@ import pytest
 
 from testkit import REPO as ROOT
 from testkit import fixture_script
-from pcitopo.topology.host.sources import MemoryTree
-from pcitopo.topology.host.sysfs import open_host
-from pcitopo.topology.model.cpuinfo import ADDRESS_SIZES_MEMBER
+from pcitopo.host.sources import MemoryTree
+from pcitopo.host.sysfs import open_host
+from pcitopo.model.cpuinfo import ADDRESS_SIZES_MEMBER
 
 BIN = Path(sys.executable).parent
 FIXTURES = ROOT / "fixtures"
@@ -43,7 +43,7 @@ def test_f1_every_fixture_records_its_nodes_width(name, tmp_path, monkeypatch):
     tarball now holds the `address sizes` line of the CPU its board ships with, whatever machine
     reads it; fixtures/README.md says which CPU and width for each."""
     monkeypatch.setenv("PCITOPO_CPUINFO", cpuinfo39(tmp_path))
-    from pcitopo.topology.synth import parse_topo
+    from pcitopo.synth import parse_topo
 
     topo = FIXTURES / name / "host.topo"
     phys, virt = parse_topo(topo.read_text(), str(topo)).address_bits
@@ -295,7 +295,7 @@ def test_f5_guest_md_line_is_what_the_hook_offers_and_nccl_reads():
     GUEST.md's cloud-init block runs exactly that line."""
     import yaml
 
-    from pcitopo.topology.paths.ncclxml import DEFAULT_TOPO_FILE, fwcfg_raw_path
+    from pcitopo.nccl.topoxml import DEFAULT_TOPO_FILE, fwcfg_raw_path
 
     line = guest_md_install_line()
     assert f"base64 -d {fwcfg_raw_path()} > {DEFAULT_TOPO_FILE}" in line and line.startswith("modprobe qemu_fw_cfg;")

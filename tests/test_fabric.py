@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from testkit.fabric_kit import B200, H100, domain_with_modules, fabric, module_map, vmi_with
-from pcitopo.topology.errors import FabricError, MalformedBdfError
-from pcitopo.topology.paths.fabric import SOURCE_FABRIC, SOURCE_MAP, SOURCE_NONE, load_fabric, normalise_bus_id
-from pcitopo.topology.model.tree import Bdf
-from pcitopo.topology.paths.partitions import check_gpu_set, compute_nics
-from pcitopo.topology.host.sysfs import open_host
+from pcitopo.errors import FabricError, MalformedBdfError
+from pcitopo.paths.fabric import SOURCE_FABRIC, SOURCE_MAP, SOURCE_NONE, load_fabric, normalise_bus_id
+from pcitopo.model.tree import Bdf
+from pcitopo.paths.partitions import check_gpu_set, compute_nics
+from pcitopo.host.sysfs import open_host
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -352,7 +352,7 @@ def test_check_gpu_set_verdicts_in_process():
 def test_xmlfix_reads_a_bad_fabric_file_only_when_the_check_runs(tmp_path, capsys, annotations, said):
     """As the hook (topology.paths.fabric.FabricFile): a fabric file that cannot be read fails only
     `nvlink: require`; otherwise xmlfix's dry run boots like the hook (exit 0)."""
-    from pcitopo.sidecar.cli import xmlfix_main
+    from pcitopo.cli.main import xmlfix_main
 
     bad = tmp_path / "fabric.json"
     bad.write_text("not JSON")

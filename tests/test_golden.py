@@ -15,7 +15,7 @@ import pytest
 from lxml import etree
 
 from testkit import REPO as ROOT
-from pcitopo.sidecar.cli import pcitopo_main
+from pcitopo.cli.main import pcitopo_main
 
 BIN = Path(sys.executable).parent
 B200 = ROOT / "fixtures" / "hgx-b200"
@@ -53,7 +53,7 @@ def test_make_writes_plain_reviewable_files(golden):
     nccl = etree.fromstring((golden / VM / "nccl-topo.xml").read_bytes())  # XML, not base64
     assert nccl.tag == "system" and nccl.find("cpu/pci[@class='0x060400']/pci[@class='0x030200']") is not None
     record = json.loads((golden / "golden.json").read_text())
-    from pcitopo.topology import __version__
+    from pcitopo import __version__
 
     assert record["pcitopo"] == __version__ and record["node"]["name"] == "hgx-b200"
     assert len(record["node"]["sha256"]) == 64 and record["vms"][0]["given"] is False
@@ -145,7 +145,7 @@ def test_the_projects_own_goldens_check_clean(host, capsys):
 
 def test_ci_recipe_pins_this_version_and_runs_the_two_commands():
     """docs/CI.md: a recipe of about 30 lines, pinned to the version it documents."""
-    from pcitopo.topology import __version__
+    from pcitopo import __version__
 
     text = (ROOT / "docs" / "CI.md").read_text()
     assert f'"pcitopo=={__version__}"' in text and len(text.splitlines()) <= 45

@@ -1,4 +1,4 @@
-"""kubevirt/nodes.py: a GPU node is one with a GPU (a GPU resource or a GPU label), and the advice
+"""src/pcitopo/kubevirt/nodes.py: a GPU node is one with a GPU (a GPU resource or a GPU label), and the advice
 for one the DaemonSets miss never asks to hand-set a label a labeller manages.
 
 Resource names as the device plugins write them: NVIDIA/kubevirt-gpu-device-plugin
@@ -16,7 +16,7 @@ import yaml
 
 from pcitopo.kubevirt.cluster import read_dump
 from pcitopo.kubevirt.nodes import UNLABELLED_ADVICE, gpu_node, gpu_resources
-from pcitopo.kubevirt.preflight import preflight
+from pcitopo.kubevirt.cluster_verdict import preflight
 from pcitopo.kubevirt.targets import target
 from testkit import REPO
 
@@ -76,7 +76,7 @@ def test_preflight_counts_only_gpu_nodes_on_a_dump_with_cpu_workers_holding_sr_i
     dump.write_text(yaml.safe_dump(doc))
     names = [n.name for n in preflight(read_dump([str(dump)]), target("kubevirt-v1.9.0")).nodes]
     assert "cpu-01" not in names and "cpu-02" not in names and len(names) == 4
-    r = subprocess.run([sys.executable, "-m", "pcitopo.sidecar.cli", "preflight", "--target", "kubevirt-v1.9.0",
+    r = subprocess.run([sys.executable, "-m", "pcitopo.cli.main", "preflight", "--target", "kubevirt-v1.9.0",
                         str(dump)], capture_output=True, text=True, timeout=120)
     assert "gpu nodes: 4; the DaemonSet runs on 3, misses 1" in r.stdout, r.stdout + r.stderr
     (miss,) = [ln for ln in r.stdout.splitlines() if "MISSES" in ln]

@@ -36,16 +36,19 @@ import grpc
 import pytest
 from lxml import etree
 
-from pcitopo.topology.libvirt.lenient import with_hostdev_modes
+from pcitopo.libvirt.lenient import with_hostdev_modes
 
-from pcitopo.sidecar.config import PREFIX
-from pcitopo.sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
+from pcitopo.serve.options import PREFIX
+from pcitopo.serve.hookproto import info_pb2
+from pcitopo.serve.hookproto import info_pb2_grpc
+from pcitopo.serve.hookproto import v1alpha3_pb2
+from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
 from testkit.server_proc import PrivateServer
-from pcitopo.topology.synth import load_topo_file
-from pcitopo.topology.errors import PcitopoError
-from pcitopo.topology.guest.rewrite import rewrite_domain
-from pcitopo.topology.host.sysfs import open_host
+from pcitopo.synth import load_topo_file
+from pcitopo.errors import PcitopoError
+from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.host.sysfs import open_host
 
 HERE = Path(__file__).resolve().parent
 HOSTILE = HERE / "hostile"
@@ -215,8 +218,8 @@ def materialize_domain(case: dict) -> bytes:
 def open_host_for(case: dict):
     kind, _, arg = case["host"].partition(":")
     if kind == "topo":
-        from pcitopo.topology.model.tree import Topology
-        from pcitopo.topology.host.sysfs import SysfsReader
+        from pcitopo.model.tree import Topology
+        from pcitopo.host.sysfs import SysfsReader
 
         return Topology(SysfsReader(load_topo_file(HOSTILE / arg)))
     return open_host(REPO / "fixtures" / arg)
@@ -459,12 +462,12 @@ import json, os, sys, threading
 # Import everything first: module loading opens files of the Python installation, which is
 # not what the claims are about.
 import grpc
-from pcitopo.sidecar import server as srv
-from pcitopo.sidecar.hooks import JsonLog
-from pcitopo.sidecar.core import handle_define_domain
-from pcitopo.sidecar.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
-from pcitopo.topology.host.sysfs import open_host
-import pcitopo.topology.guest.rewrite, pcitopo.topology.guest.tree, pcitopo.topology.views.report, encodings.idna
+from pcitopo.cli import server as srv
+from pcitopo.serve.hooks import JsonLog
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.serve.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
+from pcitopo.host.sysfs import open_host
+import pcitopo.guest.rewrite, pcitopo.guest.view, pcitopo.views.report, encodings.idna
 
 events = []
 WATCH = ("open", "os.listdir", "os.scandir", "os.remove", "os.unlink", "os.rename", "os.mkdir", "os.rmdir",
@@ -520,7 +523,7 @@ _RUNS_SOMETHING = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 # Its own code: lazy imports read the Python installation, the venv and the (editable) repo.
-_OWN_CODE = tuple({sys.prefix, sys.base_prefix, str(REPO / "topology"), str(REPO / "sidecar")})
+_OWN_CODE = tuple({sys.prefix, sys.base_prefix, str(REPO / "src")})
 
 
 def _opened(events) -> list[tuple[str, str | None, int | None]]:
@@ -579,7 +582,7 @@ def test_the_server_writes_only_its_socket(tmp_path):
 def test_options_are_only_the_documented_enumerations():
     """SECURITY.md: an annotation can choose between enumerated values of these options
     and nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
-    from pcitopo.sidecar.config import HookOptions, describe_options
+    from pcitopo.serve.options import HookOptions, describe_options
 
     # doctor: issue 13, nvlink: issue 12, mmio and p2p_clique: issue 11, pairing: issue 20, link and
     # nccl_topo: issue 19 (all enumerations)
@@ -630,9 +633,9 @@ def test_the_output_carries_no_new_kinds_of_elements():
 
 
 def _plan_lines(xml: bytes, host) -> int:
-    """Python lines executed in topology/guest/plan.py for one rewrite: a deterministic measure of
+    """Python lines executed in src/pcitopo/guest/plan.py for one rewrite: a deterministic measure of
     work (no clocks)."""
-    import pcitopo.topology.guest.plan as plan_mod
+    import pcitopo.guest.plan as plan_mod
 
     target = plan_mod.__file__
     count = 0

@@ -149,7 +149,7 @@ def project_imports(path: Path, module: str) -> set[str]:
             names = [stem] + [f"{stem}.{a.name}" for a in node.names]
         else:
             continue
-        # The installed names (pcitopo.topology, pcitopo.sidecar) are the folders' names here.
+        # The installed names (pcitopo, pcitopo.cli) are the folders' names here.
         names = [n.removeprefix(f"{INSTALLED}.") for n in names]
         out.update(n for n in names if n.split(".")[0] in PACKAGES)
     return out
@@ -157,7 +157,7 @@ def project_imports(path: Path, module: str) -> set[str]:
 
 def bare_imports(path: Path) -> list[str]:
     """Absolute imports of ``topology`` or ``sidecar`` by their folder name instead of their
-    installed name (``pcitopo.topology``, ``pcitopo.sidecar``): from a checkout they would load
+    installed name (``pcitopo``, ``pcitopo.cli``): from a checkout they would load
     the same files a second time as other modules (two ``PcitopoError`` classes)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -317,17 +317,17 @@ def test_the_measure_sees_an_xml_spelling():
 
 
 def test_mmio_computes_domain_spells():
-    """topology/guest/mmio.py decides what the MMIO budget needs; the <os>/<cpu>/<memory> spellings it
-    reads and writes (and the memory-unit table) live in topology/libvirt/machine.py."""
+    """src/pcitopo/guest/mmio.py decides what the MMIO budget needs; the <os>/<cpu>/<memory> spellings it
+    reads and writes (and the memory-unit table) live in src/pcitopo/libvirt/machine.py."""
     path = ROOT / "topology" / "guest" / "mmio.py"
     text = path.read_text()
-    assert xml_spellings(text, "topology/guest/mmio.py") == []
+    assert xml_spellings(text, "src/pcitopo/guest/mmio.py") == []
     assert "_UNITS" not in text and '"kib"' not in text
 # -- nothing in the library or the doors that only tests use -------------------------------------
 
 # Public names the product code does not call but that are deliberate API, with why.
 TEST_ONLY_OK = {
-    "describe_options": "sidecar/config.py: the options table the docs are checked against",
+    "describe_options": "src/pcitopo/serve/options.py: the options table the docs are checked against",
 }
 
 

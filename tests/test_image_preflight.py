@@ -108,7 +108,7 @@ BARE_MODULE = re.compile(r"(?<![\w./-])(?:topology|sidecar)\.(?!socketPath)[a-z_
 
 
 def test_f11_docs_name_modules_as_installed_and_say_one_top_level_package():
-    """Since the wheel installs `pcitopo.topology` and `pcitopo.sidecar` (and no test kit), a doc
+    """Since the wheel installs `pcitopo` and `pcitopo.cli` (and no test kit), a doc
     naming `topology.host.sysfs.open_host` or `import topology` names what no install has."""
     for doc in DOCS:
         text = doc.read_text()
@@ -118,6 +118,6 @@ def test_f11_docs_name_modules_as_installed_and_say_one_top_level_package():
     for doc in (ROOT / "README.md", ROOT / "docs" / "ARCHITECTURE.md"):
         text = " ".join(doc.read_text().split())
         assert "one top-level Python package, `pcitopo`" in text, doc
-        assert "`pcitopo.topology`" in text and "`pcitopo.sidecar`" in text, doc
+        assert "`pcitopo`" in text and "`pcitopo.cli`" in text, doc
     arch = " ".join((ROOT / "docs" / "ARCHITECTURE.md").read_text().split())
     assert "It is never installed" in arch and "a package of the development install" not in arch

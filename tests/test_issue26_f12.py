@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from pcitopo.sidecar.cli import xmlfix_main
+from pcitopo.cli.main import xmlfix_main
 from testkit import REPO as ROOT
 
 DOCS = ROOT / "docs"
@@ -71,7 +71,7 @@ def test_f12_explain_names_the_firmware_virt_launcher_ships(capsys):
     """`--explain` said "OVMF 2025.02, as KubeVirt 1.8-1.9's virt-launcher ships it" while DEPLOY
     section 12 says edk2 20241117 (kubevirt/kubevirt hack/rpm-deps.sh, EDK2_VERSION 0:20241117-8.el9
     at v1.8.0 and v1.9.0). One constant each now, and the doc's table is held to them."""
-    from pcitopo.topology.guest.mmio import EDK2_VERSION, FIRMWARE_OF, SEABIOS_VERSION
+    from pcitopo.guest.mmio import EDK2_VERSION, FIRMWARE_OF, SEABIOS_VERSION
 
     table = _deploy_launcher_table()
     v18_19 = [r for r in table if r.startswith(("v1.8.", "v1.9."))]
@@ -91,8 +91,8 @@ def _h100_domain(tmp_path, cells: str) -> str:
     ``cells`` "none" (no guest NUMA), "one" (a cell for node 0 only) or "both"."""
     from lxml import etree
 
-    from pcitopo.topology.host.sysfs import open_host
-    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.host.sysfs import open_host
+    from pcitopo.model.tree import Bdf
     from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 
     host = open_host(ROOT / "fixtures" / "hgx-h100")
@@ -139,8 +139,8 @@ def test_f12_explain_never_gives_two_devices_one_label(tmp_path, capsys):
     "the host's NIC0" was 0000:1b:00.0. The legend and matrices number the VM's own devices (as
     the guest's nvidia-smi does); host-numbered labels are written ``host NIC0`` everywhere
     (model/labels.py ``host_label``). Here: hgx-b300's GPU0 with NIC1, its best being NIC0."""
-    from pcitopo.topology.host.sysfs import open_host
-    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.host.sysfs import open_host
+    from pcitopo.model.tree import Bdf
     from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 
     src = ROOT / "fixtures" / "hgx-b300"
@@ -165,8 +165,8 @@ def test_f12_golden_domains_pass_through_only_vfio_bound_devices(fixture, capsys
     device a golden domain passes through is on vfio-pci in its fixture; --check warns nothing."""
     from lxml import etree
 
-    from pcitopo.topology.host.sysfs import open_host
-    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.host.sysfs import open_host
+    from pcitopo.model.tree import Bdf
 
     src = ROOT / "fixtures" / fixture
     host = open_host(src)
@@ -225,7 +225,7 @@ def test_f12_make_demo_ends_with_the_story_in_five_lines():
 def test_f12_readme_lists_every_pcitopo_command(capsys):
     """The README's command list missed `pairs` and `guest`. It names every subcommand the CLI's
     argparse parser has (bare `pcitopo` prints them), and only those."""
-    from pcitopo.sidecar.cli import pcitopo_main
+    from pcitopo.cli.main import pcitopo_main
 
     assert pcitopo_main([]) == 2
     usage = capsys.readouterr().err

@@ -16,8 +16,8 @@ from pcitopo.kubevirt.kubelet.assignment import NotEnoughCpus, take_distributed,
 from pcitopo.kubevirt.kubelet.cputopo import CpuInfo, CpuTopology, from_numa
 from pcitopo.kubevirt.kubelet.static import DeviceResource, KubeletSettings, allocate_cpus, place
 from pcitopo.kubevirt.kubelet.topologymanager import Hint, admit, masks, narrower
-from pcitopo.topology.libvirt.domain import parse_cpuset
-from pcitopo.topology.model.tree import NumaNode
+from pcitopo.libvirt.domain import parse_cpuset
+from pcitopo.model.tree import NumaNode
 
 
 def _topo(rows: dict[int, tuple[int, int, int]]) -> CpuTopology:

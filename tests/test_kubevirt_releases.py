@@ -19,8 +19,8 @@ from testkit.kubevirt_sim import (
     libvirt_define,
     next_call_input,
 )
-from pcitopo.topology.guest.rewrite import rewrite_domain
-from pcitopo.topology.host.sysfs import open_host
+from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.host.sysfs import open_host
 
 Q = f"{{{QEMU_NS}}}"
 IDS = [r.value for r in RELEASES]
@@ -192,7 +192,7 @@ def test_deploy_md_reparse_table_matches_the_simulation(release):
 def test_deploy_md_quotes_the_serving_lines_relies_on():
     import json
 
-    from pcitopo.sidecar.server import RELIES_ON
+    from pcitopo.serve.server import RELIES_ON
 
     for door, text in RELIES_ON.items():  # each door's serving line, as DEPLOY.md quotes it
         assert f'"door":"{door}"' in DEPLOY_MD and f'"relies_on":{json.dumps(text)}' in DEPLOY_MD, door

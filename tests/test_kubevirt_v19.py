@@ -9,11 +9,11 @@ import os
 import pytest
 from lxml import etree
 
-from pcitopo.sidecar.core import handle_define_domain
-from pcitopo.topology.guest.rewrite import rewrite_domain
-from pcitopo.topology.libvirt.domain import DomainView
-from pcitopo.topology.model.tree import Role
-from pcitopo.topology.views.explain import explain_text
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.libvirt.domain import DomainView
+from pcitopo.model.tree import Role
+from pcitopo.views.explain import explain_text
 from testkit import REPO
 from testkit.hookkit import placement
 from testkit.kubevirt_converter import RHEL_MACHINE, UPSTREAM_MACHINE
@@ -30,7 +30,7 @@ from testkit.kubevirt_define import pci_address_count as port_count_v2_devices
 from testkit.kubevirt_releases import Release
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
-from pcitopo.topology.synth import host_from_topo
+from pcitopo.synth import host_from_topo
 
 EXAMPLES = {name: (host, vmi, gpus) for name, host, vmi, gpus in deploy_examples(REPO)}
 NAMES = sorted(EXAMPLES)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO as ROOT
-from pcitopo.topology import SCHEMA, __version__
+from pcitopo import SCHEMA, __version__
 
 BIN = Path(sys.executable).parent
 B200 = "fixtures/hgx-b200"
@@ -46,7 +46,7 @@ def test_every_json_output_carries_version_and_schema(name):
 
 
 def test_xmlfix_check_json_carries_the_verdict():
-    from pcitopo.topology.guest.predict import ACCEPTED_CODES, REASON_CODES
+    from pcitopo.guest.verdict import ACCEPTED_CODES, REASON_CODES
 
     r = run("xmlfix", "--check", "--json", "--sysfs", B200, f"{B200}/domain.xml")
     assert r.returncode == 0
@@ -67,14 +67,14 @@ def test_xmlfix_check_json_carries_the_verdict():
 
 
 def test_a_reason_code_outside_the_table_is_refused():
-    from pcitopo.topology.guest.predict import Reason
+    from pcitopo.guest.verdict import Reason
 
     with pytest.raises(ValueError, match="REASON_CODES"):
         Reason("made-up", "text")
 
 
 def test_version_names_the_commit_in_a_checkout_and_not_outside():
-    from pcitopo.sidecar.doors import git_commit
+    from pcitopo.program import git_commit
 
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     r = run("pcitopo", "--version")
@@ -115,8 +115,8 @@ def test_topo_json_does_not_depend_on_how_the_path_was_typed(tmp_path):
 
 
 def test_tree_calls_a_single_level_gen4_switch_one_level():
-    from pcitopo.topology.synth import host_from_topo
-    from pcitopo.topology.views.report import tree_text
+    from pcitopo.synth import host_from_topo
+    from pcitopo.views.report import tree_text
 
     host = host_from_topo("""
         numa 0 cpus=0-3
@@ -152,10 +152,10 @@ def test_capture_from_topo_with_only_the_installed_package(installed, tmp_path):
     topo = tmp_path / "planned.topo"
     topo.write_text((ROOT / B200 / "host.topo").read_text())
     env = {**os.environ, "PYTHONPATH": str(installed)}
-    code = ("import sys, pcitopo.topology as t\n"
+    code = ("import sys, pcitopo as t\n"
             "assert t.__file__.startswith(sys.argv[1]), t.__file__\n"
             "try:\n    import testkit\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit('testkit importable')\n"
-            "from pcitopo.sidecar.cli import pcitopo_main\n"
+            "from pcitopo.cli.main import pcitopo_main\n"
             "sys.exit(pcitopo_main(sys.argv[2:]))\n")
 
     def pcitopo(*args: str) -> subprocess.CompletedProcess:

@@ -14,10 +14,10 @@ from lxml import etree
 from testkit import REPO as ROOT
 from testkit.kubevirt_releases import RELEASES
 from testkit.kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
-from pcitopo.sidecar.core import handle_define_domain
-from pcitopo.topology.guest.cliques import CLIQUE_PROPERTY
-from pcitopo.topology.model.bars import GiB, MiB, TiB, pow2ceil
-from pcitopo.topology.guest.mmio import (
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.guest.cliques import CLIQUE_PROPERTY
+from pcitopo.model.bars import GiB, MiB, TiB, pow2ceil
+from pcitopo.guest.mmio import (
     FirmwareWarning,
     MmioError,
     firmware_of,
@@ -25,9 +25,9 @@ from pcitopo.topology.guest.mmio import (
     ovmf_bits,
     window_of,
 )
-from pcitopo.topology.libvirt.overrides import properties
-from pcitopo.topology.guest.rewrite import rewrite_domain
-from pcitopo.topology.host.sysfs import open_host
+from pcitopo.libvirt.overrides import properties
+from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.host.sysfs import open_host
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 
@@ -270,7 +270,7 @@ def _seabios_fixture(tmp_path) -> str:
 def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
     """Under on-error: passthrough the SeaBIOS warning boots the rewritten domain; xmlfix says so
     on stderr, --check fails on it and --json carries it in the notes."""
-    from pcitopo.sidecar.cli import xmlfix_main
+    from pcitopo.cli.main import xmlfix_main
 
     dom = _seabios_fixture(tmp_path)
     vmi = tmp_path / "vmi.json"
@@ -292,7 +292,7 @@ def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
 
 
 def test_check_problems_and_prediction_carry_the_firmware_warning(b200):
-    from pcitopo.topology.guest.predict import check_reasons, prediction
+    from pcitopo.guest.verdict import check_reasons, prediction
 
     seabios = _domain(b200, gpus_and_nics(b200))
     r = rewrite_domain(seabios, b200, host_phys_bits=46)
@@ -348,7 +348,7 @@ def test_pcie_gpus_below_one_switch_share_a_clique(topo):
 
 
 def _bdf(bus: str):
-    from pcitopo.topology.model.tree import Bdf
+    from pcitopo.model.tree import Bdf
 
     return Bdf(0, int(bus, 16), 0, 0)
 
@@ -361,7 +361,7 @@ def test_sxm_gpus_get_no_clique(h100, b200):
 
 
 def test_explain_shows_the_budget_per_root_port_and_firmware(h100):
-    from pcitopo.topology.views.explain import explain_text
+    from pcitopo.views.explain import explain_text
 
     r = rewrite_domain(_domain(h100, gpus_and_nics(h100), "host-model", efi=True), h100, host_phys_bits=46)
     text = explain_text(r, h100)
@@ -400,11 +400,11 @@ def test_no_setting_is_written_that_the_model_says_places_fewer(h100, b200):
 
 
 def test_mmio_errors_live_in_topology_errors():
-    """House rule: typed errors are defined in topology/errors.py (mmio.py only raises them)."""
-    from pcitopo.topology import errors
+    """House rule: typed errors are defined in src/pcitopo/errors.py (mmio.py only raises them)."""
+    from pcitopo import errors
 
-    assert MmioError is errors.MmioError and MmioError.__module__ == "pcitopo.topology.errors"
-    assert FirmwareWarning is errors.FirmwareWarning and FirmwareWarning.__module__ == "pcitopo.topology.errors"
+    assert MmioError is errors.MmioError and MmioError.__module__ == "pcitopo.errors"
+    assert FirmwareWarning is errors.FirmwareWarning and FirmwareWarning.__module__ == "pcitopo.errors"
     assert (MmioError.kind, FirmwareWarning.kind) == ("mmio", "mmio-firmware")
     assert issubclass(MmioError, errors.PcitopoError) and issubclass(FirmwareWarning, errors.PcitopoError)
 
@@ -420,7 +420,7 @@ def _cpuinfo(tmp_path, bits: int):
 def _live_node(tmp_path, name: str = "hgx-h100"):
     """A sysfs tree that records no width, as a live /sys does (the committed fixtures record
     their node's, issue 26 finding 1): it stands for the machine reading it."""
-    from pcitopo.topology.synth import build_tree, parse_topo
+    from pcitopo.synth import build_tree, parse_topo
 
     node = tmp_path / f"live-{name}"
     if node.is_dir():
@@ -435,9 +435,9 @@ def _live_node(tmp_path, name: str = "hgx-h100"):
 def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatch):
     """An operator's dry run: `pcitopo capture` on the node (46 bits), `xmlfix --sysfs node.tar.gz`
     on a laptop whose CPU has 39 bits: the node's MMIO is judged with the node's width."""
-    from pcitopo.topology.host.capture import capture
-    from pcitopo.topology.model.cpuinfo import ADDRESS_SIZES_MEMBER
-    from pcitopo.topology.host.sources import MemoryTree
+    from pcitopo.host.capture import capture
+    from pcitopo.model.cpuinfo import ADDRESS_SIZES_MEMBER
+    from pcitopo.host.sources import MemoryTree
 
     node = tmp_path / "node.tar.gz"
     # a directory cannot say whose CPU it is: the operator gives the node's width (--phys-bits)
@@ -459,7 +459,7 @@ def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatc
 
 
 def test_capture_without_the_record_is_unknown_not_this_machine(tmp_path, monkeypatch):
-    from pcitopo.topology.host.capture import capture
+    from pcitopo.host.capture import capture
 
     old = tmp_path / "old.tar.gz"
     # this machine's CPU is readable, but a directory is not this machine's sysfs: not recorded
@@ -475,8 +475,8 @@ def test_capture_without_the_record_is_unknown_not_this_machine(tmp_path, monkey
 
 
 def test_explain_says_where_the_width_came_from(tmp_path, monkeypatch, capsys):
-    from pcitopo.sidecar.xmlfix import xmlfix
-    from pcitopo.topology.host.capture import capture
+    from pcitopo.cli.xmlfix import xmlfix
+    from pcitopo.host.capture import capture
 
     node = tmp_path / "node.tar.gz"
     capture(_live_node(tmp_path), node, phys_bits=46)

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from pcitopo.sidecar.config import HookOptions, options_from_annotations
+from pcitopo.serve.options import HookOptions, options_from_annotations
 from testkit.kubevirt_sim import hook_calls, kubevirt_reparse, libvirt_define
-from pcitopo.topology.checks.verify import load_expectation, verify_guest
-from pcitopo.topology.guest.predict import prediction
-from pcitopo.topology.guest.rewrite import rewrite_domain
-from pcitopo.topology.host.sysfs import open_host
-from pcitopo.topology.libvirt import fwcfg
-from pcitopo.topology.libvirt.links import QEMU_SINCE, X_SPEED, X_WIDTH
-from pcitopo.topology.libvirt.overrides import properties
-from pcitopo.topology.paths import ncclxml
-from pcitopo.topology.paths.ncclprice import nccl_tree, path_bandwidth
+from pcitopo.checks.verify import load_expectation, verify_guest
+from pcitopo.guest.verdict import prediction
+from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.host.sysfs import open_host
+from pcitopo.libvirt import fwcfg
+from pcitopo.libvirt.links import QEMU_SINCE, X_SPEED, X_WIDTH
+from pcitopo.libvirt.overrides import properties
+from pcitopo.nccl import topoxml as ncclxml
+from pcitopo.nccl.price import nccl_tree, path_bandwidth
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"

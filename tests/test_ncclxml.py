@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from pcitopo.topology.paths import ncclinstall, ncclxml, nccltree
-from pcitopo.topology.paths.ncclprice import SharedNcclTree
-from pcitopo.topology.paths.nccltree import DirSysfs, NcclTree
-from pcitopo.topology.paths.ncclxml import NcclXmlError, bandwidth, parse, rate
+from pcitopo.nccl import install as ncclinstall
+from pcitopo.nccl import topoxml as ncclxml
+from pcitopo.nccl import pcitree as nccltree
+from pcitopo.nccl.price import SharedNcclTree
+from pcitopo.nccl.pcitree import DirSysfs, NcclTree
+from pcitopo.nccl.topoxml import NcclXmlError, bandwidth, parse, rate
 
 GOOD = b"""<system version="1">
   <cpu numaid="0">
@@ -145,7 +147,7 @@ def test_decode_offered_and_install(tmp_path):
 def test_guest_module_is_stdlib_only_python38():
     """The guest tool carries these modules (and the one writer they install with): standard
     library only, Python 3.8 syntax."""
-    from pcitopo.topology.host import files
+    from pcitopo.host import files
 
     for mod in (ncclxml, nccltree, ncclinstall, files):
         _stdlib_only(Path(mod.__file__).read_text())
@@ -154,9 +156,9 @@ def test_guest_module_is_stdlib_only_python38():
 def _stdlib_only(src: str) -> None:
     tree = ast.parse(src, feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
-    relative = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level}
-    assert relative <= {"ncclxml", "errors", "host.files"}, relative  # only the guest modules' own
+    own = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("pcitopo")}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} - {"pcitopo"}
+    assert own <= {"pcitopo.nccl.topoxml", "pcitopo.errors", "pcitopo.host.files"}, own  # only the guest modules' own
     assert imported <= {"__future__", "argparse", "base64", "binascii", "os", "re", "stat", "subprocess", "sys", "typing"}, imported
 
 

@@ -13,15 +13,15 @@ import textwrap
 from pathlib import Path
 
 
-from pcitopo.topology.host.capture import capture
-from pcitopo.topology.model.tree import Bdf, Topology
-from pcitopo.topology.model.nvswitch_mgmt import management_reason, parse_vpd, vpd_says_switch_management
-from pcitopo.topology.paths.partitions import compute_nics
-from pcitopo.topology.model.labels import default_devices
-from pcitopo.topology.views.report import tree_text
-from pcitopo.topology.synth import build_tree, parse_topo
-from pcitopo.topology.host.sysfs import SysfsReader, open_host
-from pcitopo.topology.host.sources import MemoryTree, PCI_DEVICES_DIR, resolve
+from pcitopo.host.capture import capture
+from pcitopo.model.tree import Bdf, Topology
+from pcitopo.model.nvswitch_mgmt import management_reason, parse_vpd, vpd_says_switch_management
+from pcitopo.paths.partitions import compute_nics
+from pcitopo.model.labels import default_devices
+from pcitopo.views.report import tree_text
+from pcitopo.synth import build_tree, parse_topo
+from pcitopo.host.sysfs import SysfsReader, open_host
+from pcitopo.host.sources import MemoryTree, PCI_DEVICES_DIR, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +141,7 @@ def test_an_unreadable_vpd_falls_back_to_the_driver_signal():
             os.chmod(p, 0o600)
         # Python loads as root (the interpreter lives under /root here), then drops to nobody for
         # good before reading the tree, as the sidecar reads it as uid 107.
-        code = ("import os; from pcitopo.topology.host.sysfs import open_host; from pcitopo.topology.model.nvswitch_mgmt import management_reason\n"
+        code = ("import os; from pcitopo.host.sysfs import open_host; from pcitopo.model.nvswitch_mgmt import management_reason\n"
                 "if os.geteuid() == 0:\n    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
                 f"h = open_host({str(src / 'sys')!r}); f = h.function('{MGMT}')\n"
                 "print(h.extra('vpd', f.bdf), management_reason(h, f))")

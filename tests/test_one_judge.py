@@ -14,10 +14,10 @@ from pathlib import Path
 import yaml
 
 from pcitopo.kubevirt.cluster import read_dump
-from pcitopo.kubevirt.preflight import preflight
+from pcitopo.kubevirt.cluster_verdict import preflight
 from pcitopo.kubevirt.targets import target
-from pcitopo.sidecar.cli import pcitopo_main, xmlfix_main
-from pcitopo.sidecar.doors import EXIT_CHECK_FAILED, EXIT_UNKNOWN
+from pcitopo.cli.main import pcitopo_main, xmlfix_main
+from pcitopo.program import EXIT_CHECK_FAILED, EXIT_UNKNOWN
 from testkit import REPO
 
 CLUSTERS = REPO / "fixtures" / "clusters"

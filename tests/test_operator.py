@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lxml import etree
 
-from pcitopo.topology.libvirt.lenient import with_hostdev_modes
+from pcitopo.libvirt.lenient import with_hostdev_modes
 from testkit import REPO as ROOT
 
 BIN = Path(sys.executable).parent
@@ -45,7 +45,7 @@ def test_f1_diff_shows_only_meaningful_changes(tmp_path):
     assert sum(x.startswith("+") and '<hostdev mode="subsystem" type="pci" managed="no">' in x for x in lines) == 20
     assert not any("></" in x for x in lines if x[:1] in "+-")
     # The diff is exact: applying it to the (re-serialised) input gives xmlfix's output.
-    from pcitopo.topology.libvirt.document import parse_domain, serialize
+    from pcitopo.libvirt.document import parse_domain, serialize
 
     src = (H100 / "domain.xml").read_bytes()
     base = tmp_path / "base.xml"
@@ -183,12 +183,12 @@ def test_f5_json_is_the_predicted_guest():
 def test_f5_verify_against_the_guest_derived_from_the_output():
     """Finding 5: the guest tree derived from the rewritten XML is as predicted; a wrong
     prediction is named pair by pair."""
-    from pcitopo.topology.guest.predict import prediction
-    from pcitopo.topology.guest.rewrite import rewrite_domain
-    from pcitopo.topology.host.sysfs import open_host
-    from pcitopo.topology.checks.verify import load_expectation, verify_guest
+    from pcitopo.guest.verdict import prediction
+    from pcitopo.guest.rewrite import rewrite_domain
+    from pcitopo.host.sysfs import open_host
+    from pcitopo.checks.verify import load_expectation, verify_guest
 
-    from pcitopo.topology.paths.ncclxml import parse
+    from pcitopo.nccl.topoxml import parse
 
     host = open_host(H100)
     result = rewrite_domain((H100 / "domain.xml").read_bytes(), host)
@@ -287,7 +287,7 @@ def test_f8_yaml_vmi_is_accepted(tmp_path):
 
 def test_f8_host_without_gpus_says_so_and_shows_the_nics(tmp_path):
     """Finding 8: a host with one NIC and no GPU printed a 1x1 NIC matrix."""
-    from pcitopo.topology.synth import build_tree, parse_topo
+    from pcitopo.synth import build_tree, parse_topo
 
     text = ("numa 0 cpus=0-7\nrc 0000:15 numa=0\n  ep 15:00.0 preset=intel-vtd\n"
             "  rp 15:01.0 preset=intel-rp\n    ep 16:00.0 preset=cx7-eth\n")

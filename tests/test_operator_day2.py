@@ -121,7 +121,7 @@ def test_finding_4_partitions_show_links_and_mark_degraded():
 # -- finding 5: capture says what a 64-byte config space leaves unknown ---------------------------
 
 def _tree_with_config_cut(tmp_path: Path, size: int) -> Path:
-    from pcitopo.topology.host.sources import MemoryTree
+    from pcitopo.host.sources import MemoryTree
 
     tree = MemoryTree.from_tarball(H100 / "sysfs.tar.gz")
     cut = 0
@@ -374,7 +374,7 @@ def test_finding_12_nic_legend_shows_the_rdma_device_name():
 def test_finding_12_capture_records_rdma_names_of_any_nic(tmp_path, topo):
     """Finding 12: the capture kept infiniband/ only for ConnectX-7 (15b3:1021) functions; a
     ConnectX-6 Dx's mlx5 name now survives capture and shows in the legend read from it."""
-    from pcitopo.topology.synth import build_tree, parse_topo
+    from pcitopo.synth import build_tree, parse_topo
 
     text = """
         numa 0 cpus=0-3

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from pcitopo.sidecar.cli import pcitopo_main, xmlfix_main
-from pcitopo.sidecar.core import handle_define_domain
+from pcitopo.cli.main import pcitopo_main, xmlfix_main
+from pcitopo.serve.core import handle_define_domain
 from testkit import REPO as ROOT
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
-from pcitopo.topology.synth import build_tree, host_from_topo, parse_topo
-from pcitopo.topology.errors import PairingError
-from pcitopo.topology.host.sysfs import SysfsReader, open_host
-from pcitopo.topology.model.tree import Bdf, Topology
-from pcitopo.topology.paths.pairing import check_vm_pairs, host_pairs, pcie_root
+from pcitopo.synth import build_tree, host_from_topo, parse_topo
+from pcitopo.errors import PairingError
+from pcitopo.host.sysfs import SysfsReader, open_host
+from pcitopo.model.tree import Bdf, Topology
+from pcitopo.paths.pairing import check_vm_pairs, host_pairs, pcie_root
 
 FIXTURES = ROOT / "fixtures"
 HOSTS = sorted(p.parent.name for p in FIXTURES.glob("*/host.topo"))
@@ -335,7 +335,7 @@ def _b300_with(fault_line: str, fault: str) -> Topology:
 
 
 def test_the_doctor_checks_the_connectx8_switch_ports_and_nic_as_rdma_topo_does():
-    from pcitopo.topology.checks.doctor import run_checks
+    from pcitopo.checks.doctor import run_checks
 
     clean = run_checks(_host("hgx-b300"))
     acs = {f.bdf: f for f in clean.findings if f.check == "acs"}

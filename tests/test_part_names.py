@@ -1,5 +1,5 @@
 """The names `pcitopo topo` prints in its legend and `--tree` for the NVIDIA (Mellanox) NICs and
-DPUs of GPU nodes: one table (topology/host/names.py), checked against the PCI ID Repository's
+DPUs of GPU nodes: one table (src/pcitopo/host/names.py), checked against the PCI ID Repository's
 pci.ids, and the NVLink switch-management functions named for their role."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pcitopo.topology.host.names import KNOWN_PARTS
-from pcitopo.topology.host.sources import PCI_DEVICES_DIR, resolve
-from pcitopo.topology.synth import build_tree, parse_topo
+from pcitopo.host.names import KNOWN_PARTS
+from pcitopo.host.sources import PCI_DEVICES_DIR, resolve
+from pcitopo.synth import build_tree, parse_topo
 
 PCI_IDS = Path("/usr/share/misc/pci.ids")  # Debian's pci.ids package (pciutils depends on it)
 # Named after rdma-core's rdma_topo, where pci.ids names them by family ("mlx5Gen PCIe Bridge") or

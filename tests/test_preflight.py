@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pcitopo.kubevirt.cluster import read_dump
-from pcitopo.kubevirt.preflight import preflight
+from pcitopo.kubevirt.cluster_verdict import preflight
 from pcitopo.kubevirt.starts import Cluster, Start, judge
 from pcitopo.kubevirt.targets import target
 
@@ -205,7 +205,7 @@ def test_a_development_build_is_main_only_at_the_commit_read():
     A build of the commit pcitopo read is main; one of any other commit is unknown, and said to be
     a later main whose Plugin API may have changed (VEP 190 Alpha 2)."""
     from pcitopo.kubevirt.cluster import ClusterDump
-    from pcitopo.kubevirt.preflight import preflight
+    from pcitopo.kubevirt.cluster_verdict import preflight
     from pcitopo.kubevirt.targets import target
 
     def cr(version):

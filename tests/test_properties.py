@@ -12,7 +12,7 @@ OnDefineDomain calls with libvirt's define additions and KubeVirt's lossy re-par
   NUMA placement being taken over;
 - with guest NUMA cells (and ACPI), every pair of devices is classified in the guest exactly
   as on the host (NCCL always; NVML except the Broadcom PXB→PIX collapse), judged on a guest
-  tree derived here from the XML, independently of topology/guest/tree.py;
+  tree derived here from the XML, independently of src/pcitopo/guest/view.py;
 - any failure is a PcitopoError subclass with a one-line message, and only for reasons the
   input explains (a device behind a PCIe-to-PCI bridge, more buses than a PCI domain has).
 
@@ -55,15 +55,15 @@ from testkit.strategies import (
     mutated_domains,
     world_from_topo,
 )
-from pcitopo.sidecar.config import PREFIX, parse_vmi
-from pcitopo.sidecar.core import handle_define_domain
-from pcitopo.topology.libvirt.lenient import with_hostdev_modes
-from pcitopo.topology.errors import PcitopoError
-from pcitopo.topology.model.tree import Topology
-from pcitopo.topology.libvirt.overrides import properties as override_properties
-from pcitopo.topology.guest.rewrite import Why, rewrite_domain
-from pcitopo.topology.host.sysfs import SysfsReader
-from pcitopo.topology.host.sources import MemoryTree
+from pcitopo.serve.options import PREFIX, parse_vmi
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.libvirt.lenient import with_hostdev_modes
+from pcitopo.errors import PcitopoError
+from pcitopo.model.tree import Topology
+from pcitopo.libvirt.overrides import properties as override_properties
+from pcitopo.guest.rewrite import Why, rewrite_domain
+from pcitopo.host.sysfs import SysfsReader
+from pcitopo.host.sources import MemoryTree
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 RUNS: Counter = Counter()
@@ -265,7 +265,7 @@ def mutated_sysfs(draw):
     """A generated host's sysfs tree with a few entries removed, turned into directories or
     links, given garbage content, or made into symlink loops."""
     world = draw(generated_worlds(bmc=False, max_nodes=2))
-    from pcitopo.topology.synth import build_tree, parse_topo
+    from pcitopo.synth import build_tree, parse_topo
 
     tree = build_tree(parse_topo(world.topo, "mutated"))
     entries = list(tree.iter_entries())
@@ -355,7 +355,7 @@ def test_vmi_json_fails_typed(vmi):
     RUNS["vmi"] += 1
     try:
         parse_vmi(vmi)
-        from pcitopo.sidecar.config import options_from_vmi
+        from pcitopo.serve.options import options_from_vmi
 
         options_from_vmi(vmi)
         event("accepted")

@@ -11,7 +11,7 @@ from importlib import metadata as md
 
 from testkit import REPO as ROOT
 from testkit.server_proc import BIN
-from pcitopo.topology import __version__
+from pcitopo import __version__
 
 # sha256 of the Apache License 2.0 as the ASF publishes it (LICENSE-2.0.txt; Debian ships the
 # same bytes as /usr/share/common-licenses/Apache-2.0).

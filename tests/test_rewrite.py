@@ -15,9 +15,9 @@ from testkit.hookkit import placement
 from testkit.kubevirt_releases import RELEASES, Release
 from testkit.kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
 from testkit.stack import StackMissing, debian13
-from pcitopo.topology.errors import DomainError, PlanError
-from pcitopo.topology.guest.rewrite import Why, rewrite_domain
-from pcitopo.topology.host.sysfs import open_host
+from pcitopo.errors import DomainError, PlanError
+from pcitopo.guest.rewrite import Why, rewrite_domain
+from pcitopo.host.sysfs import open_host
 
 golden = fixture_script("golden")
 
@@ -189,7 +189,7 @@ def test_unknown_hostdev_is_a_clear_error(hosts):
 
 def test_out_of_buses_is_a_clear_error():
     from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
-    from pcitopo.topology.synth import host_from_topo
+    from pcitopo.synth import host_from_topo
 
     # Two PCI domains' worth of switches: the host has room, one guest domain does not.
     lines = ["numa 0 cpus=0-3"]
@@ -201,7 +201,7 @@ def test_out_of_buses_is_a_clear_error():
                 lines += [f"      ds {b+2:02x}:{s:02x}.0", f"        ep {b+3+s:02x}:00.0 preset=h100"]
     text = "\n".join(l for l in lines if l)
     host = host_from_topo(text)
-    from pcitopo.topology.model.tree import Role
+    from pcitopo.model.tree import Role
     devs = [f.bdf for f in host.functions() if host.role(f) == Role.GPU]
     xml = kubevirt_domain(host, DomainSpec("big", tuple(devs)))
     with pytest.raises(PlanError, match="out of PCI buses"):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pcitopo.sidecar.cli import pcitopo_main, xmlfix_main
-from pcitopo.sidecar.plugin.sockets import hand_to
-from pcitopo.topology.host import files
-from pcitopo.topology.host.files import TMP_SUFFIX, write_atomic
-from pcitopo.topology.errors import ConfigError
+from pcitopo.cli.main import pcitopo_main, xmlfix_main
+from pcitopo.serve.plugin.sockets import hand_to
+from pcitopo.host import files
+from pcitopo.host.files import TMP_SUFFIX, write_atomic
+from pcitopo.errors import ConfigError
 from testkit import FIXTURES
 from testkit.hookkit import serve_argv
 
@@ -122,7 +122,7 @@ def test_server_refuses_a_symlink_at_its_socket_path(tmp_path, victim):
 def test_guest_nccl_topology_install_does_not_follow_symlinks(tmp_path, victim):
     """In the guest, root installs NCCL's topology file at every boot: links planted at the old
     temporary name (``<dest>.tmp<pid>``) and at the file itself are not written through."""
-    from pcitopo.topology.paths import ncclxml
+    from pcitopo.nccl import topoxml as ncclxml
 
     good = NCCL_TOPOLOGY
     dest = tmp_path / "run" / "virtualTopology.xml"
@@ -133,7 +133,7 @@ def test_guest_nccl_topology_install_does_not_follow_symlinks(tmp_path, victim):
     assert untouched(victim) and not dest.is_symlink() and dest.read_bytes() == good
 
 
-# -- every command's output goes through the one writer (topology/host/files.py) --------------
+# -- every command's output goes through the one writer (src/pcitopo/host/files.py) --------------
 # Each: (argv for pcitopo_main or xmlfix_main, the fixed temporary names it used before the one
 # writer, what its output starts with). ``{out}`` is the output path.
 H100 = FIXTURES / "hgx-h100"

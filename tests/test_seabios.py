@@ -1,4 +1,4 @@
-"""SeaBIOS 1.16.3's 64-bit placement model (topology/guest/seabios.py) and the MMIO rule written from it
+"""SeaBIOS 1.16.3's 64-bit placement model (src/pcitopo/guest/seabios.py) and the MMIO rule written from it
 (issue 18). The boots that check the model against the real firmware are in
 tests/e2e/test_mmio_boot.py."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pcitopo.topology.guest.seabios import Bar, Bridge, Width, place, ram_above_4g, window_entry
-from pcitopo.topology.model.bars import GiB, MiB
+from pcitopo.guest.seabios import Bar, Bridge, Width, place, ram_above_4g, window_entry
+from pcitopo.model.bars import GiB, MiB
 
 RAM = 8 * GiB  # any guest RAM above 4 GiB makes 1.16.3 pad
 

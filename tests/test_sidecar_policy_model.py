@@ -1,4 +1,4 @@
-"""pcitopo preflight's reading of the hook targets' Sidecar policies (kubevirt/sidecar_policy.py)
+"""pcitopo preflight's reading of the hook targets' Sidecar policies (src/pcitopo/kubevirt/sidecar_policy.py)
 is the policies' own verdict: the same annotations, in the same namespaces, under the same params
 (the PodTemplate pcitopo/pcitopo-image, with and without admitted hooks), through the policies'
 CEL (cel-python, in kube-apiserver's order; tests/test_tenancy.py's corpus), admit and refuse
@@ -171,7 +171,7 @@ def test_earlier_pcitopo_images_the_params_keep_are_pcitopos():
 
 
 def test_bad_params_refuse_in_the_cel_and_are_one_line_in_the_reader():
-    from pcitopo.topology.errors import ConfigError
+    from pcitopo.errors import ConfigError
 
     for value in ("quay.io/acme/netprep:1.2", "quay.io/acme/netprep@sha256:" + "12" * 31, "quay.io/*@sha256:" + "12" * 32):
         params = image_params()
@@ -196,7 +196,7 @@ def _preflight(*args: str):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "pcitopo.sidecar.cli", "preflight", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pcitopo.cli.main", "preflight", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
 
 

@@ -74,7 +74,7 @@ def test_f10_containerignore_keeps_the_build_context_small():
     assert not [p for p in ctx if "__pycache__" in p or p.endswith(".pyc")]
     text = (ROOT / "Containerfile").read_text()
     sources = [s for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M) for s in line.split()[:-1]]
-    assert {"pyproject.toml", "requirements.lock", "requirements-build.lock", "topology/", "sidecar/"} <= set(sources)
+    assert {"pyproject.toml", "requirements.lock", "requirements-build.lock", "src/"} <= set(sources)
     for src in sources:
         path = ROOT / src.rstrip("/")
         files = [f for f in ([path] if path.is_file() else path.rglob("*.py")) if "__pycache__" not in f.parts]

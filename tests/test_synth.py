@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import pcitopo.topology.synth.build as synth_build
+import pcitopo.synth.build as synth_build
 from testkit import FIXTURES, fixture_script
-from pcitopo.topology.synth import build_tree, format_cpus, load_topo_file, parse_topo
-from pcitopo.topology.libvirt.domain import parse_cpuset
-from pcitopo.topology.errors import SysfsError
-from pcitopo.topology.model.tree import Topology
-from pcitopo.topology.host.sysfs import (
+from pcitopo.synth import build_tree, format_cpus, load_topo_file, parse_topo
+from pcitopo.libvirt.domain import parse_cpuset
+from pcitopo.errors import SysfsError
+from pcitopo.model.tree import Topology
+from pcitopo.host.sysfs import (
     CLASS_DIRS,
     DOCTOR_ATTRS,
     LINK_ATTRS,
@@ -27,7 +27,7 @@ from pcitopo.topology.host.sysfs import (
     RESOURCE_ATTRS,
     SysfsReader,
 )
-from pcitopo.topology.host.sources import MemoryTree, resolve
+from pcitopo.host.sources import MemoryTree, resolve
 
 generate = fixture_script("generate")
 FIXTURE_NAMES = generate.fixture_names()
@@ -381,7 +381,7 @@ def test_check_mode_flags_a_stale_tarball(tmp_path, monkeypatch, capsys):
 
 
 def test_fixtures_read_back_through_the_project_reader():
-    from pcitopo.topology.host.sysfs import open_host
+    from pcitopo.host.sysfs import open_host
 
     for name in SMALL_FIXTURES:
         host = open_host(FIXTURES / name)

@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from pcitopo.topology.host.capture import capture
-from pcitopo.topology.errors import MalformedBdfError, SysfsError
-from pcitopo.topology.model.tree import Bdf
-from pcitopo.topology.host.sysfs import SysfsReader, open_host
-from pcitopo.topology.host.sources import DirSource, MemoryTree, resolve
-from pcitopo.topology.model.tree import Topology
+from pcitopo.host.capture import capture
+from pcitopo.errors import MalformedBdfError, SysfsError
+from pcitopo.model.tree import Bdf
+from pcitopo.host.sysfs import SysfsReader, open_host
+from pcitopo.host.sources import DirSource, MemoryTree, resolve
+from pcitopo.model.tree import Topology
 
 LIVE = os.path.isdir("/sys/bus/pci/devices") and bool(os.listdir("/sys/bus/pci/devices"))
 

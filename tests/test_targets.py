@@ -1,5 +1,5 @@
 """deploy/targets/<name>: each target, rendered with `kubectl kustomize`, is its row of
-kubevirt/targets.py (gates, Plugin objects, node hook, the Sidecar policy, the DaemonSets' node
+src/pcitopo/kubevirt/targets.py (gates, Plugin objects, node hook, the Sidecar policy, the DaemonSets' node
 affinity), every object it renders is valid Kubernetes, and one `images:` entry in a user's
 overlay reaches every image reference it renders."""
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from testkit import REPO as ROOT
-from pcitopo.topology.paths.classify import classify
-from pcitopo.topology.model.labels import default_devices
-from pcitopo.topology.host.sysfs import open_host
-from pcitopo.topology.paths.vfs import group_vfs
+from pcitopo.paths.classify import classify
+from pcitopo.model.labels import default_devices
+from pcitopo.host.sysfs import open_host
+from pcitopo.paths.vfs import group_vfs
 
 BIN = Path(sys.executable).parent
 SRIOV = "fixtures/sriov-4k"

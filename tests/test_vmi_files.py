@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pcitopo.kubevirt.manifest import vmi_as_json
-from pcitopo.sidecar.config import options_from_annotations
-from pcitopo.topology.errors import ConfigError
+from pcitopo.serve.options import options_from_annotations
+from pcitopo.errors import ConfigError
 from testkit import REPO
 
 BIN = Path(sys.executable).parent

@@ -14,7 +14,7 @@ Read from NVIDIA/nccl, tag v2.30.7-1, ``src/graph/topo.cc``:
   ``device |= 0xffff`` so it never folds again; the scan restarts from the first node.
 - ``ncclTopoSort``: from each CPU down, each node's up link moves last; nothing else moves.
 
-This model is kept apart from the product's (``pcitopo.topology.paths.nccltree`` and
+This model is kept apart from the product's (``pcitopo.nccl.pcitree`` and
 ``classify``): tests hold the two equal on every fixture.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pcitopo.topology.paths.ncclxml import XmlNode, strtol
+from pcitopo.nccl.topoxml import XmlNode, strtol
 
 
 def bcm_gen(device_id: int, level: int) -> int:

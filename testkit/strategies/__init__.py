@@ -1,6 +1,6 @@
 """Hypothesis strategies: generated host worlds and KubeVirt-shaped domains over them.
 
-A *world* is a host, described as ``.topo`` text (the DSL of :mod:`pcitopo.topology.synth`, see
+A *world* is a host, described as ``.topo`` text (the DSL of :mod:`pcitopo.synth`, see
 ``fixtures/README``) and read back through the very reader the sidecar uses::
 
     .topo text → synth.parse_topo/build_tree → MemoryTree → Topology(SysfsReader(tree))

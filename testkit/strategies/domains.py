@@ -11,8 +11,8 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from lxml import etree
 
-from pcitopo.topology.libvirt.domain import ROOT_PORT, parse_int
-from pcitopo.topology.model.tree import Bdf
+from pcitopo.libvirt.domain import ROOT_PORT, parse_int
+from pcitopo.model.tree import Bdf
 
 from ..kubevirt_releases import RELEASES, Release
 from ..kubevirt_sim import (
@@ -256,8 +256,8 @@ def mutated_domains(draw, base: st.SearchStrategy[Case] | None = None) -> tuple[
     case = draw(base if base is not None else cases())
     xml = case.xml
     if draw(st.booleans()):
-        from pcitopo.topology.guest.rewrite import rewrite_domain
-        from pcitopo.topology.errors import PcitopoError
+        from pcitopo.guest.rewrite import rewrite_domain
+        from pcitopo.errors import PcitopoError
 
         try:
             xml = kubevirt_reparse(libvirt_define_all(rewrite_domain(xml, case.world.host).xml))

@@ -10,12 +10,12 @@ from typing import Sequence
 
 from hypothesis import strategies as st
 
-from pcitopo.topology.host.sources import MemoryTree
-from pcitopo.topology.host.sysfs import SysfsReader, open_host
-from pcitopo.topology.model.tree import Bdf, Role, Topology
+from pcitopo.host.sources import MemoryTree
+from pcitopo.host.sysfs import SysfsReader, open_host
+from pcitopo.model.tree import Bdf, Role, Topology
 
 from .. import FIXTURES
-from pcitopo.topology.synth import build_tree, parse_topo
+from pcitopo.synth import build_tree, parse_topo
 
 GPU_PRESETS = ("h100", "h200", "b200", "a100-pcie", "l40s")
 NIC_PRESETS = ("cx7-ib", "cx7-eth", "cx6-dx", "bf3")

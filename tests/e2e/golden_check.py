@@ -23,12 +23,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcitopo.topology.paths.classify import classify
-from pcitopo.topology.errors import PcitopoError
-from pcitopo.topology.model.tree import Bdf, Topology, root_complex_sort_key
-from pcitopo.topology.views.report import label_devices, tree_text
-from pcitopo.topology.guest.rewrite import RewriteResult
-from pcitopo.topology.host.sysfs import open_host
+from pcitopo.paths.classify import classify
+from pcitopo.errors import PcitopoError
+from pcitopo.model.tree import Bdf, Topology, root_complex_sort_key
+from pcitopo.views.report import label_devices, tree_text
+from pcitopo.guest.rewrite import RewriteResult
+from pcitopo.host.sysfs import open_host
 
 from .guestboot import GuestResult
 from .guesttree import bus_overlaps

@@ -40,7 +40,7 @@ BEGIN_MARKER = "@@PCITOPO-BEGIN 1"
 END_MARKER = "@@PCITOPO-END"
 
 # Per-function attribute files the init prints: the reader's own lists
-# (topology/host/sysfs.py) so the guest tree always carries what the reader reads,
+# (src/pcitopo/host/sysfs.py) so the guest tree always carries what the reader reads,
 # with a fallback for when the package is not importable.
 _FALLBACK_ATTRS = (
     "vendor", "device", "class", "subsystem_vendor", "subsystem_device",
@@ -51,9 +51,9 @@ _FALLBACK_LINKS = ("driver", "iommu_group", "physfn")
 # Printed too (bus-range checks, see guesttree.bus_overlaps); the reader ignores them.
 EXTRA_ATTRS = ("secondary_bus_number", "subordinate_bus_number")
 try:
-    from pcitopo.topology.host.sysfs import LINK_ATTRS as _LINKS
-    from pcitopo.topology.host.sysfs import OPTIONAL_ATTRS as _OPT
-    from pcitopo.topology.host.sysfs import REQUIRED_ATTRS as _REQ
+    from pcitopo.host.sysfs import LINK_ATTRS as _LINKS
+    from pcitopo.host.sysfs import OPTIONAL_ATTRS as _OPT
+    from pcitopo.host.sysfs import REQUIRED_ATTRS as _REQ
 
     ATTRS = tuple(dict.fromkeys((*_REQ, *_OPT, *_FALLBACK_ATTRS, *EXTRA_ATTRS)))
     LINKS = tuple(dict.fromkeys((*_LINKS, *_FALLBACK_LINKS)))

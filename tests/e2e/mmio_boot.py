@@ -24,12 +24,12 @@ from lxml import etree
 
 from testkit import REPO
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
-from pcitopo.topology.synth import host_from_topo
-from pcitopo.topology.guest.rewrite import rewrite_domain
-from pcitopo.topology.host.sysfs import open_host
-from pcitopo.topology.libvirt.domain import parse_int
-from pcitopo.topology.model.bars import Bar
-from pcitopo.topology.model.tree import Topology
+from pcitopo.synth import host_from_topo
+from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.host.sysfs import open_host
+from pcitopo.libvirt.domain import parse_int
+from pcitopo.model.bars import Bar
+from pcitopo.model.tree import Topology
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 Q = f"{{{QEMU_NS}}}"
@@ -171,7 +171,7 @@ GPU_PRESETS = {"h100": "128 GiB + 32 MiB", "b200": "256 GiB + 32 MiB"}
 def switch_host(gpu: str, nics: bool = True, direct: bool = False) -> Topology:
     """Eight root complexes, one root port each, and below it either the GPU itself (``direct``)
     or, as on an OCI H100 node, a two-level switch holding the GPU and (``nics``) a
-    dual-function ConnectX-7 (topology/synth/looks.py presets: real BAR sizes)."""
+    dual-function ConnectX-7 (src/pcitopo/synth/looks.py presets: real BAR sizes)."""
     lines = ["numa 0 cpus=0-15", "numa 1 cpus=16-31"]
     for i in range(8):
         b = 0x10 + i * 0x10

@@ -22,11 +22,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcitopo.topology.model.tree import Bdf, Topology
-from pcitopo.topology.model.tree import Role
-from pcitopo.topology.paths.ncclprice import port_link
-from pcitopo.topology.paths.nccltree import DirSysfs, NcclTree
-from pcitopo.topology.paths.ncclxml import FWCFG_NAME, gt_s, parse, strtol
+from pcitopo.model.tree import Bdf, Topology
+from pcitopo.model.tree import Role
+from pcitopo.nccl.price import port_link
+from pcitopo.nccl.pcitree import DirSysfs, NcclTree
+from pcitopo.nccl.topoxml import FWCFG_NAME, gt_s, parse, strtol
 
 from .guestboot import GuestResult
 from .paths import REPO_ROOT

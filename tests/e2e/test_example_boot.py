@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from pcitopo.topology.guest.rewrite import rewrite_domain
-from pcitopo.topology.model.tree import Role
+from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.model.tree import Role
 from testkit.kubevirt_define import boot_defines, vmi_interfaces
 from testkit.kubevirt_releases import Release
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi

@@ -24,9 +24,9 @@ import time
 import pytest
 from lxml import etree
 
-from pcitopo.topology.model.tree import Topology
-from pcitopo.topology.guest.rewrite import RewriteResult, rewrite_domain
-from pcitopo.topology.host.sysfs import open_host
+from pcitopo.model.tree import Topology
+from pcitopo.guest.rewrite import RewriteResult, rewrite_domain
+from pcitopo.host.sysfs import open_host
 
 from .golden_check import check_booted
 from .nccl_check import check_nccl
@@ -167,7 +167,7 @@ def test_b300_guest_keeps_pxb_for_every_gpu_and_its_nic(libvirtd, tmp_path):
     PXB to its NIC on the host. The booted guest must be as promised (every pair, every NUMA
     node), and in it every GPU is PXB to that NIC in NCCL's and nvidia-smi's view, through two
     switch nodes: the mirror flattened nothing (QEMU's switch is no Broadcom part)."""
-    from pcitopo.topology.paths.classify import Nccl, Nvml, classify, nccl_path
+    from pcitopo.paths.classify import Nccl, Nvml, classify, nccl_path
 
     host, res = golden(B300)
     booted = _boot(libvirtd, B300, expected_xml(B300))

@@ -170,7 +170,7 @@ def test_libvirt_hands_the_settings_to_qemu(libvirtd, tmp_path):
     reserves = dict(re.findall(r'"id":"(ua-pcitopo-rp-[^"]+)"[^}]*"pref64-reserve":(\d+)', out))
     assert reserves == {a: str(v) for a, v in report.mmio.seabios.reserves.items()} and len(reserves) == 8
     import test_mmio
-    from pcitopo.topology.synth import host_from_topo
+    from pcitopo.synth import host_from_topo
 
     out, report = argv(host_from_topo(test_mmio.PCIE_HOST))
     cliques = dict(re.findall(r'"id":"(ua-gpu-[^"]+)"[^}]*"x-nv-gpudirect-clique":(\d+)', out))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pcitopo.topology.guest.rewrite import rewrite_domain
+from pcitopo.guest.rewrite import rewrite_domain
 from testkit.plugin.pipeline import boot as kubevirt_boot
 
 from .golden_check import check_booted

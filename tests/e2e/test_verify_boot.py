@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pcitopo.topology.paths.ncclxml import FWCFG_NAME
+from pcitopo.nccl.topoxml import FWCFG_NAME
 
 from .guestboot import boot
 from .paths import REPO_ROOT

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pcitopo.sidecar.config import PREFIX, HookOptions, VmiError, describe_options, options_from_vmi, parse_vmi
-from pcitopo.topology.errors import ConfigError, PcitopoError
+from pcitopo.serve.options import PREFIX, HookOptions, VmiError, describe_options, options_from_vmi, parse_vmi
+from pcitopo.errors import ConfigError, PcitopoError
 
 
 def vmi(annotations=None, **meta) -> bytes:
@@ -103,7 +103,7 @@ def test_describe_options_documents_every_option():
 def test_an_options_annotation_is_its_field_name_spelled_with_dashes():
     """One declaration per option: the annotation name comes from the field (its alias), so a
     new field is a new annotation with no table to update."""
-    from pcitopo.sidecar.config import annotation
+    from pcitopo.serve.options import annotation
 
     for name, f in HookOptions.model_fields.items():
         assert f.alias == name.replace("_", "-")

@@ -7,12 +7,12 @@ from lxml import etree
 
 from testkit import REPO
 from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
-from pcitopo.sidecar.config import PREFIX
-from pcitopo.sidecar.core import InternalError, handle_define_domain
-from pcitopo.topology.errors import ConfigError, DomainError, PcitopoError, SysfsError
-from pcitopo.topology.guest.rewrite import rewrite_domain
-from pcitopo.topology.host.sysfs import open_host
-from pcitopo.topology.libvirt.lenient import with_hostdev_modes
+from pcitopo.serve.options import PREFIX
+from pcitopo.serve.core import InternalError, handle_define_domain
+from pcitopo.errors import ConfigError, DomainError, PcitopoError, SysfsError
+from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.host.sysfs import open_host
+from pcitopo.libvirt.lenient import with_hostdev_modes
 
 PASSTHROUGH = {f"{PREFIX}on-error": "passthrough"}
 
@@ -141,14 +141,14 @@ def h100():
 
 @pytest.fixture(scope="module")
 def h100_fabric(h100):
-    from pcitopo.topology.paths.fabric import load_fabric
+    from pcitopo.paths.fabric import load_fabric
 
     # no active partition: the seven GPUs the host has get no NVLink
     return load_fabric(str(REPO / "fixtures" / "hgx-h100" / "fabric" / "fmpm-l.json"), None, h100)
 
 
 def test_nvlink_require_stops_a_passthrough(h100, h100_fabric):
-    from pcitopo.topology.errors import NvlinkError
+    from pcitopo.errors import NvlinkError
 
     ann = {**PASSTHROUGH, f"{PREFIX}nvlink": "require"}
     with pytest.raises(NvlinkError, match="no fabric partition") as ei:
@@ -166,7 +166,7 @@ def test_nvlink_warn_on_a_passthrough_logs_the_verdict(h100, h100_fabric):
 
 
 def test_doctor_require_stops_a_passthrough():
-    from pcitopo.topology.checks.doctor import DoctorError
+    from pcitopo.checks.doctor import DoctorError
 
     faults = open_host(fixture_sysfs("hgx-h100-faults"))
     ann = {**PASSTHROUGH, f"{PREFIX}doctor": "require"}
@@ -181,7 +181,7 @@ def test_doctor_require_stops_a_passthrough():
 def test_doctor_require_refuses_a_passthrough_with_a_device_it_cannot_check(h100):
     """A ready host, but one of the domain's hostdevs is not on it: under require nothing may go
     unchecked, so the VM does not start; under warn the rest is checked and logged."""
-    from pcitopo.topology.checks.doctor import DoctorError
+    from pcitopo.checks.doctor import DoctorError
 
     ann = {**PASSTHROUGH, f"{PREFIX}doctor": "require"}
     one = fixture_domain("hgx-h100", "one-pair").replace(b'bus="0x18" slot="0x00"', b'bus="0x77" slot="0x00"', 1)
@@ -195,7 +195,7 @@ def test_require_on_a_passthrough_whose_host_cannot_be_read():
     """Nothing to check the GPUs against: nvlink: require cannot confirm NVLink, and doctor:
     require cannot confirm the host's readiness, so each stops the VM (one line naming why);
     doctor: warn logs that it could not run."""
-    from pcitopo.topology.errors import DoctorError, NvlinkError
+    from pcitopo.errors import DoctorError, NvlinkError
 
     dom = fixture_domain("hgx-h100")
     host = lambda: open_host("/nonexistent/sysfs")  # noqa: E731
@@ -228,17 +228,17 @@ def test_a_host_model_that_is_not_one_still_passes_through_under_doctor_warn():
     dom = fixture_domain("hgx-h100")
     out = handle_define_domain(dom, vmi_json(dom, PASSTHROUGH), lambda: object())
     assert out.outcome == "passthrough" and out.summary["doctor"]["error"].startswith("internal: AttributeError")
-    from pcitopo.topology.errors import NvlinkError
+    from pcitopo.errors import NvlinkError
 
     with pytest.raises(NvlinkError, match="internal: AttributeError"):
         handle_define_domain(dom, vmi_json(dom, {**PASSTHROUGH, f"{PREFIX}nvlink": "require"}), lambda: object())
 
 
 def test_the_hook_errors_live_in_topology_errors():
-    import pcitopo.sidecar.config
-    import pcitopo.sidecar.core
-    import pcitopo.topology.errors as errors
+    import pcitopo.serve.options
+    import pcitopo.serve.core
+    import pcitopo.errors as errors
 
-    assert pcitopo.sidecar.core.InternalError is errors.InternalError and errors.InternalError.kind == "internal"
-    assert pcitopo.sidecar.config.VmiError is errors.VmiError and errors.VmiError.kind == "vmi"
+    assert pcitopo.serve.core.InternalError is errors.InternalError and errors.InternalError.kind == "internal"
+    assert pcitopo.serve.options.VmiError is errors.VmiError and errors.VmiError.kind == "vmi"
     assert issubclass(errors.VmiError, errors.ConfigError)

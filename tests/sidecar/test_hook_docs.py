@@ -8,8 +8,8 @@ import re
 import pytest
 
 from testkit.hookkit import REPO
-from pcitopo.sidecar.config import PREFIX, describe_options, options_from_annotations
-from pcitopo.sidecar.server import DEFAULT_SOCKET
+from pcitopo.serve.options import PREFIX, describe_options, options_from_annotations
+from pcitopo.serve.server import DEFAULT_SOCKET
 
 DEPLOY_MD = (REPO / "docs" / "DEPLOY.md").read_text()
 VM_MD = (REPO / "docs" / "VM.md").read_text()  # one VM: its options, what it writes

@@ -7,14 +7,14 @@ import subprocess
 
 import pytest
 
-from pcitopo.sidecar.config import DEFAULT_OPTIONS, PREFIX, options_from_annotations
-from pcitopo.sidecar.core import handle_define_domain
+from pcitopo.serve.options import DEFAULT_OPTIONS, PREFIX, options_from_annotations
+from pcitopo.serve.core import handle_define_domain
 from testkit import REPO
 from testkit.hookkit import BIN, fixture_domain, fixture_sysfs, vmi_json
-from pcitopo.topology.checks.doctor import DoctorError
-from pcitopo.topology.model.tree import Topology
-from pcitopo.topology.host.sysfs import SysfsReader, open_host
-from pcitopo.topology.host.sources import MemoryTree, resolve
+from pcitopo.checks.doctor import DoctorError
+from pcitopo.model.tree import Topology
+from pcitopo.host.sysfs import SysfsReader, open_host
+from pcitopo.host.sources import MemoryTree, resolve
 
 DOMAIN = fixture_domain("hgx-h100")  # 20 hostdevs, the same BDFs as hgx-h100-faults
 ONE_PAIR = fixture_domain("hgx-h100", "one-pair")  # GPU0 and NIC0 (both on vfio-pci)
@@ -118,7 +118,7 @@ def faults_report(tmp_path_factory) -> str:
 def test_require_refuses_what_it_cannot_confirm_without_the_doctors_report():
     """Unprivileged, ACS and ATS are unknown; no report answers them: under require the VM does
     not start, and the line names the check it could not confirm."""
-    from pcitopo.sidecar.plugin.doctorfile import DoctorFile
+    from pcitopo.serve.plugin.doctorfile import DoctorFile
 
     host = unprivileged("hgx-h100")
     with pytest.raises(DoctorError) as e:
@@ -135,7 +135,7 @@ def test_require_refuses_what_it_cannot_confirm_without_the_doctors_report():
 def test_require_refuses_a_gpu_whose_root_port_fails_acs_from_the_doctors_report(alias, faults_report):
     """GPU7 read unprivileged: its downstream port's ACS is unknown to the hook; the doctor's
     report says RR is cleared. Device plugin or DRA: the domain has the exact device."""
-    from pcitopo.sidecar.plugin.doctorfile import DoctorFile
+    from pcitopo.serve.plugin.doctorfile import DoctorFile
 
     domain = gpu_domain(GPU7, alias)
     vmi = dra_vmi(domain, REQUIRE) if "dra" in alias else vmi_json(domain, REQUIRE)
@@ -147,7 +147,7 @@ def test_require_refuses_a_gpu_whose_root_port_fails_acs_from_the_doctors_report
 
 
 def test_require_starts_a_ready_gpu_with_the_doctors_report(faults_report):
-    from pcitopo.sidecar.plugin.doctorfile import DoctorFile
+    from pcitopo.serve.plugin.doctorfile import DoctorFile
 
     domain = gpu_domain("0000:18:00.0", "ua-dra-gpu-gpu0")  # GPU0: nothing fails on or above it
     out = handle_define_domain(domain, dra_vmi(domain, REQUIRE), unprivileged("hgx-h100-faults"), doctor_file=DoctorFile(faults_report))
@@ -159,7 +159,7 @@ def test_require_does_not_trust_a_stale_doctors_report(faults_report, tmp_path):
     import os
     import shutil
 
-    from pcitopo.sidecar.plugin.doctorfile import DoctorFile
+    from pcitopo.serve.plugin.doctorfile import DoctorFile
 
     stale = tmp_path / "doctor.json"
     shutil.copy(faults_report, stale)
@@ -194,7 +194,7 @@ def test_the_shim_log_line_carries_the_findings(tmp_path):
 def test_a_doctor_that_cannot_run_is_logged_under_warn_and_stops_the_vm_under_require(clean):
     """The checks need a sysfs source; on a host model without one they raise inside the
     doctor: an error entry in the log line under warn, a refusal under require."""
-    from pcitopo.topology.model.tree import Topology as Topo
+    from pcitopo.model.tree import Topology as Topo
 
     class NoSource:  # a loader with no sysfs behind it, like a guest layout
         def __init__(self, topo):
@@ -219,8 +219,8 @@ def test_a_doctor_that_cannot_run_is_logged_under_warn_and_stops_the_vm_under_re
 def test_require_under_passthrough_on_an_unreadable_host_does_not_start(tmp_path):
     """on-error: passthrough hands the domain back when the host cannot be read, but
     doctor: require has nothing to check it on: the VM does not start (as pairing: require)."""
-    from pcitopo.sidecar.hooks import HostCache
-    from pcitopo.topology.errors import SysfsError
+    from pcitopo.serve.hooks import HostCache
+    from pcitopo.errors import SysfsError
 
     cache = HostCache(str(tmp_path / "no-sys"))
     passthrough = {f"{PREFIX}on-error": "passthrough"}
@@ -241,7 +241,7 @@ def test_require_under_passthrough_refuses_a_hostdev_the_host_lacks(clean):
 
 
 def test_require_checks_the_devices_under_mode_off_too(faults, tmp_path):
-    from pcitopo.sidecar.hooks import HostCache
+    from pcitopo.serve.hooks import HostCache
 
     off = {f"{PREFIX}mode": "off"}
     domain = gpu_domain(GPU7)
@@ -256,13 +256,13 @@ def test_require_checks_the_devices_under_mode_off_too(faults, tmp_path):
 
 
 def test_require_over_the_socket_is_failed_precondition():
-    from pcitopo.sidecar.hooks import status_name
+    from pcitopo.serve.hooks import status_name
 
     assert status_name(DoctorError("x")) == "FAILED_PRECONDITION"
 
 
 def test_xmlfix_explain_shows_the_placed_devices_readiness(capsys):
-    from pcitopo.sidecar.cli import xmlfix_main
+    from pcitopo.cli.main import xmlfix_main
 
     domain = REPO / "fixtures" / "hgx-h100" / "cases" / "one-pair" / "domain.xml"
     assert xmlfix_main(["--explain", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 0
@@ -276,7 +276,7 @@ def test_xmlfix_check_names_failed_doctor_checks_on_stderr(capsys):
     """doctor: warn (the default): --check stays about the topology (not failed) but says, in one
     warning line, that checks failed and which. The fixture's two devices without a NUMA node
     make it unknown (exit 4), not ok."""
-    from pcitopo.sidecar.cli import xmlfix_main
+    from pcitopo.cli.main import xmlfix_main
 
     domain = REPO / "fixtures" / "hgx-h100" / "domain.xml"
     assert xmlfix_main(["--check", "--sysfs", fixture_sysfs("hgx-h100-faults"), str(domain)]) == 4
@@ -361,7 +361,7 @@ def test_under_passthrough_a_host_cache_still_sees_a_rebind(tmp_path):
     so the doctor reads the driver links itself."""
     import os
 
-    from pcitopo.sidecar.hooks import HostCache
+    from pcitopo.serve.hooks import HostCache
 
     root = tmp_path / "sys"
     MemoryTree.from_tarball(f"{fixture_sysfs('hgx-h100')}/sysfs.tar.gz").write_dir(root)

@@ -11,23 +11,23 @@ import pkgutil
 
 import pytest
 
-import pcitopo.sidecar
-import pcitopo.topology
-from pcitopo.sidecar.hooks import _GRPC_CODE, status_name
-from pcitopo.topology.errors import PcitopoError
+import pcitopo.cli
+import pcitopo
+from pcitopo.serve.hooks import _GRPC_CODE, status_name
+from pcitopo.errors import PcitopoError
 
 DELIBERATE = {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL"}
 
 
 def _all_error_classes() -> list[type[PcitopoError]]:
-    for pkg in (pcitopo.topology, pcitopo.sidecar):
+    for pkg in (pcitopo, pcitopo.cli):
         for mod in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + "."):
             importlib.import_module(mod.name)
     seen: list[type[PcitopoError]] = [PcitopoError]
     todo = [PcitopoError]
     while todo:
         for sub in todo.pop().__subclasses__():
-            if sub not in seen and sub.__module__.startswith(("pcitopo.topology.", "pcitopo.sidecar.")):
+            if sub not in seen and sub.__module__.startswith(("pcitopo.", "pcitopo.cli.")):
                 seen.append(sub)
                 todo.append(sub)
     return seen
@@ -49,13 +49,13 @@ def test_every_error_kind_maps_to_a_deliberate_grpc_code(cls):
 
 
 def test_errors_live_in_topology_errors_except_the_doors_own():
-    """House rule: typed errors in topology/errors.py (the doors' own failures excepted)."""
-    moved = [c for c in CLASSES if c.__module__ in ("pcitopo.topology.checks.doctor", "pcitopo.topology.checks.fleet")]
+    """House rule: typed errors in src/pcitopo/errors.py (the doors' own failures excepted)."""
+    moved = [c for c in CLASSES if c.__module__ in ("pcitopo.checks.doctor", "pcitopo.views.exports")]
     assert moved == []
 
 
 def test_a_failed_write_and_a_bare_failure_are_not_unknown():
-    from pcitopo.topology.errors import OutputError
+    from pcitopo.errors import OutputError
 
     assert status_name(OutputError("cannot write x")) == "FAILED_PRECONDITION"
     assert status_name(PcitopoError("x")) == "INTERNAL"

@@ -12,9 +12,12 @@ import grpc
 import pytest
 
 from testkit.hookkit import BIN, ServerProcess, VirtLauncher, fixture_domain, fixture_sysfs, serve_argv, wait_for_socket
-from pcitopo.sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
-from pcitopo.sidecar.wire import MAX_MESSAGE_BYTES, MAX_REPLY_BYTES
-from pcitopo.topology import __version__
+from pcitopo.serve.hookproto import info_pb2
+from pcitopo.serve.hookproto import info_pb2_grpc
+from pcitopo.serve.hookproto import v1alpha3_pb2
+from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+from pcitopo.serve.wire import MAX_MESSAGE_BYTES, MAX_REPLY_BYTES
+from pcitopo import __version__
 
 
 @pytest.fixture

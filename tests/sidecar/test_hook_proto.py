@@ -95,7 +95,7 @@ _TYPE = {
 
 
 def _file_proto(stem: str) -> descriptor_pb2.FileDescriptorProto:
-    mod = importlib.import_module(f"pcitopo.sidecar.hookproto.{stem}_pb2")
+    mod = importlib.import_module(f"pcitopo.serve.hookproto.{stem}_pb2")
     fdp = descriptor_pb2.FileDescriptorProto()
     fdp.ParseFromString(mod.DESCRIPTOR.serialized_pb)
     return fdp

@@ -20,18 +20,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from pcitopo.sidecar.core import handle_define_domain
-from pcitopo.sidecar.hooks import HostCache
-from pcitopo.topology.checks.doctor import KEPT_ALLOCATIONS as DOCTOR_ENTRIES
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.serve.hooks import HostCache
+from pcitopo.checks.doctor import KEPT_ALLOCATIONS as DOCTOR_ENTRIES
 from testkit.hookkit import REPO, fixture_domain, vmi_json
-from pcitopo.topology.host.sources import PCI_DEVICES_DIR, MemoryTree
-from pcitopo.topology.host.sysfs import open_host
-from pcitopo.topology.model.tree import RECENT_KEEP
+from pcitopo.host.sources import PCI_DEVICES_DIR, MemoryTree
+from pcitopo.host.sysfs import open_host
+from pcitopo.model.tree import RECENT_KEEP
 
 HOST = "hgx-h100"
 KINDS = ("plan", "controller_elements", "guest_view", "verdicts", "mmio_budget", "nccl_file", "pair_counts", "vm_pairs",
          "doctor")
-# each kind's bound: RECENT_KEEP, but the doctor's findings keep their own (topology/checks/doctor.py)
+# each kind's bound: RECENT_KEEP, but the doctor's findings keep their own (src/pcitopo/checks/doctor.py)
 KEEP = {kind: DOCTOR_ENTRIES if kind == "doctor" else RECENT_KEEP for kind in KINDS}
 
 

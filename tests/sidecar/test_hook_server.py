@@ -27,20 +27,18 @@ from testkit.hookkit import (
     vmi_json,
     wait_for_socket,
 )
-from pcitopo.sidecar.config import PREFIX
-from pcitopo.sidecar.hookproto import (
-    info_pb2,
-    info_pb2_grpc,
-    v1alpha1_pb2,
-    v1alpha1_pb2_grpc,
-    v1alpha2_pb2,
-    v1alpha2_pb2_grpc,
-    v1alpha3_pb2,
-    v1alpha3_pb2_grpc,
-)
-from pcitopo.sidecar.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
-from pcitopo.sidecar.wire import MAX_MESSAGE_BYTES
-from pcitopo.topology.libvirt.lenient import with_hostdev_modes
+from pcitopo.serve.options import PREFIX
+from pcitopo.serve.hookproto import info_pb2
+from pcitopo.serve.hookproto import info_pb2_grpc
+from pcitopo.serve.hookproto import v1alpha1_pb2
+from pcitopo.serve.hookproto import v1alpha1_pb2_grpc
+from pcitopo.serve.hookproto import v1alpha2_pb2
+from pcitopo.serve.hookproto import v1alpha2_pb2_grpc
+from pcitopo.serve.hookproto import v1alpha3_pb2
+from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+from pcitopo.serve.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
+from pcitopo.serve.wire import MAX_MESSAGE_BYTES
+from pcitopo.libvirt.lenient import with_hostdev_modes
 
 ROOT = os.geteuid() == 0
 
@@ -102,7 +100,7 @@ def test_info_lists_the_three_versions_and_our_hook_points(start):
 
 
 def test_the_server_process_keeps_openssl_out_and_validates_options(start):
-    """sidecar/process.py: `pcitopo serve` never maps OpenSSL, although pydantic (imported with
+    """src/pcitopo/serve/process.py: `pcitopo serve` never maps OpenSSL, although pydantic (imported with
     the server) and grpcio would load it if they could; and it still validates options."""
     srv = start()
     vmi = vmi_json(DOMAIN, {f"{PREFIX}on-error": "passthrough"})
@@ -139,7 +137,7 @@ def test_socket_permissions_let_the_compute_container_in_and_nobody_else(start):
 # becomes the given uid/gid for good before touching the socket.
 INFO_AS_CLIENT = r"""
 import sys, time, os, grpc
-from pcitopo.sidecar.hookproto import info_pb2, info_pb2_grpc
+from pcitopo.serve.hookproto import info_pb2, info_pb2_grpc
 path, uid = sys.argv[1], int(sys.argv[2])
 if uid >= 0:
     os.setgroups([])
@@ -344,7 +342,7 @@ def test_an_oversized_request_is_refused_by_grpc_and_the_server_keeps_serving(sh
 @pytest.mark.parametrize("method", ["v1alpha3.Callbacks/OnDefineDomain", "v1alpha2.Callbacks/PreCloudInitIso",
                                     "v1alpha3.Callbacks/Shutdown"])
 def test_a_request_that_is_not_protobuf_is_refused_and_the_server_keeps_serving(shared_server, method):
-    """The server decodes requests itself (sidecar/wire.py): bytes protobuf would refuse end the
+    """The server decodes requests itself (src/pcitopo/serve/wire.py): bytes protobuf would refuse end the
     call with INVALID_ARGUMENT and one line, and nothing else happens (Shutdown does not stop)."""
     with grpc.insecure_channel(f"unix:{shared_server.socket}") as ch:
         call = ch.unary_unary(f"/kubevirt.hooks.{method}")

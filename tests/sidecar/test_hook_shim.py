@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from testkit.hookkit import BIN, REPO, fixture_domain, fixture_sysfs, vmi_json
-from pcitopo.sidecar.config import PREFIX
-from pcitopo.topology.libvirt.lenient import with_hostdev_modes
+from pcitopo.serve.options import PREFIX
+from pcitopo.libvirt.lenient import with_hostdev_modes
 
 DOMAIN = fixture_domain("hgx-b200")
 EXPECTED = (REPO / "fixtures/hgx-b200/expected.xml").read_bytes()
@@ -98,7 +98,7 @@ def test_help_is_usage_on_stdout():
 def test_the_shim_never_loads_grpc():
     """One process per call: it pays for every import, so it loads only what the rewrite needs."""
     code = (
-        "import sys, io, contextlib; from pcitopo.sidecar.shim import main\n"
+        "import sys, io, contextlib; from pcitopo.serve.shim import main\n"
         "buf = io.BytesIO()\n"
         "class Out:\n    buffer = buf\n"
         "sys.stdout = Out()\n"

@@ -25,7 +25,10 @@ import grpc
 import pytest
 
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json
-from pcitopo.sidecar.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
+from pcitopo.serve.hookproto import info_pb2
+from pcitopo.serve.hookproto import info_pb2_grpc
+from pcitopo.serve.hookproto import v1alpha3_pb2
+from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
 
 CONTAINERFILE = REPO / "Containerfile"
 KUBEVIRT_HOOKS = "/var/run/kubevirt-hooks"
@@ -149,8 +152,8 @@ def test_the_wheel_carries_the_generated_code_and_the_console_scripts(wheel):
         assert f"pcitopo/sidecar/hookproto/{stem}_pb2.py" in names and f"pcitopo/sidecar/hookproto/{stem}_pb2_grpc.py" in names
     assert {"pcitopo/sidecar/server.py", "pcitopo/sidecar/shim.py", "pcitopo/sidecar/core.py", "pcitopo/sidecar/config.py",
             "pcitopo/topology/guest/rewrite.py"} <= names
-    for line in ("pcitopo = pcitopo.sidecar.cli:pcitopo_main", "onDefineDomain = pcitopo.sidecar.shim:main",
-                 "xmlfix = pcitopo.sidecar.cli:xmlfix_main"):
+    for line in ("pcitopo = pcitopo.cli.main:pcitopo_main", "onDefineDomain = pcitopo.serve.shim:main",
+                 "xmlfix = pcitopo.cli.main:xmlfix_main"):
         assert line in entry_points
 
 
@@ -206,8 +209,8 @@ def test_the_wheel_requires_the_runtimes_the_generated_code_checks_for(wheel):
     with zipfile.ZipFile(wheel) as z:
         meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     reqs = {m.group(1).lower(): m.group(2) for m in re.finditer(r"^Requires-Dist: ([\w.-]+)\s*([^;\n]*)$", meta, re.M)}
-    gen_grpc = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", (REPO / "sidecar/hookproto/info_pb2_grpc.py").read_text()).group(1)
-    gen_pb = _version(re.search(r"Protobuf Python Version: ([\d.]+)", (REPO / "sidecar/hookproto/info_pb2.py").read_text()).group(1))
+    gen_grpc = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", (REPO / "src/pcitopo/serve/hookproto/info_pb2_grpc.py").read_text()).group(1)
+    gen_pb = _version(re.search(r"Protobuf Python Version: ([\d.]+)", (REPO / "src/pcitopo/serve/hookproto/info_pb2.py").read_text()).group(1))
     grpc_min = [_version(s[2:]) for s in reqs["grpcio"].split(",") if s.strip().startswith(">=")]
     pb_spec = [s.strip() for s in reqs["protobuf"].split(",")]
     pb_min = [_version(s[2:]) for s in pb_spec if s.startswith(">=")]

@@ -1,5 +1,5 @@
 """The node hook's device rule, in process (no gRPC): which of the node's devices a VMI's
-requests can be, and when a failing check is surely the VM's (sidecar/plugin/devices.py,
+requests can be, and when a failing check is surely the VM's (src/pcitopo/serve/plugin/devices.py,
 nodehook.py; docs/SOURCES.md, "The node hook's devices")."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import re
 
 import pytest
 
-from pcitopo.sidecar.hooks import HostCache
-from pcitopo.sidecar.plugin.devices import MAX_REQUESTS
-from pcitopo.sidecar.plugin.doctorfile import DoctorFile
+from pcitopo.serve.hooks import HostCache
+from pcitopo.serve.plugin.devices import MAX_REQUESTS
+from pcitopo.serve.plugin.doctorfile import DoctorFile
 from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI
-from pcitopo.sidecar.plugin.nodehook import NodeSettings, check_node
+from pcitopo.serve.plugin.nodehook import NodeSettings, check_node
 from testkit.hookkit import fixture_sysfs
 
 REQUIRE = {"pcitopo.kubevirt.io/doctor": "require"}
@@ -130,7 +130,7 @@ def test_logged_and_refused_names_are_bounded(faults):
     import io
     import threading
 
-    from pcitopo.sidecar.hooks import CallFailed, Hooks, JsonLog
+    from pcitopo.serve.hooks import CallFailed, Hooks, JsonLog
 
     stream = io.StringIO()
     hooks = Hooks(faults, JsonLog(stream), threading.Event(), permitted=NodeSettings(H100))

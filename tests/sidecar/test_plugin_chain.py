@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from pcitopo.sidecar.hooks import CallFailed, HostCache, Hooks, JsonLog
+from pcitopo.serve.hooks import CallFailed, HostCache, Hooks, JsonLog
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, placement, vmi_json, xmlfix
 from testkit.kubevirt_releases import Release
 from testkit.plugin.libvirtxml import LibvirtxmlError, round_trip

@@ -304,8 +304,8 @@ def test_node_hook_peak_memory_under_full_concurrency_stays_under_its_limit(clie
     with a quarter to spare. The figures are printed (-s) for the record."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pcitopo.sidecar.plugin.nodehook import MAX_VMI_BYTES
-    from pcitopo.sidecar.server import WORKERS
+    from pcitopo.serve.plugin.nodehook import MAX_VMI_BYTES
+    from pcitopo.serve.server import WORKERS
 
     srv = node_hook(fixture_sysfs("hgx-h100-faults"), "--permitted-host-devices", kubevirt_cr)
     call(client, srv, h100_vmi(), tmp_path)

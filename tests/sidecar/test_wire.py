@@ -1,4 +1,4 @@
-"""sidecar/wire.py reads and writes the hook messages itself (protobuf's runtime would cost the
+"""src/pcitopo/serve/wire.py reads and writes the hook messages itself (protobuf's runtime would cost the
 sidecar ~2.5 MiB, see bench/RESULTS.md): its bytes must be protobuf's, and it must accept and
 refuse what protobuf's parser accepts and refuses, with one named exception."""
 
@@ -9,8 +9,10 @@ import random
 
 from google.protobuf.message import DecodeError
 
-from pcitopo.sidecar import wire
-from pcitopo.sidecar.hookproto import info_pb2, v1alpha2_pb2, v1alpha3_pb2
+from pcitopo.serve import wire
+from pcitopo.serve.hookproto import info_pb2
+from pcitopo.serve.hookproto import v1alpha2_pb2
+from pcitopo.serve.hookproto import v1alpha3_pb2
 
 
 def test_info_result_is_protobufs_bytes():

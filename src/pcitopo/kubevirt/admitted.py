@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from pcitopo.topology.errors import ConfigError
+from pcitopo.errors import ConfigError
 
 PARAMS = ("pcitopo", "pcitopo-image")  # the PodTemplate's namespace and name
 CONTAINER = "pcitopo"

@@ -21,9 +21,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
-from pcitopo.topology.errors import ConfigError
-from pcitopo.topology.host.files import read_bounded
-from pcitopo.topology.host.yamltext import yaml_documents
+from pcitopo.errors import ConfigError
+from pcitopo.host.files import read_bounded
+from pcitopo.host.yamltext import yaml_documents
 
 from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI, read_permitted
 
@@ -40,7 +40,7 @@ class KubeVirtCR:
     name: str
     version: str | None  # status.observedKubeVirtVersion, e.g. "v1.9.0"
     gates: tuple[str, ...]
-    permitted: PermittedHostDevices  # spec.configuration.permittedHostDevices (kubevirt/hostdevices.py reads it)
+    permitted: PermittedHostDevices  # spec.configuration.permittedHostDevices (src/pcitopo/kubevirt/hostdevices.py reads it)
     machine_type: str | None  # spec.configuration.architectureConfiguration.amd64.machineType
     raw: Mapping[str, Any] = field(repr=False, compare=False)
 

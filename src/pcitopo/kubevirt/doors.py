@@ -1,5 +1,5 @@
 """Which door pcitopo comes through, per KubeVirt release, and what reaches libvirt through it:
-the door rows and notes are the release table's (kubevirt/releases.py ``DOOR_ROWS``, ``DOOR_NOTES``),
+the door rows and notes are the release table's (src/pcitopo/kubevirt/releases.py ``DOOR_ROWS``, ``DOOR_NOTES``),
 for ``xmlfix --explain``, the serving log line and docs/DEPLOY.md ("Two doors").
 
 Facts (kubevirt/kubevirt, user-guide; docs/SOURCES.md, "KubeVirt Plugins"):
@@ -33,7 +33,7 @@ def plugin_selects(labels: dict | None) -> bool:
 
 def door_text(door: str, why: str = "") -> str:
     """``xmlfix --explain``'s door section: the door, why that one, then which door each release needs."""
-    from pcitopo.topology.views.report import wrap_text
+    from pcitopo.views.report import wrap_text
 
     rows = [f"- {r.releases}: {r.doors} (gates {r.gates}): {r.survives}" for r in DOOR_ROWS]
     head = wrap_text(DOOR_NOTES[door]) + ("\n" + wrap_text(why) if why else "")

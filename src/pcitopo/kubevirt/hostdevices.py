@@ -1,6 +1,6 @@
 """One reading of the KubeVirt CR's ``permittedHostDevices``, one rule for which of a node's
 functions a device request can get, and one judgement of a request's resource name. The node
-hook (``sidecar/plugin/devices.py``), the prediction (``launcher/allocation.py``), the check
+hook (``src/pcitopo/serve/plugin/devices.py``), the prediction (``launcher/allocation.py``), the check
 (``xmlfix --check --cluster``, ``pcitopo domain --cluster``) and preflight all use these.
 
 KubeVirt (docs/SOURCES.md, "Device requests and permittedHostDevices"):
@@ -34,10 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from pcitopo.topology.errors import ConfigError
-from pcitopo.topology.host.sources import LEFT_OUT, is_whole
-from pcitopo.topology.model.labels import default_devices
-from pcitopo.topology.model.tree import Bdf, PciFunction, Role, Topology
+from pcitopo.errors import ConfigError
+from pcitopo.host.sources import LEFT_OUT, is_whole
+from pcitopo.model.labels import default_devices
+from pcitopo.model.tree import Bdf, PciFunction, Role, Topology
 
 VFIO = "vfio-pci"
 MAX_NAMES = 6  # resource names listed in one line before "and N more"
@@ -105,7 +105,7 @@ class Reach:
 
 def may_be_vfio(topo: Topology, f: PciFunction) -> bool:
     """Bound to ``vfio-pci``, or without a driver link in a source that may have left it out (a
-    copy of sysfs, not a live one: ``topology/host/sources.py`` ``is_whole``); the prediction says
+    copy of sysfs, not a live one: ``src/pcitopo/host/sources.py`` ``is_whole``); the prediction says
     so as unknown (:func:`driver_gaps`)."""
     return f.driver == VFIO or (f.driver is None and not is_whole(getattr(topo.loader, "source", None)))
 
@@ -205,7 +205,7 @@ def judge_names(vmi: Mapping[str, Any], permitted: PermittedHostDevices | None, 
 
 
 def names_on(vmi: Mapping[str, Any], dump: Any) -> NameVerdict:
-    """:func:`judge_names` on a cluster dump (kubevirt/cluster.py ClusterDump); nothing to say
+    """:func:`judge_names` on a cluster dump (src/pcitopo/kubevirt/cluster.py ClusterDump); nothing to say
     without one."""
     if dump is None:
         return NameVerdict()

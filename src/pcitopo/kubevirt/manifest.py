@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Collection, Mapping
 
-from pcitopo.topology.errors import ConfigError
-from pcitopo.topology.host.yamltext import yaml_documents
+from pcitopo.errors import ConfigError
+from pcitopo.host.yamltext import yaml_documents
 
 VMI_KIND = "VirtualMachineInstance"
 VM_KIND = "VirtualMachine"
@@ -85,7 +85,7 @@ def _one_item(doc: Any, name: str) -> Any:
 
 def label_not_annotation(key: str) -> str | None:
     """Where ``key`` belongs when it is a label written among the annotations (the Plugin door's
-    label, kubevirt/doors.py), for the unknown-annotation message; None for any other key."""
+    label, src/pcitopo/kubevirt/doors.py), for the unknown-annotation message; None for any other key."""
     from pcitopo.kubevirt.doors import PLUGIN_LABEL, PLUGIN_LABEL_VALUE
 
     if key != PLUGIN_LABEL:

@@ -33,7 +33,7 @@ class Reparse:
     """A group of releases whose ``api.DomainSpec`` reads the hook's XML alike (the re-parse
     between hook calls), and how its ``allocateHotplugPorts`` makes hotplug room."""
 
-    name: str  # pcitopo.kubevirt.launcher.releases.Release's value
+    name: str  # pcitopo.kubevirt.launcher.release_groups.Release's value
     label: str  # the releases, for people
     model_tag: str  # the tag the group is modelled on
     controller_target: bool  # api.Controller has Target (busNr, <node> kept)
@@ -241,7 +241,7 @@ def resolve(version: str | None) -> ReadRelease:
 def check_kubevirt(text: str, option: str = "--kubevirt") -> str:
     """A release named on the command line: a KubeVirt version (read or not: an unread one is
     judged ``unknown`` later) or ``main``; anything else is one line (exit 2)."""
-    from pcitopo.topology.errors import ConfigError
+    from pcitopo.errors import ConfigError
 
     if not is_version(text):
         raise ConfigError(f"{option} {text}: not a KubeVirt release such as v1.9.0 or main (read: {read_list()})")
@@ -250,7 +250,7 @@ def check_kubevirt(text: str, option: str = "--kubevirt") -> str:
 
 def check_assumed(text: str) -> str:
     """``--assume-release``'s value: a read release by name, else one line (exit 2)."""
-    from pcitopo.topology.errors import ConfigError
+    from pcitopo.errors import ConfigError
 
     name = text.strip()
     name = name if name.startswith(("v", "main")) else f"v{name}"

@@ -6,7 +6,7 @@ refused at CREATE, so it stops starting once a hook target is applied.
 The policies are the rule; this is their reading for an offline dump, kept equal to them by
 tests/test_sidecar_policy_model.py, which evaluates the policies' own CEL on the same annotations.
 The annotation is a JSON list of entries, strings without escapes; each entry is one of:
-- pcitopo's: ``image`` first, one of the pcitopo images the params admit (kubevirt/admitted.py),
+- pcitopo's: ``image`` first, one of the pcitopo images the params admit (src/pcitopo/kubevirt/admitted.py),
   then ``imagePullPolicy``, ``args`` (none, or ``--fabric /etc/pcitopo/fabric.json``
   [``--module-map /etc/pcitopo/module-map.json``]) and ``configMap`` (``name``, ``key`` and
   ``hookPath`` at one of those two files) and ``pvc`` (only the doctor's report:
@@ -45,7 +45,7 @@ ONLY = "only pcitopo's image and the admitted list are allowed"
 class Refusal:
     why: str
     certain: bool  # False: it hinges on what the dump does not hold (namespace labels, the pinned image)
-    admit: str | None = None  # the params annotation that would admit it (kubevirt/admitted.py)
+    admit: str | None = None  # the params annotation that would admit it (src/pcitopo/kubevirt/admitted.py)
 
 
 @dataclass(frozen=True)

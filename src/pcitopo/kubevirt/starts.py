@@ -74,8 +74,8 @@ class Cluster:
     plugins: tuple[str, ...] = ()
     not_pci: frozenset[str] = frozenset()
     assumed: str = ""  # what was assumed and why ("" when all of it was read from a cluster)
-    pcitopo_images: tuple[str, ...] = ()  # the images the admin pinned as pcitopo's (kubevirt/admitted.py)
-    # the CR's permittedHostDevices (kubevirt/hostdevices.py) where preflight judges names; the
+    pcitopo_images: tuple[str, ...] = ()  # the images the admin pinned as pcitopo's (src/pcitopo/kubevirt/admitted.py)
+    # the CR's permittedHostDevices (src/pcitopo/kubevirt/hostdevices.py) where preflight judges names; the
     # check judges them itself (xmlfix _device_facts), so that it says them once
     permitted: Any = None
 
@@ -265,7 +265,7 @@ def release_check(vmi: Mapping[str, Any], door: str | None, dump_paths: list[str
     ``release`` (``--kubevirt``) or :data:`DEFAULT_RELEASE` with the gates and Plugin objects its
     doors (or ``door``) imply; ``assume`` (``--assume-release``) judges an unread release as a
     read one. ``door`` also asks that the VMI come through that door."""
-    from pcitopo.topology.errors import ConfigError
+    from pcitopo.errors import ConfigError
 
     from pcitopo.kubevirt.manifest import attachment
     from pcitopo.kubevirt.releases import check_kubevirt, judged_as

@@ -1,5 +1,5 @@
 """The deploy targets: one folder under ``deploy/targets/`` per KubeVirt release line, and what each
-one puts into a cluster, built from the release table (kubevirt/releases.py ``TARGETS``: a target
+one puts into a cluster, built from the release table (src/pcitopo/kubevirt/releases.py ``TARGETS``: a target
 fits only the read releases the table gives it). ``pcitopo preflight --target NAME`` judges a
 cluster against it; tests render each folder with ``kubectl kustomize`` and keep it equal to its row (gates, Plugin
 objects, node hook, the Sidecar policy, the DaemonSet's node affinity).
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pcitopo.topology.errors import ConfigError
+from pcitopo.errors import ConfigError
 
 from pcitopo.kubevirt.releases import TARGETS as RELEASE_TARGETS, ReleaseUnknown, resolve
 

@@ -1,7 +1,7 @@
 """One VM on its cluster, judged the way ``pcitopo preflight`` judges every VM of a dump: the
-KubeVirt release (kubevirt/starts.py), the target's Sidecar policies (kubevirt/sidecar_policy.py
-through kubevirt/preflight.py), and its resource names against permittedHostDevices and the
-nodes (kubevirt/hostdevices.py). ``xmlfix --check --vmi`` and ``pcitopo domain --cluster`` ask
+KubeVirt release (src/pcitopo/kubevirt/starts.py), the target's Sidecar policies (src/pcitopo/kubevirt/sidecar_policy.py
+through src/pcitopo/kubevirt/cluster_verdict.py), and its resource names against permittedHostDevices and the
+nodes (src/pcitopo/kubevirt/hostdevices.py). ``xmlfix --check --vmi`` and ``pcitopo domain --cluster`` ask
 here, so the dry run and preflight cannot disagree about a VM.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pcitopo.topology.errors import ConfigError
+from pcitopo.errors import ConfigError
 
 from pcitopo.kubevirt.hostdevices import NameVerdict
 
@@ -45,7 +45,7 @@ def policy_of(vmi: Mapping[str, Any], q: VmQuestion, dump=None):
     hinges on what the dump lacks) and the pcitopo images the admin pinned (``--image``, else the
     dump's params)."""
     from pcitopo.kubevirt.admitted import in_dump, judged
-    from pcitopo.kubevirt.preflight import vmi_policy_refusal
+    from pcitopo.kubevirt.cluster_verdict import vmi_policy_refusal
     from pcitopo.kubevirt.targets import TARGETS, target
 
     if q.target is not None and q.target not in [t.name for t in TARGETS]:

@@ -23,7 +23,7 @@ import math
 from itertools import combinations
 from typing import Callable, Iterable
 
-from pcitopo.topology.errors import ConfigError
+from pcitopo.errors import ConfigError
 
 from pcitopo.kubevirt.kubelet.cputopo import CpuTopology, Details
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable, Mapping
 
-from pcitopo.topology.errors import ConfigError, DomainError
-from pcitopo.topology.libvirt.domain import parse_cpuset
-from pcitopo.topology.model.tree import NumaNode
+from pcitopo.errors import ConfigError, DomainError
+from pcitopo.libvirt.domain import parse_cpuset
+from pcitopo.model.tree import NumaNode
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from pcitopo.topology.errors import ConfigError, DomainError
-from pcitopo.topology.libvirt.domain import parse_cpuset
+from pcitopo.errors import ConfigError, DomainError
+from pcitopo.libvirt.domain import parse_cpuset
 
 from pcitopo.kubevirt.kubelet.static import DISTRIBUTE, FULL_PCPUS, KubeletSettings
 from pcitopo.kubevirt.kubelet.topologymanager import POLICIES
@@ -82,7 +82,7 @@ def _from_reading(reading: Mapping[str, Any], path: str) -> KubeletSettings:
 
 
 def _read_file(path: str) -> KubeletSettings:
-    from pcitopo.topology.checks.kubelet import read_config
+    from pcitopo.checks.kubeletcpu import read_config
 
     try:
         with open(path, "rb") as fh:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from itertools import combinations, product
 from typing import Iterable, Sequence
 
-from pcitopo.topology.errors import ConfigError
+from pcitopo.errors import ConfigError
 
 from pcitopo.kubevirt.kubelet.cputopo import CpuTopology
 

@@ -8,7 +8,7 @@ Which functions a device-plugin resource may be (``deviceName``):
 
 1. the KubeVirt CR's ``permittedHostDevices.pciHostDevices`` entries of that ``resourceName``
    (``--cluster``): their ``pciVendorSelector`` ``VENDOR:DEVICE`` s, exactly the functions the one
-   rule (``kubevirt/hostdevices.py`` ``reach``, which the node hook uses too) says it can get;
+   rule (``src/pcitopo/kubevirt/hostdevices.py`` ``reach``, which the node hook uses too) says it can get;
 2. else, among the functions that rule says it could get, a guess: the ids the name's usual owner publishes it for: NVIDIA's KubeVirt GPU device plugin
    names a resource ``nvidia.com/`` + the pci.ids device name with spaces and brackets turned
    to ``_`` (``nvidia.com/GH100_H100_SXM5_80GB`` is 10de:2330); :data:`KNOWN_RESOURCES`;
@@ -32,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from pcitopo.topology.errors import ConfigError
-from pcitopo.topology.model.tree import Bdf, PciFunction, Role, Topology
-from pcitopo.topology.paths.classify import classify, closeness
+from pcitopo.errors import ConfigError
+from pcitopo.model.tree import Bdf, PciFunction, Role, Topology
+from pcitopo.paths.classify import classify, closeness
 
 from pcitopo.kubevirt.hostdevices import VFIO, PermittedHostDevices, may_be_vfio, reach, why_not
 from pcitopo.kubevirt.launcher.converter import hostdev_alias, is_dra

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from lxml import etree
 
-from pcitopo.topology.errors import ConfigError
+from pcitopo.errors import ConfigError
 
 from pcitopo.kubevirt.launcher.xmlstyle import sub
 

@@ -1,5 +1,5 @@
 """Which CPUs kubelet's static CPU manager gives a VM's pod, and so which guest cells KubeVirt's
-``guestMappingPassthrough`` writes (one per host node of the pod's CPUs; topology/guest/cells.py
+``guestMappingPassthrough`` writes (one per host node of the pod's CPUs; src/pcitopo/guest/cells.py
 says why that matters).
 
 The CPUs are kubelet's own choice, modelled from kubelet's source in :mod:`pcitopo.kubevirt.kubelet`
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Mapping, Sequence
 
-from pcitopo.topology.errors import ConfigError, PcitopoError
-from pcitopo.topology.model.tree import NumaNode
+from pcitopo.errors import ConfigError, PcitopoError
+from pcitopo.model.tree import NumaNode
 
 from pcitopo.kubevirt.kubelet.cputopo import CpuTopology, from_numa
 from pcitopo.kubevirt.kubelet.static import DeviceResource, KubeletSettings, place

@@ -27,10 +27,10 @@ from typing import Callable
 
 from lxml import etree
 
-from pcitopo.topology.libvirt.domain import ROOT_PORT, parse_int
+from pcitopo.libvirt.domain import ROOT_PORT, parse_int
 
 from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define
-from pcitopo.kubevirt.launcher.releases import Release
+from pcitopo.kubevirt.launcher.release_groups import Release
 from pcitopo.kubevirt.launcher.reparse import reparse
 from pcitopo.kubevirt.launcher.xmlstyle import to_kubevirt_bytes
 

@@ -1,4 +1,4 @@
-"""What a cluster dump (``--cluster``, kubevirt/cluster.py) adds to a prediction: the instance
+"""What a cluster dump (``--cluster``, src/pcitopo/kubevirt/cluster.py) adds to a prediction: the instance
 type and preference a VM names, and the devices DRA allocated to its claims.
 
 - Instance types (``pkg/instancetype/apply/vmi.go``, ``cpu.go`` ``applyGuestCPUTopology``,
@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping
 
-from pcitopo.topology.model.tree import Bdf
+from pcitopo.model.tree import Bdf
 
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from lxml import etree
 
-from pcitopo.topology.libvirt.domain import ROOT_PORT, parse_int
+from pcitopo.libvirt.domain import ROOT_PORT, parse_int
 
 from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from lxml import etree
 
-from pcitopo.topology.libvirt.domain import parse_int
+from pcitopo.libvirt.domain import parse_int
 
-from pcitopo.kubevirt.launcher.releases import Release
+from pcitopo.kubevirt.launcher.release_groups import Release
 from pcitopo.kubevirt.launcher.skeleton import QEMU_NS
 
 

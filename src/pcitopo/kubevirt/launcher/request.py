@@ -1,5 +1,5 @@
 """What a domain prediction is asked with, and its answer for a door: the manifest read as the
-VM or VMI it is (kubevirt/manifest.py's checks), the cluster dump (kubevirt/cluster.py), the release
+VM or VMI it is (src/pcitopo/kubevirt/manifest.py's checks), the cluster dump (src/pcitopo/kubevirt/cluster.py), the release
 (``--kubevirt``, the dump's, else v1.9.0), and the options both doors take (``pcitopo domain``;
 ``xmlfix --vmi`` without a domain argument): :func:`add_prediction_args`, :func:`predicted_domain`.
 Every assumption is a line of :attr:`Predicted.notes`; bad input is one line (ConfigError).
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from pcitopo.topology.errors import ConfigError
+from pcitopo.errors import ConfigError
 
 from pcitopo.kubevirt.hostdevices import NameVerdict
 
@@ -48,8 +48,8 @@ class Predicted:
     version: str
     notes: tuple[str, ...]
     vmi: dict  # the VMI the domain is for (instance type applied), for the hook's later calls
-    release: object  # pcitopo.kubevirt.launcher.releases.Release
-    # the VMI's resource names on the dump (kubevirt/hostdevices.py judge_names); with a name
+    release: object  # pcitopo.kubevirt.launcher.release_groups.Release
+    # the VMI's resource names on the dump (src/pcitopo/kubevirt/hostdevices.py judge_names); with a name
     # the cluster lacks, no domain (xml is empty): no pod is made for it
     names: NameVerdict = NameVerdict()
     # what the node's source cannot say about the picked functions (a copy without driver links)
@@ -67,7 +67,7 @@ def _release(args: argparse.Namespace, dump):
     """The release group, its name, and where it came from; a release pcitopo did not read raises
     :class:`~pcitopo.kubevirt.releases.ReleaseUnknown` unless ``--assume-release`` names one."""
     from pcitopo.kubevirt.releases import check_kubevirt, judged_as
-    from pcitopo.kubevirt.launcher.releases import DEFAULT_VERSION, release_of, version_text
+    from pcitopo.kubevirt.launcher.release_groups import DEFAULT_VERSION, release_of, version_text
 
     cr = dump.kubevirt if dump is not None else None
     assume = getattr(args, "assume_release", None)
@@ -91,7 +91,7 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
     from pcitopo.kubevirt.kubelet.settings import resolve
     from pcitopo.kubevirt.launcher.cpus import CpuPolicy
     from pcitopo.kubevirt.launcher.dumped import expand
-    from pcitopo.kubevirt.launcher.predict import Inputs, predict
+    from pcitopo.kubevirt.launcher.first_domain import Inputs, predict
     from pcitopo.kubevirt.hostdevices import driver_gaps, names_on
 
     dump = None
@@ -132,7 +132,7 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
 
 def _manifest(data: bytes, name: str) -> dict:
     """The manifest as an object: the one VM or VMI (YAML or JSON; of several documents the one
-    VM or VMI), after the checks ``xmlfix --vmi`` makes (kubevirt/manifest.py)."""
+    VM or VMI), after the checks ``xmlfix --vmi`` makes (src/pcitopo/kubevirt/manifest.py)."""
     from pcitopo.kubevirt.manifest import manifest_document, vmi_as_json
 
     vmi_as_json(data, name)  # kinds, annotations, labels: the same messages as --vmi

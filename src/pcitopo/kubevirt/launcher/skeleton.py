@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from pcitopo.topology.model.tree import Bdf
+from pcitopo.model.tree import Bdf
 
 from pcitopo.kubevirt.launcher.xmlstyle import sub, to_kubevirt_bytes
 

@@ -1,0 +1,147 @@
+"""The machine a domain describes: its ``<os>`` firmware, ``<memory>`` size and ``<cpu>``
+(address width, features), and a sketch domain built from scratch.
+
+The MMIO budget (:mod:`topology.guest.mmio`) decides what these must say; the spellings it reads
+and writes, and libvirt's memory-unit table, live here. The PCI side of a domain (controllers,
+hostdevs, addresses) is :mod:`topology.libvirt.domain`'s.
+"""
+
+from __future__ import annotations
+
+from lxml import etree
+
+from pcitopo.model.tree import Bdf
+from pcitopo.libvirt.document import append_child
+from pcitopo.libvirt.domain import parse_int
+
+# -- <os>, <memory>, <cpu>: what the MMIO budget reads and writes (src/pcitopo/guest/mmio.py computes) --
+
+CPU = "cpu"
+MAXPHYSADDR = "maxphysaddr"
+CPU_FEATURE = "feature"
+# libvirt's order of <cpu> children: <maxphysaddr> goes after these, before <feature> and <numa>
+CPU_CHILDREN_BEFORE_MAXPHYSADDR = ("model", "vendor", "topology", "cache")
+FEATURE_OFF_POLICIES = ("disable", "forbid")
+_KiB, _MiB, _GiB, _TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+# libvirt's memory units (formatdomain.html "Memory Allocation": unit, default KiB)
+MEMORY_UNITS = {"b": 1, "bytes": 1, "k": _KiB, "kib": _KiB, "kb": 1000, "m": _MiB, "mib": _MiB, "mb": 10**6,
+                "g": _GiB, "gib": _GiB, "gb": 10**9, "t": _TiB, "tib": _TiB, "tb": 10**12}
+
+
+def firmware_of(root: etree._Element) -> str:
+    """``ovmf`` when ``<os>`` boots UEFI (firmware='efi', or a pflash/OVMF/edk2 loader), else
+    ``seabios`` (KubeVirt boots OVMF only with spec.domain.firmware.bootloader.efi)."""
+    os_el = root.find("os")
+    if os_el is None:
+        return "seabios"
+    if (os_el.get("firmware") or "").lower() == "efi":
+        return "ovmf"
+    loader = os_el.find("loader")
+    if loader is not None:
+        text = (loader.text or "").lower()
+        if loader.get("type") == "pflash" or any(k in text for k in ("ovmf", "edk2", "efi", "aavmf")):
+            return "ovmf"
+    return "seabios"
+
+
+def cpu_mode_of(root: etree._Element) -> str:
+    """``<cpu mode>`` (libvirt's default ``custom``), ``none`` without ``<cpu>``."""
+    cpu = root.find(CPU)
+    if cpu is None:
+        return "none"
+    return cpu.get("mode") or "custom"
+
+
+def memory_bytes(root: etree._Element, tag: str = "memory") -> int:
+    """``<memory>`` (or ``tag``) in bytes; 0 when absent."""
+    el = root.find(tag)
+    if el is None or not (el.text or "").strip():
+        return 0
+    return parse_int(el.text, f"<{tag}>") * MEMORY_UNITS.get((el.get("unit") or "KiB").lower(), _KiB)
+
+
+def guest_ram(root: etree._Element) -> int:
+    """Guest RAM in bytes (``<maxMemory>`` if larger: hotplugged DIMMs sit above RAM too)."""
+    return max(memory_bytes(root, "memory"), memory_bytes(root, "maxMemory"))
+
+
+def ensure_cpu(root: etree._Element) -> etree._Element:
+    """The domain's ``<cpu>``, appended (in the document's indentation) when absent."""
+    cpu = root.find(CPU)
+    if cpu is None:
+        cpu = etree.Element(CPU)
+        append_child(root, cpu)
+    return cpu
+
+
+def set_maxphysaddr(cpu: etree._Element, bits: int | None) -> None:
+    """``<maxphysaddr mode='passthrough'/>`` (bits None) or ``mode='emulate' bits='N'``,
+    replacing one already there, else in libvirt's order."""
+    old = cpu.find(MAXPHYSADDR)
+    el = etree.Element(MAXPHYSADDR)
+    el.set("mode", "passthrough" if bits is None else "emulate")
+    if bits is not None:
+        el.set("bits", str(bits))
+    if old is not None:
+        el.tail = old.tail
+        cpu.replace(old, el)
+        return
+    after = None
+    for tag in CPU_CHILDREN_BEFORE_MAXPHYSADDR:
+        found = cpu.find(tag)
+        if found is not None:
+            after = found
+    if after is None and len(cpu):
+        cpu[0].addprevious(el)
+        el.tail = cpu.text
+        return
+    append_child(cpu, el, after=after)
+
+
+def cpu_feature_policies(cpu: etree._Element, name: str) -> list[str | None]:
+    """The policies of ``<feature name=NAME>`` under ``<cpu>`` (empty: not named)."""
+    return [f.get("policy") for f in cpu.findall(CPU_FEATURE) if f.get("name") == name]
+
+
+def cpu_has_model(cpu: etree._Element) -> bool:
+    return cpu.find("model") is not None
+
+
+def require_cpu_feature(cpu: etree._Element, name: str) -> None:
+    """Append ``<feature policy='require' name=NAME/>`` after the last feature (else after
+    ``<maxphysaddr>``)."""
+    el = etree.Element(CPU_FEATURE)
+    el.set("policy", "require")
+    el.set("name", name)
+    feats = cpu.findall(CPU_FEATURE)
+    append_child(cpu, el, after=feats[-1] if feats else cpu.find(MAXPHYSADDR))
+
+
+# -- a sketch domain: every named device passed through (pcitopo topo --dot) -----------------
+
+def sketch_domain(devices: list[Bdf], host_nodes: list[int]) -> bytes:
+    """A minimal q35 domain that passes ``devices`` through, with ACPI and one guest cell per
+    host NUMA node in ``host_nodes`` (cell i backed by node host_nodes[i] through
+    ``<numatune><memnode>``, as KubeVirt's guestMappingPassthrough writes it). It is never
+    started: it lets ``pcitopo topo --dot`` predict the guest of a VM given all those devices."""
+    root = etree.Element("domain", type="kvm")
+    etree.SubElement(root, "name").text = "pcitopo-sketch"
+    etree.SubElement(root, "memory", unit="GiB").text = str(max(1, len(host_nodes)))
+    etree.SubElement(root, "vcpu").text = str(max(1, len(host_nodes)))
+    os_el = etree.SubElement(root, "os")
+    etree.SubElement(os_el, "type", arch="x86_64", machine="q35").text = "hvm"
+    etree.SubElement(etree.SubElement(root, "features"), "acpi")
+    if host_nodes:
+        numa = etree.SubElement(etree.SubElement(root, CPU), "numa")
+        tune = etree.SubElement(root, "numatune")
+        for cell, node in enumerate(host_nodes):
+            etree.SubElement(numa, "cell", id=str(cell), cpus=str(cell), memory="1", unit="GiB")
+            etree.SubElement(tune, "memnode", cellid=str(cell), mode="strict", nodeset=str(node))
+    devs = etree.SubElement(root, "devices")
+    for b in devices:
+        hd = etree.SubElement(devs, "hostdev", mode="subsystem", type="pci", managed="no")
+        etree.SubElement(
+            etree.SubElement(hd, "source"), "address",
+            domain=f"0x{b.domain:04x}", bus=f"0x{b.bus:02x}", slot=f"0x{b.slot:02x}", function=f"0x{b.function:x}",
+        )
+    return etree.tostring(root, pretty_print=True)

@@ -1,0 +1,68 @@
+"""``install-nccl-topo``, in the guest: copy the NCCL topology file the hook passed through
+fw_cfg to where NCCL looks for it, on every boot (the guest's PCI addresses are the hook's
+prediction for this boot; ``/run`` is a tmpfs, so nothing stale survives a reboot).
+
+Standard library only, Python 3.8 or newer (it runs in guests). Exit status: 0 installed;
+1 nothing offered (no fw_cfg entry: the VM was started without ``nccl-topo: fwcfg``, or the
+guest kernel lacks ``qemu_fw_cfg``); 2 the blob is not a file NCCL would load (nothing written).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+from typing import List, Optional, Sequence
+
+from pcitopo.errors import OutputError
+from pcitopo.nccl.topoxml import DEFAULT_TOPO_FILE, FWCFG_DIR, FWCFG_NAME, NcclXmlError, decode_offered, fwcfg_raw_path, install
+
+EXIT_OK, EXIT_NONE, EXIT_BAD = 0, 1, 2
+
+
+def _load_module() -> None:
+    """Debian-style kernels build the fw_cfg sysfs driver as a module; load it once."""
+    if os.path.isdir(FWCFG_DIR):
+        return
+    try:
+        subprocess.run(["modprobe", "qemu_fw_cfg"], check=False, timeout=30,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def install_offered(source: str, dest: str) -> List[str]:
+    """Install the blob at ``source`` to ``dest``; raises OSError/NcclXmlError."""
+    with open(source, "rb") as fh:
+        data = decode_offered(fh.read())
+    install(data, dest)
+    return ["installed {} ({} bytes) from fw_cfg {}".format(dest, len(data), FWCFG_NAME)]
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = "install-nccl-topo") -> int:
+    p = argparse.ArgumentParser(prog=prog, description="copy the NCCL topology file the host passed through "
+                                "fw_cfg to " + DEFAULT_TOPO_FILE)
+    p.add_argument("--from", dest="source", metavar="RAW",
+                   help="the fw_cfg blob (default: " + fwcfg_raw_path() + ")")
+    p.add_argument("--dest", default=DEFAULT_TOPO_FILE, help="where NCCL reads it (default: %(default)s)")
+    args = p.parse_args(argv)
+    source = args.source
+    if source is None:
+        _load_module()
+        source = fwcfg_raw_path()
+    if not os.path.exists(source):
+        print("{}: no NCCL topology offered by the host ({} not found: VM started without the "
+              "pcitopo hook's nccl-topo, or no qemu_fw_cfg module)".format(prog, source), file=sys.stderr)
+        return EXIT_NONE
+    try:
+        for line in install_offered(source, args.dest):
+            print("{}: {}".format(prog, line), file=sys.stderr)
+    except NcclXmlError as e:
+        print("{}: {}: not installed: {}".format(prog, source, e), file=sys.stderr)
+        return EXIT_BAD
+    except OutputError as e:  # the destination (write_atomic's one line)
+        print("{}: {}".format(prog, e), file=sys.stderr)
+        return EXIT_BAD
+    except OSError as e:
+        print("{}: {}: {}".format(prog, e.filename or source, e.strerror or e), file=sys.stderr)
+        return EXIT_BAD
+    return EXIT_OK
