@@ -18,7 +18,7 @@ from pathlib import Path
 
 from testkit import REPO
 
-PROTO_DIR = REPO / "proto" / "pcitopo" / "sidecar" / "hookproto"
+PROTO_DIR = REPO / "proto" / "pcitopo" / "serve" / "hookproto"
 # program -> its source: the hook sidecar's client (virt-launcher's hook manager) and the Plugin's
 # (virt-launcher's domain-hook client and virt-handler's node-hook client).
 PROGRAMS = {

@@ -654,7 +654,7 @@ def test_the_fix_checker_sees_a_wrong_fix():
 
 def test_one_line_for_many_devices_runs_each_devices_own_fix(tmp_path):
     """The loop of a grouped line, expanded, is every device's own commands."""
-    from pcitopo.views.doctor import group_fix
+    from pcitopo.views.doctor_report import group_fix
 
     report = run_checks(open_host(iommu_off_h100(tmp_path)))
     failed = [f for f in report.failed if f.check == "vfio-driver"]
@@ -665,7 +665,7 @@ def test_one_line_for_many_devices_runs_each_devices_own_fix(tmp_path):
 
 
 def test_labels_compact_into_ranges():
-    from pcitopo.views.doctor import compact
+    from pcitopo.views.doctor_report import compact
 
     assert compact(["GPU0", "GPU1", "GPU2", "NIC0", "NIC2", "NIC3", "GPU7"]) == "GPU0-2,7, NIC0,2-3"
     assert compact(["NIC@0000:17:00.2", "GPU0", "NIC@0000:17:00.2"]) == "NIC@0000:17:00.2, GPU0"
@@ -703,7 +703,7 @@ def test_a_finding_changed_after_the_doctor_made_it_is_shown_by_its_own_words(tm
     from dataclasses import replace
 
     from pcitopo.checks.findings import DoctorReport
-    from pcitopo.views.doctor import report_text
+    from pcitopo.views.doctor_report import report_text
 
     report = run_checks(open_host(iommu_off_h100(tmp_path)))
     acs = [f for f in report.findings if f.check == "acs"]

@@ -1,10 +1,9 @@
-"""House rules that can be checked mechanically (issues 10 and 17): in the library (topology/)
-and the doors (sidecar/), generated code (sidecar/hookproto) aside, and (issue 26 finding 13) in
-the test kit (testkit/) and the benchmarks (bench/), no function longer than 60 lines, no module
-longer than 450, no folder of more than 12 modules; topology/ keeps only its
-``__init__`` and errors at the top, the rest in rooms whose imports go one way (ORDER); no
-import cycle among the project's modules; nothing edits ``sys.path`` outside a conftest.py; no
-file refers to documents outside the repository."""
+"""House rules that can be checked mechanically: in the package (src/pcitopo/, generated code
+aside), the test kit (testkit/) and the benchmarks (bench/), no function longer than 60 lines, no
+module longer than 450, no folder of more than 12 modules; the package's top holds only its
+``__init__``, errors and the programs' plumbing, the rest in rooms whose imports go one way
+(ORDER); no two modules share a basename; no import cycle among the project's modules; nothing
+edits ``sys.path`` outside a conftest.py; no file refers to documents outside the repository."""
 
 from __future__ import annotations
 
@@ -41,23 +40,17 @@ def test_the_measure_sees_a_long_function():
     assert [x.split()[1] for x in long_functions(nested, "t.py")] == ["m"]
 
 
-def _product_files(package: str) -> list[Path]:
-    files = [p for p in sorted((ROOT / package).rglob("*.py")) if not set(GENERATED) & set(p.parts)]
+PACKAGE = ROOT / "src" / "pcitopo"
+# The installed package, then the support folders held to the same three measures.
+FOLDERS = ("src/pcitopo", "testkit", "bench")
+
+
+def _product_files(folder: str) -> list[Path]:
+    files = [p for p in sorted((ROOT / folder).rglob("*.py")) if not set(GENERATED) & set(p.parts)]
     assert files
     return files
 
 
-@pytest.mark.parametrize("package", ["topology", "kubevirt", "sidecar"])
-def test_no_function_longer_than_60_lines(package):
-    too_long = [x for p in _product_files(package) for x in long_functions(p.read_text(), str(p.relative_to(ROOT)))]
-    assert too_long == []
-
-
-@pytest.mark.parametrize("package", ["topology", "kubevirt", "sidecar"])
-def test_no_module_longer_than_450_lines(package):
-    lengths = {p.relative_to(ROOT): len(p.read_text().splitlines()) for p in _product_files(package)}
-    too_long = [f"{p} ({n} lines)" for p, n in lengths.items() if n > MAX_MODULE_LINES]
-    assert too_long == []
 
 
 def crowded_folders(files: list[Path], limit: int = MAX_FOLDER_MODULES) -> list[str]:
@@ -75,17 +68,6 @@ def test_the_measure_sees_a_crowded_folder():
     assert crowded_folders(files + [Path("pkg/one_more.py")]) == [f"pkg ({MAX_FOLDER_MODULES + 1} modules)"]
 
 
-@pytest.mark.parametrize("package", ["topology", "kubevirt", "sidecar"])
-def test_no_folder_of_more_than_12_modules(package):
-    assert crowded_folders([p.relative_to(ROOT) for p in _product_files(package)]) == []
-
-
-# Issue 26 finding 13: the same three measures reach the test kit and the benchmark scripts,
-# which had grown past them (testkit/synth.py 815 lines, testkit/strategies.py 608,
-# bench/perf.py 506 with a 173-line measure()).
-SUPPORT = ("testkit", "bench")
-
-
 def size_violations(files: list[Path], root: Path = ROOT) -> list[str]:
     """Every breach of the three measures among ``files`` (paths relative to ``root``)."""
     out = [x for p in files for x in long_functions((root / p).read_text(), str(p))]
@@ -93,13 +75,13 @@ def size_violations(files: list[Path], root: Path = ROOT) -> list[str]:
     return out + crowded_folders(files)
 
 
-@pytest.mark.parametrize("folder", SUPPORT)
-def test_f13_testkit_and_bench_keep_the_size_rules(folder):
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_the_package_the_kit_and_bench_keep_the_size_rules(folder):
     files = [p.relative_to(ROOT) for p in _product_files(folder)]
     assert size_violations(files) == []
 
 
-def test_f13_the_measure_sees_each_breach_in_a_subpackage(tmp_path):
+def test_the_size_measure_sees_each_breach_in_a_subpackage(tmp_path):
     """What the support folders are held to, on a made-up kit whose subpackage (walked like
     testkit/synth/) has one long module, one long function and one module too many."""
     sub = tmp_path / "kit" / "sub"
@@ -119,16 +101,32 @@ def test_f13_the_measure_sees_each_breach_in_a_subpackage(tmp_path):
     assert size_violations([p for p in files if p.name != "m1.py"], tmp_path) == []
 
 
-def test_topology_top_level_holds_only_its_init_and_errors():
+def test_the_package_top_holds_only_its_init_errors_and_program():
     """Every other module lives in a room (see ORDER), so a newcomer finds it by folder name."""
-    top = sorted(p.name for p in (ROOT / "topology").glob("*.py"))
-    assert top == ["__init__.py", "errors.py"]
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__.py", "errors.py", "program.py"]
 
 
-PACKAGES = ("topology", "kubevirt", "sidecar", "testkit")
-# What a wheel installs: one top-level package, pcitopo, holding the three folders (pyproject.toml).
-INSTALLED = "pcitopo"
-INSTALLED_PACKAGES = ("topology", "kubevirt", "sidecar")
+def twin_basenames(files: list[Path]) -> list[str]:
+    """Basenames (``__init__.py`` aside) that more than one module carries."""
+    from collections import Counter
+
+    counts = Counter(p.name for p in files if p.name != "__init__.py")
+    return sorted(n for n, k in counts.items() if k > 1)
+
+
+def test_the_twin_finder_sees_a_twin():
+    assert twin_basenames([Path("a/tree.py"), Path("b/tree.py"), Path("a/__init__.py"), Path("b/__init__.py")]) == ["tree.py"]
+    assert twin_basenames([Path("a/tree.py"), Path("b/view.py")]) == []
+
+
+def test_no_two_modules_share_a_basename():
+    """One name, one idea: grep and an editor's file finder land on the module meant."""
+    assert twin_basenames(list(PACKAGE.rglob("*.py"))) == []
+
+
+# Where the project's modules live, by import name: the package under src/, the test kit at the top.
+IMPORT_ROOTS = {"pcitopo": ROOT / "src", "testkit": ROOT}
 
 
 def project_imports(path: Path, module: str) -> set[str]:
@@ -149,46 +147,22 @@ def project_imports(path: Path, module: str) -> set[str]:
             names = [stem] + [f"{stem}.{a.name}" for a in node.names]
         else:
             continue
-        # The installed names (pcitopo, pcitopo.cli) are the folders' names here.
-        names = [n.removeprefix(f"{INSTALLED}.") for n in names]
-        out.update(n for n in names if n.split(".")[0] in PACKAGES)
+        out.update(n for n in names if n.split(".")[0] in IMPORT_ROOTS)
     return out
-
-
-def bare_imports(path: Path) -> list[str]:
-    """Absolute imports of ``topology`` or ``sidecar`` by their folder name instead of their
-    installed name (``pcitopo``, ``pcitopo.cli``): from a checkout they would load
-    the same files a second time as other modules (two ``PcitopoError`` classes)."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
-            names = [node.module or ""]
-        else:
-            continue
-        out += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in INSTALLED_PACKAGES]
-    return out
-
-
-def test_the_project_is_imported_by_its_installed_names():
-    files = [p for pkg in PACKAGES + ("tests", "bench", "fixtures", "proto") for p in sorted((ROOT / pkg).rglob("*.py"))]
-    assert bare_imports(ROOT / "tests" / "test_house.py") == []  # the measure reads files
-    assert [x for p in files for x in bare_imports(p)] == []
 
 
 def module_graph() -> dict[str, set[str]]:
     files = {}
-    for pkg in PACKAGES:
-        for p in sorted((ROOT / pkg).rglob("*.py")):
-            parts = p.relative_to(ROOT).with_suffix("").parts
+    for top, base in IMPORT_ROOTS.items():
+        for p in sorted((base / top).rglob("*.py")):
+            parts = p.relative_to(base).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             files[name] = p
     graph = {}
     for name, p in files.items():
         # "from pkg import mod" names a module; "from mod import func" names the module itself.
         deps = {d if d in files else d.rsplit(".", 1)[0] for d in project_imports(p, name)}
-        graph[name] = {d for d in deps if d in files and d != name and not name.startswith(d + ".") and d not in PACKAGES}
+        graph[name] = {d for d in deps if d in files and d != name and not name.startswith(d + ".") and d not in IMPORT_ROOTS}
     return graph
 
 
@@ -221,24 +195,28 @@ def test_the_cycle_finder_sees_a_cycle():
 
 def test_no_import_cycle():
     graph = module_graph()
-    assert "topology.guest.rewrite" in graph["sidecar.core"]  # the graph really holds the project's edges
+    assert "pcitopo.guest.rewrite" in graph["pcitopo.serve.core"]  # the graph really holds the project's edges
     assert find_cycle(graph) is None
 
 
-# topology/'s rooms in the order the data flows, bottom first: a module may import from its own
-# room and the rooms before it, never from a later one (docs/ARCHITECTURE.md draws the same).
-ORDER = ("errors", "model", "host", "paths", "libvirt", "synth", "guest", "checks", "views")
+# The package's rooms in the order the data flows, bottom first: a module may import from its own
+# room and the rooms before it, never from a later one (docs/ARCHITECTURE.md draws the same). The
+# hardware (model, host, paths, nccl), libvirt's vocabulary, the synthetic hosts, the guest plan
+# and rewrite, the checks and their views, KubeVirt's model, then the servers KubeVirt calls and
+# the commands.
+ORDER = ("errors", "program", "model", "host", "paths", "nccl", "libvirt", "synth", "guest",
+         "checks", "views", "kubevirt", "serve", "cli")
 
 
 def room_of(module: str) -> str | None:
-    """``topology.guest.plan`` -> ``guest``; ``topology.errors`` -> ``errors``; None outside
-    topology/ or for the package itself."""
+    """``pcitopo.guest.plan`` -> ``guest``; ``pcitopo.errors`` -> ``errors``; None outside
+    the package or for the package itself."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "topology" and len(parts) > 1 else None
+    return parts[1] if parts[0] == "pcitopo" and len(parts) > 1 else None
 
 
 def upward_imports(graph: dict[str, set[str]], order: tuple[str, ...] = ORDER) -> list[str]:
-    """Every import in topology/ that goes from a room to a later one in ``order``."""
+    """Every import in the package that goes from a room to a later one in ``order``."""
     rank = {room: i for i, room in enumerate(order)}
     return sorted(
         f"{m} -> {d}" for m, deps in graph.items() if room_of(m) in rank
@@ -247,21 +225,23 @@ def upward_imports(graph: dict[str, set[str]], order: tuple[str, ...] = ORDER) -
 
 
 def test_the_order_check_sees_an_upward_import():
-    graph = {"topology.model.tree": {"topology.errors"}, "topology.guest.plan": {"topology.model.tree"}}
+    graph = {"pcitopo.model.tree": {"pcitopo.errors"}, "pcitopo.guest.plan": {"pcitopo.model.tree"}}
     assert upward_imports(graph) == []
-    graph["topology.model.tree"].add("topology.guest.plan")
-    assert upward_imports(graph) == ["topology.model.tree -> topology.guest.plan"]
+    graph["pcitopo.model.tree"].add("pcitopo.guest.plan")
+    assert upward_imports(graph) == ["pcitopo.model.tree -> pcitopo.guest.plan"]
+    assert upward_imports({"pcitopo.kubevirt.doors": {"pcitopo.cli.main"}}) == ["pcitopo.kubevirt.doors -> pcitopo.cli.main"]
 
 
 def test_every_room_is_in_the_order():
-    rooms = {p.stem if p.is_file() else p.name for p in (ROOT / "topology").iterdir()
+    rooms = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
              if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").is_file())}
     assert rooms == set(ORDER)
 
 
-def test_topology_imports_go_one_way_between_rooms():
+def test_imports_go_one_way_between_rooms():
     graph = module_graph()
-    assert "topology.model.tree" in graph["topology.guest.plan"]  # the graph holds topology's edges
+    assert "pcitopo.model.tree" in graph["pcitopo.guest.plan"]  # the graph holds the package's edges
+    assert "pcitopo.kubevirt.doors" in graph["pcitopo.kubevirt.manifest"]
     assert upward_imports(graph) == []
 
 
@@ -297,7 +277,7 @@ def test_no_reference_to_documents_outside_the_repository():
     assert hits == []
 
 
-# Calls that spell XML (paths, tags): topology/libvirt/'s business, not a computing module's.
+# Calls that spell XML (paths, tags): src/pcitopo/libvirt/'s business, not a computing module's.
 XML_CALLS = frozenset({"find", "findall", "iterfind", "findtext", "xpath", "Element", "SubElement"})
 
 
@@ -319,11 +299,13 @@ def test_the_measure_sees_an_xml_spelling():
 def test_mmio_computes_domain_spells():
     """src/pcitopo/guest/mmio.py decides what the MMIO budget needs; the <os>/<cpu>/<memory> spellings it
     reads and writes (and the memory-unit table) live in src/pcitopo/libvirt/machine.py."""
-    path = ROOT / "topology" / "guest" / "mmio.py"
+    path = PACKAGE / "guest" / "mmio.py"
     text = path.read_text()
     assert xml_spellings(text, "src/pcitopo/guest/mmio.py") == []
     assert "_UNITS" not in text and '"kib"' not in text
-# -- nothing in the library or the doors that only tests use -------------------------------------
+
+
+# -- nothing in the package that only tests use -------------------------------------
 
 # Public names the product code does not call but that are deliberate API, with why.
 TEST_ONLY_OK = {
@@ -355,33 +337,10 @@ def test_the_unused_name_finder_sees_one():
     assert unused_names({"a.py": "X = 1\ndef f():\n    return Y\nY = 2\n"}) == ["a.py: X", "a.py: f"]
 
 
-def test_no_test_only_code_in_the_library_or_the_doors():
+def test_no_test_only_code_in_the_package():
     """Test helpers live in testkit/, dead
     constants go: the product's modules hold only what the product uses."""
-    sources = {str(p.relative_to(ROOT)): p.read_text() for d in ("topology", "kubevirt", "sidecar") for p in (ROOT / d).rglob("*.py") if not set(GENERATED) & set(p.parts)}
+    sources = {str(p.relative_to(ROOT)): p.read_text() for p in _product_files("src/pcitopo")}
     entry_points = (ROOT / "pyproject.toml").read_text()
     found = [u for u in unused_names(sources, entry_points) if u.split(": ")[1] not in TEST_ONLY_OK]
     assert found == []
-
-
-# The three rooms, one per question: what the host is (topology), what KubeVirt does (kubevirt),
-# how pcitopo is called (sidecar). Imports go that way only.
-ROOMS = ("topology", "kubevirt", "sidecar")
-
-
-def backward_room_imports(graph: dict[str, set[str]]) -> list[str]:
-    rank = {r: i for i, r in enumerate(ROOMS)}
-    top = lambda m: m.split(".")[0]  # noqa: E731
-    return sorted(f"{m} -> {d}" for m, deps in graph.items() if top(m) in rank
-                  for d in deps if top(d) in rank and rank[top(d)] > rank[top(m)])
-
-
-def test_the_room_check_sees_a_backward_import():
-    assert backward_room_imports({"kubevirt.doors": {"topology.errors"}}) == []
-    assert backward_room_imports({"kubevirt.doors": {"sidecar.cli"}}) == ["kubevirt.doors -> sidecar.cli"]
-
-
-def test_the_three_rooms_import_one_way():
-    graph = module_graph()
-    assert "kubevirt.doors" in graph["kubevirt.manifest"]  # the graph holds kubevirt's edges
-    assert backward_room_imports(graph) == []

@@ -332,7 +332,7 @@ def test_the_arm64_image_answers_and_serves_under_emulation(arm64, hookclient, t
     assert inspect["Architecture"] == "arm64"
     r = podman("run", "--rm", "--arch", "arm64", "--user", "107:107", "--read-only", "--cap-drop=ALL", "--network", "none",
                arm64["image"], "--version", timeout=300)
-    version = re.search(r'^__version__ = "(.+)"$', (REPO / "topology" / "__init__.py").read_text(), re.M).group(1)
+    version = re.search(r'^__version__ = "(.+)"$', (REPO / "src" / "pcitopo" / "__init__.py").read_text(), re.M).group(1)
     assert r.stdout.strip() == f"pcitopo {version}"
     r = podman("run", "--rm", "--arch", "arm64", "--network", "none", "--entrypoint", "python3", arm64["image"],
                "-c", "import platform; print(platform.machine())", timeout=300)

@@ -101,7 +101,7 @@ def _doctor_pass(args: argparse.Namespace) -> int:
     from pcitopo.checks.doctor import run_checks
     from pcitopo.views.exports import nfd_text, pix_facts, prometheus_text
     from pcitopo.host.files import write_atomic
-    from pcitopo.views.doctor import report_text
+    from pcitopo.views.doctor_report import report_text
     from pcitopo.model.tree import Bdf, Topology
     from pcitopo.host.sysfs import SysfsReader
     from pcitopo.host.sources import open_source

@@ -279,7 +279,7 @@ def _print_explanation(args: argparse.Namespace, outcome, host, fabric, vmi: byt
             sys.stdout.write(explain_text(result, host, args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None, fabric))
             sys.stdout.write("\n" + _explain_door(args, vmi))
             if outcome.doctor is not None:  # the placed devices' readiness (pcitopo doctor)
-                from pcitopo.views.doctor import report_text
+                from pcitopo.views.doctor_report import report_text
 
                 sys.stdout.write("\nHost readiness of the placed devices (pcitopo doctor):\n\n"
                                  + wrap_text(report_text(outcome.doctor, beside_vm_labels=True)))
