@@ -107,7 +107,7 @@ golden: setup-base
 fuzz: setup-base
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest tests/test_properties.py -p no:cacheprovider --timeout 3600
 
-# Issue 7's performance table (about a minute on 2 cores); rewrites bench/RESULTS.md.
+# The performance table (about a minute on 2 cores); rewrites bench/RESULTS.md.
 bench: setup-base
 	$(RUN) bench/perf.py --results bench/RESULTS.md
 

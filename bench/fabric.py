@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 12: what `pcitopo serve --fabric FILE` costs against the same server without it.
+"""What `pcitopo serve --fabric FILE` costs against the same server without it.
 
     PYTHONPATH=. .venv/bin/python bench/fabric.py [--calls N]
 

@@ -1,7 +1,7 @@
 """A small measuring harness for ``bench/perf.py``: samples, statistics, machine facts, process
 memory and CPU, and a ``pcitopo serve`` child driven the way virt-launcher drives it.
 
-Why not pyperf or pytest-benchmark: half of what issue 7 asks is not a Python callable timed in
+Why not pyperf or pytest-benchmark: half of what the benchmark measures is not a Python callable timed in
 a loop (a child's exec → first answered Info, RSS of another process at given moments, one
 process per call for the shim and ``xmlfix``); both libraries would time the easy half and leave
 the rest to hand-written code anyway. pyperf's worker processes and CPU pinning also do not fit a

@@ -5,7 +5,7 @@ libvirt's own placement between them: a private libvirtd (``virsh define`` + ``d
 
     PYTHONPATH=. .venv/bin/python bench/hotplug.py [--sim] [--machine pc-q35-rhel9.6.0]
 
-Prints one markdown table (issue 27, item 2)."""
+Prints one markdown table."""
 
 from __future__ import annotations
 

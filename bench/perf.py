@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 7: what the hook costs, against the physical floor, the shim way and KubeVirt's budget.
+"""What the hook costs, against the physical floor, the shim way and KubeVirt's budget.
 
     PYTHONPATH=. .venv/bin/python bench/perf.py [--smoke] [--samples N] [--calls N] [--starts N]
                                    [--results FILE] [--json FILE]
@@ -25,7 +25,7 @@ real directories (read with plain open/read like /sys, cached under .cache/bench
 
 Figures whose ratio is a target are measured in rounds ((1), (3), (3n) and (4) one after the other,
 then again; likewise (5a) and (5b)), so both sides of a ratio see the same background load.
-Then the ratios against issue 7's targets. ``--smoke`` runs everything with a few iterations
+Then the ratios against the targets. ``--smoke`` runs everything with a few iterations
 (what CI runs: it proves the harness works, it asserts nothing about time).
 
 The script is three modules beside it: perf_inputs.py (the fixture trees, the domain, the VMI, what
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         Path(args.results).write_text(
             "# bench/perf.py: the last full run\n\n"
-            "`make bench` runs the command below and rewrites this file; issue 7 defines the rows and targets, "
+            "`make bench` runs the command below and rewrites this file; `bench/perf_table.py` defines the targets, "
             "`bench/perf.py`'s docstring says how each is measured.\n\n" + text)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2, default=str) + "\n")

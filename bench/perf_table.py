@@ -1,12 +1,12 @@
 """The table ``bench/perf.py`` prints (and writes to bench/RESULTS.md): the machine and inputs,
-one row per measurement, the server's memory, then the ratios against issue 7's targets."""
+one row per measurement, the server's memory, then the ratios against the targets."""
 
 from __future__ import annotations
 
 from harness import mib  # bench/harness.py: the script's own folder is first on sys.path
 from perf_inputs import CONCURRENCY, HOST, OUR_ANNOTATIONS, ROOT
 
-MIB_LIMIT = 56.0  # issue 10's budget: a 64M container less headroom (docs/DEPLOY.md, Memory budget)
+MIB_LIMIT = 56.0  # the memory budget: a 64M container less headroom (docs/DEPLOY.md, Memory budget)
 
 
 def ms(x: float) -> str:
@@ -102,7 +102,7 @@ def memory(out: list[str], res: dict) -> None:
 
 
 def targets(out: list[str], res: dict) -> None:
-    """Issue 7's targets, each met or missed."""
+    """The targets, each met or missed."""
     r, mem = res["rows"], res["memory"]
     out.append("| target | measured | |")
     out.append("|---|---:|---|")

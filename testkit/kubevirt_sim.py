@@ -92,8 +92,8 @@ KUBEVIRT_OVMF_VARS = OVMF_VARS
 
 
 def with_efi(xml: bytes, code: str = KUBEVIRT_OVMF_CODE) -> bytes:
-    """The same domain booting UEFI, as KubeVirt writes ``<os>`` for an EFI bootloader (issue 11:
-    the firmware decides the MMIO settings)."""
+    """The same domain booting UEFI, as KubeVirt writes ``<os>`` for an EFI bootloader
+    (the firmware decides the MMIO settings)."""
     return launcher_efi(xml, code)
 
 
@@ -175,9 +175,9 @@ def canonical(xml: bytes) -> bytes:
 
 
 def _strip_mmio_owned(root: etree._Element) -> None:
-    """issue 11: what the mmio and p2p-clique options own: <cpu><maxphysaddr>, the pdpe1gb
+    """What the mmio and p2p-clique options own: <cpu><maxphysaddr>, the pdpe1gb
     feature, and the pref64-reserve / x-nv-gpudirect-clique properties in <qemu:override>;
-    issue 19: what link and nccl-topo own: x-speed / x-width, and the fw_cfg NCCL entry (with a
+    What link and nccl-topo own: x-speed / x-width, and the fw_cfg NCCL entry (with a
     <sysinfo type='fwcfg'> left empty by it)."""
     from pcitopo.guest.cliques import CLIQUE_PROPERTY
     from pcitopo.guest.mmio import FEATURE_1G_PAGES, PREF64_RESERVE
@@ -228,7 +228,7 @@ def non_owned_elements(xml: bytes) -> list[bytes]:
             src = el.find("source/address")
             if src is not None:
                 src.attrib.pop("type", None)
-            if el.get("mode") == "subsystem":  # libvirt's default, written out (issue 25)
+            if el.get("mode") == "subsystem":  # libvirt's default, written out
                 del el.attrib["mode"]
             for drv in el.findall("driver"):
                 if not drv.attrib and len(drv) == 0:

@@ -1,4 +1,4 @@
-"""BARs: the `resource` format, the reader, the capture and the synthesiser's sizes (issue 11)."""
+"""BARs: the `resource` format, the reader, the capture and the synthesiser's sizes."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def test_allocate_indexes_fills_gaps():
     assert buses.allocate_indexes({0, 1, 3}, 3) == [2, 4, 5]
 
 
-def test_i27_hotplug_ports_fill_gaps_first_and_stop_where_the_buses_end():
+def test_hotplug_ports_fill_gaps_first_and_stop_where_the_buses_end():
     # held port 9 keeps its index; the gap 4 comes first, then indexes above the highest
     b = buses.budget([2], kept_indexes={1, 5}, kept_bridges=2, unplaced_pcie=1, unplaced_conventional=0,
                      held=frozenset({9}), free_wanted=5)
@@ -104,7 +104,7 @@ def test_i27_hotplug_ports_fill_gaps_first_and_stop_where_the_buses_end():
     assert tight.free_ports == 10 and tight.pcie_root_buses == 11
 
 
-def test_i27_hotplug_wanted_follows_calculate_hotplug_port_count_v2():
+def test_hotplug_wanted_follows_calculate_hotplug_port_count_v2():
     assert buses.hotplug_wanted(22, 64 * 2**30) == 6 + 1  # at least 6 above 2 GiB
     assert buses.hotplug_wanted(10, 64 * 2**30) == 16 - 10 + 1
     assert buses.hotplug_wanted(2, 2 * 2**30) == 8 - 2 + 1  # not above 2 GiB: 8 in all, at least 3

@@ -1,4 +1,4 @@
-"""Issue 27, item 3: guest cells that match the devices.
+"""Item 3: guest cells that match the devices.
 
 KubeVirt's ``guestMappingPassthrough`` makes one guest cell per host NUMA node of the pod's CPUs.
 The 8×B200 example (deploy/vm-gpu.yaml) cut to 64 vCPUs, on its stand-in node (fixtures/hgx-b200,
@@ -134,7 +134,7 @@ def numa_line(text: str) -> str:
     return lines[0].removeprefix("xmlfix: check: ")
 
 
-def test_i27_cells_the_cases_are_what_kubelet_gives(cases):
+def test_cells_the_cases_are_what_kubelet_gives(cases):
     """The packed pod's cells are host nodes 0 and 1 (56 + 8 vCPUs); the spread pod's all four."""
     def cells(name):
         root = etree.parse(str(cases[name][0])).getroot()
@@ -145,7 +145,7 @@ def test_i27_cells_the_cases_are_what_kubelet_gives(cases):
     assert cells("spread") == [("0", 42), ("1", 42), ("2", 42), ("3", 42)]
 
 
-def test_i27_cells_packed_check_names_the_devices_the_nodes_and_the_fix(cases):
+def test_cells_packed_check_names_the_devices_the_nodes_and_the_fix(cases):
     r = check(cases, "packed")
     assert r.returncode == 1, r.stderr
     assert PLANNER_BUG not in r.stderr
@@ -159,7 +159,7 @@ def test_i27_cells_packed_check_names_the_devices_the_nodes_and_the_fix(cases):
     assert "12 pair(s) differ" in r.stderr and "no guest cell (see the NUMA line)" in r.stderr
 
 
-def test_i27_cells_spread_check_passes(cases):
+def test_cells_spread_check_passes(cases):
     r = check(cases, "spread")
     assert r.returncode == 0, r.stderr
     assert "no guest cell" not in r.stderr and PLANNER_BUG not in r.stderr
@@ -170,7 +170,7 @@ def unwrap(text: str) -> str:
     return re.sub(r"\n    (?=\S)", " ", text)
 
 
-def test_i27_cells_packed_explain_says_the_same_line(cases):
+def test_cells_packed_explain_says_the_same_line(cases):
     xml, vmi = cases["packed"]
     r = xmlfix("--explain", "--sysfs", str(B200), "--vmi", str(vmi), str(xml))
     assert r.returncode == 0, r.stderr
@@ -180,7 +180,7 @@ def test_i27_cells_packed_explain_says_the_same_line(cases):
     assert "Differences (12 pair(s)): a device's host NUMA node has no guest cell" in text
 
 
-def test_i27_cells_differences_are_put_down_to_the_missing_cells(host, cases):
+def test_cells_differences_are_put_down_to_the_missing_cells(host, cases):
     """Every pair that differs has an end without a guest cell, and says so; none is unexpected."""
     report = rewrite_domain(cases["packed"][0].read_bytes(), host).report
     assert [str(b) for b in report.missing_cells.devices] == NODE23
@@ -192,7 +192,7 @@ def test_i27_cells_differences_are_put_down_to_the_missing_cells(host, cases):
     assert rewrite_domain(cases["spread"][0].read_bytes(), host).report.missing_cells is None
 
 
-def test_i27_cells_devices_on_one_node_ask_for_alignment_not_size(host):
+def test_cells_devices_on_one_node_ask_for_alignment_not_size(host):
     """One GPU and its NIC on host node 2, the pod's CPUs on node 0 (topology manager policy
     none): more CPUs would not help, aligning them with the devices would."""
     gpu = next(f.bdf for f in host.functions() if host.role(f) == Role.GPU and host.numa_of(f) == 2)
@@ -204,7 +204,7 @@ def test_i27_cells_devices_on_one_node_ask_for_alignment_not_size(host):
     assert "topologyManagerPolicy best-effort or restricted" in line and "more than" not in line
 
 
-def test_i27_cells_hook_log_line_carries_the_line(cases, tmp_path):
+def test_cells_hook_log_line_carries_the_line(cases, tmp_path):
     """The sidecar's OnDefineDomain log line has ``numa_cells``: the same line; none when spread."""
     d = tmp_path / "hook-sidecar-0"
     d.mkdir()
@@ -232,7 +232,7 @@ def deploy_md_block(title: str) -> str:
 
 
 @pytest.mark.parametrize("name", ["packed", "spread"])
-def test_i27_cells_deploy_md_quotes_the_check_output(cases, name):
+def test_cells_deploy_md_quotes_the_check_output(cases, name):
     """DEPLOY.md's "Guest NUMA cells" pastes what `xmlfix --check` prints for both cases."""
     r = check(cases, name)
     shown = deploy_md_block(f"check-{name}")
@@ -256,7 +256,7 @@ def kubelet_lines(out: str) -> list[str]:
     return [x for x in out.splitlines() if x.startswith("kubelet: ")]
 
 
-def test_i27_cells_doctor_reports_the_packed_kubelet(capsys):
+def test_cells_doctor_reports_the_packed_kubelet(capsys):
     code, out = doctor(capsys, "--kubelet-dir", str(KUBELET / "packed"))
     assert code == 0 and out.splitlines()[-1].startswith("verdict: ready")
     assert kubelet_lines(out) == [
@@ -270,7 +270,7 @@ def test_i27_cells_doctor_reports_the_packed_kubelet(capsys):
     assert "pcitopo.kubevirt.io/kubelet-distribute-cpus-across-numa=false" in nfd.splitlines()
 
 
-def test_i27_cells_doctor_reports_the_spread_kubelet(capsys):
+def test_cells_doctor_reports_the_spread_kubelet(capsys):
     code, out = doctor(capsys, "--kubelet-dir", str(KUBELET / "spread"), "--json")
     kubelet = json.loads(out)["kubelet"]
     assert kubelet["policy"] == "static" and kubelet["options"] == {"distribute-cpus-across-numa": "true"}
@@ -282,7 +282,7 @@ def test_i27_cells_doctor_reports_the_spread_kubelet(capsys):
     assert "\n".join(kubelet_lines(out)) in (ROOT / "docs" / "DEPLOY.md").read_text()  # quoted as printed
 
 
-def test_i27_cells_doctor_says_when_it_cannot_read_the_kubelet(capsys, tmp_path):
+def test_cells_doctor_says_when_it_cannot_read_the_kubelet(capsys, tmp_path):
     code, out = doctor(capsys, "--kubelet-dir", str(tmp_path))
     assert code == 0
     assert kubelet_lines(out) == [
@@ -299,7 +299,7 @@ def test_i27_cells_doctor_says_when_it_cannot_read_the_kubelet(capsys, tmp_path)
         f"{tmp_path}/cpu_manager_state (not the CPU manager's checkpoint JSON))"]
 
 
-def test_i27_cells_doctor_reads_the_kubelet_only_on_its_node(capsys):
+def test_cells_doctor_reads_the_kubelet_only_on_its_node(capsys):
     """A fixture or a capture is another node: its doctor run does not read this machine's
     kubelet files unless told to (--kubelet-dir), and its outputs stay as they were."""
     _, out = doctor(capsys)
@@ -308,7 +308,7 @@ def test_i27_cells_doctor_reads_the_kubelet_only_on_its_node(capsys):
     assert "kubelet" not in json.loads(out)
 
 
-def test_i27_cells_doctor_daemonset_mounts_the_kubelet_files_read_only(capsys, tmp_path):
+def test_cells_doctor_daemonset_mounts_the_kubelet_files_read_only(capsys, tmp_path):
     """With the kubeadm component (deploy/components/doctor-kubelet-kubeadm; the base mounts no
     kubelet file, so that it starts on every distribution: tests/test_every_distribution.py)."""
     import shutil

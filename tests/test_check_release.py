@@ -77,7 +77,7 @@ def test_invalid_hook_sidecars_json_does_not_start_on_any_release_or_door(tmp_pa
     ("hook", ("--cluster", str(DUMPS / "v1.8.0.yaml")), "KubeVirt v1.8.0 (gates Sidecar; no Plugin object)"),
     ("both", ("--cluster", str(DUMPS / "v1.9.0-both-plugins.yaml")),
      "KubeVirt v1.9.0 (gates Sidecar, Plugins; Plugin objects acme-netplug, pcitopo)"),
-    # a later main, judged as main with PR #18866 once its notes are checked (issue 37: never without saying so)
+    # a later main, judged as main with PR #18866 once its notes are checked
     ("label", ("--cluster", str(DUMPS / "main-pcitopo-plugin.yaml"), "--assume-release", "main+pr18866"),
      "KubeVirt main+pr18866 (gates Plugins; Plugin objects pcitopo), assumed: KubeVirt v1.10.0-alpha.0 judged as main+pr18866 (--assume-release)"),
     ("label", ("--kubevirt", "main+pr18866"), "KubeVirt main+pr18866 (gates Plugins; Plugin objects pcitopo), assumed: release from --kubevirt"),

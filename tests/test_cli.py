@@ -64,7 +64,7 @@ def test_xmlfix_rewrites_and_checks(tmp_path):
     r = run("xmlfix", "--sysfs", "fixtures/hgx-h100", "-", stdin=(d / "domain.xml").read_bytes())
     assert r.stdout == (d / "expected.xml").read_bytes()
     assert run("xmlfix", "--check", "--sysfs", "fixtures/hgx-h100", str(d / "expected.xml")).returncode == 0
-    # --check judges what the guest will see (issue 14, finding 2), not whether the input
+    # --check judges what the guest will see, not whether the input
     # already has the layout: the unplaced domain passes, since the hook gives full fidelity.
     r = run("xmlfix", "--check", "--sysfs", "fixtures/hgx-h100", str(d / "domain.xml"))
     assert r.returncode == 0 and b"check: ok" in r.stderr

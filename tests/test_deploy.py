@@ -1,4 +1,4 @@
-"""deploy/ and DEPLOY.md's deploy steps as an operator follows them (issue 22, findings 1 and 8):
+"""deploy/ and DEPLOY.md's deploy steps as an operator follows them:
 every shipped VM boots what its node can map, names the feature gates it needs, and the doctor's
 namespace admits the doctor."""
 
@@ -54,8 +54,8 @@ def test_every_vm_example_is_found():
 
 
 @pytest.mark.parametrize("path,index,doc", VMS, ids=VM_IDS)
-def test_f1_every_vm_example_passes_xmlfix_check_on_its_node(tmp_path, path, index, doc):
-    """Finding 1: each VM/VMI in deploy/ passes `xmlfix --check` against the fixture it names
+def test_every_vm_example_passes_xmlfix_check_on_its_node(tmp_path, path, index, doc):
+    """Each VM/VMI in deploy/ passes `xmlfix --check` against the fixture it names
     (the 8×B200 examples booted SeaBIOS, which cannot map two 256 GiB BARs below one switch:
     exit 2 under on-error: fail, i.e. a VM that does not start)."""
     args = check_args(path)
@@ -76,8 +76,8 @@ def test_f1_every_vm_example_passes_xmlfix_check_on_its_node(tmp_path, path, ind
 
 
 @pytest.mark.parametrize("path,index,doc", VMS, ids=VM_IDS)
-def test_f1_efi_examples_are_admissible(path, index, doc):
-    """Finding 1: KubeVirt's admission refuses EFI with secure boot (its default) unless the SMM
+def test_efi_examples_are_admissible(path, index, doc):
+    """KubeVirt's admission refuses EFI with secure boot (its default) unless the SMM
     feature is on; an example with EFI either turns secure boot off or turns SMM on."""
     domain = as_vmi(doc)["spec"]["domain"]
     efi = ((domain.get("firmware") or {}).get("bootloader") or {}).get("efi")
@@ -87,7 +87,7 @@ def test_f1_efi_examples_are_admissible(path, index, doc):
     assert efi.get("secureBoot") is False or (smm is not None and smm.get("enabled", True)), path.name
 
 
-# -- finding 8: feature gates -------------------------------------------------------------------
+# -- feature gates -------------------------------------------------------------------
 
 def gates_needed(vmi: dict) -> set[str]:
     """The alpha feature gates KubeVirt v1.6 to main checks for what this VMI uses (NUMA and GPU
@@ -110,25 +110,25 @@ def listed_gates(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("path,index,doc", VMS, ids=VM_IDS)
-def test_f8_each_example_names_the_feature_gates_it_needs(path, index, doc):
-    """Finding 8: the gates an example needs are in its comments and in deploy/kubevirt-cr.yaml."""
+def test_each_example_names_the_feature_gates_it_needs(path, index, doc):
+    """The gates an example needs are in its comments and in deploy/kubevirt-cr.yaml."""
     need = gates_needed(as_vmi(doc))
     assert listed_gates(path) == need
     cr = yaml.safe_load((DEPLOY / "kubevirt-cr.yaml").read_text())
     assert need <= set(cr["spec"]["configuration"]["developerConfiguration"]["featureGates"])
 
 
-def test_f8_deploy_md_lists_the_gates_of_every_example():
+def test_deploy_md_lists_the_gates_of_every_example():
     text = DOCS.read_text()
     for path, _, doc in VMS:
         for gate in gates_needed(as_vmi(doc)):
             assert f"`{gate}`" in text, gate
 
 
-# -- finding 8: the doctor's namespace ------------------------------------------------------------
+# -- the doctor's namespace ------------------------------------------------------------
 
-def test_f8_doctor_namespace_admits_a_privileged_pod():
-    """Finding 8: the doctor uses hostPath volumes and adds CAP_SYS_ADMIN, which Pod Security's
+def test_doctor_namespace_admits_a_privileged_pod():
+    """The doctor uses hostPath volumes and adds CAP_SYS_ADMIN, which Pod Security's
     "baseline" and "restricted" levels reject; its namespace says "privileged" for all three modes."""
     ns = next(d for d in yaml.safe_load_all((DEPLOY / "base" / "namespace.yaml").read_text()) if d)
     ds = next(d for d in yaml.safe_load_all((DEPLOY / "base" / "doctor.yaml").read_text()) if d)
@@ -141,7 +141,7 @@ def test_f8_doctor_namespace_admits_a_privileged_pod():
         assert labels.get(f"pod-security.kubernetes.io/{mode}") == "privileged", mode
 
 
-# -- finding 8: shell snippets that change directory ------------------------------------------------
+# -- shell snippets that change directory ------------------------------------------------
 
 def shell_blocks(text: str) -> list[str]:
     return re.findall(r"```(?:sh|bash|console)\n(.*?)```", text, re.S)
@@ -161,30 +161,30 @@ def paths_after_cd(block: str) -> list[str]:
     return wrong
 
 
-def test_f8_the_paths_finder_sees_the_old_snippet():
+def test_the_paths_finder_sees_the_old_snippet():
     assert paths_after_cd("cd deploy && kustomize edit set image x\nkubectl kustomize deploy/ | grep y\n")
 
 
 @pytest.mark.parametrize("doc", ["docs/DEPLOY.md", "docs/OPERATOR.md", "README.md"])
-def test_f8_snippets_do_not_name_the_directory_they_cd_into(doc):
-    """Finding 8: `cd deploy && kustomize edit …` followed by `kubectl kustomize deploy/` pointed
+def test_snippets_do_not_name_the_directory_they_cd_into(doc):
+    """`cd deploy && kustomize edit …` followed by `kubectl kustomize deploy/` pointed
     at deploy/deploy/."""
     wrong = [w for b in shell_blocks((ROOT / doc).read_text()) for w in paths_after_cd(b)]
     assert wrong == []
 
 
-# -- finding 8: NFD and the tested-with table ------------------------------------------------------
+# -- NFD and the tested-with table ------------------------------------------------------
 
-def test_f8_nfd_extra_label_ns_advice_names_the_versions_that_need_it():
-    """Finding 8: nfd-master publishes any namespace outside kubernetes.io since NFD v0.13; only
+def test_nfd_extra_label_ns_advice_names_the_versions_that_need_it():
+    """Nfd-master publishes any namespace outside kubernetes.io since NFD v0.13; only
     v0.12 and earlier need -extra-label-ns."""
     text = DOCS.read_text()
     para = next(p for p in text.split("\n\n") if "extra-label-ns" in p or "extraLabelNs" in p)
     assert "v0.13" in para and "v0.12" in para
 
 
-def test_f8_tested_with_table_says_what_was_and_was_not_tested():
-    """Finding 8: the versions the e2e tier boots, the KubeVirt releases whose re-parse is
+def test_tested_with_table_says_what_was_and_was_not_tested():
+    """The versions the e2e tier boots, the KubeVirt releases whose re-parse is
     simulated, and that no real cluster was used."""
     text = DOCS.read_text()
     section = text[text.index("### What was tested, and what was not"):]

@@ -507,7 +507,7 @@ def test_an_unreadable_config_is_not_called_needs_root():
     assert (acs.status, acs.message, acs.fix) == ("unknown", "ACS control unknown (config unreadable (Permission denied))", None)
 
 
-def test_hostile_files_give_unknown_or_a_finding_never_a_crash():
+def test_hostile_files_give_unknown_or_a_diagnosis_never_a_crash():
     tree = build_tree(parse_topo(textwrap.dedent(pair()), "t.topo"))
     gpu = resolve(tree, "bus/pci/devices/0000:18:00.0")
     nic = resolve(tree, "bus/pci/devices/0000:19:00.0")
@@ -697,7 +697,7 @@ def test_summary_does_not_call_a_vm_on_a_host_that_is_not_ready_ok(capsys):
     assert lines[2].startswith("verdict: check ok: ") and lines[3].startswith("doctor:  ready")
 
 
-def test_a_finding_changed_after_the_doctor_made_it_is_shown_by_its_own_words(tmp_path):
+def test_a_diagnosis_changed_after_the_doctor_made_it_is_shown_by_its_own_words(tmp_path):
     """The node hook puts the doctor report's status, message and fix on its own findings
     (dataclasses.replace): those are shown as they are, never under the kind or fix they had."""
     from dataclasses import replace

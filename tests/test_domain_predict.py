@@ -178,7 +178,7 @@ def test_release_versions():
 
     assert release_of("v1.6.3") is Release.V1_7 and release_of("1.8") is Release.V1_9
     assert release_of("main") is Release.MAIN and release_of("v1.9.0-beta.0.1264+d923fdb815cd20") is Release.MAIN
-    # issue 37: a build suffix (rc, vendor) or a patch nobody read is unknown, not its tag
+    # a build suffix (rc, vendor) or a patch nobody read is unknown, not its tag
     for unread in ("v1.9.0-rc.1", "v1.9.0-vendor.3", "v1.5.0", "v1.9.1", "v2.0.0", "v1.10.0-alpha.0"):
         with pytest.raises(ReleaseUnknown):
             release_of(unread)

@@ -1,4 +1,4 @@
-"""Issue 14 finding 11: `pcitopo topo --dot` and `xmlfix --explain --dot` draw the host tree and
+"""`pcitopo topo --dot` and `xmlfix --explain --dot` draw the host tree and
 the predicted guest tree in one Graphviz picture, and Graphviz (Debian's `graphviz`) renders it."""
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def render_svg(dot_bin: str, dot: str) -> str:
     return r.stdout.decode()
 
 
-def test_f11_topo_dot_renders_with_graphviz(dot_bin):
-    """Finding 11: the DOT of `pcitopo topo --dot` parses and renders with Graphviz."""
+def test_topo_dot_renders_with_graphviz(dot_bin):
+    """The DOT of `pcitopo topo --dot` parses and renders with Graphviz."""
     dot = run("pcitopo", "topo", "--dot", "--sysfs", "fixtures/hgx-b200")
     svg = render_svg(dot_bin, dot)
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
@@ -59,8 +59,8 @@ def test_f11_topo_dot_renders_with_graphviz(dot_bin):
         assert text in svg, text
 
 
-def test_f11_pairs_share_a_colour_on_both_sides_and_switches_are_boxes():
-    """Finding 11: each GPU–NIC pair its own colour, the same in host and guest; switches are
+def test_pairs_share_a_colour_on_both_sides_and_switches_are_boxes():
+    """Each GPU–NIC pair its own colour, the same in host and guest; switches are
     boxes; root complexes are clusters labelled with the NUMA node / guest cell."""
     dot = run("pcitopo", "topo", "--dot", "--sysfs", "fixtures/hgx-b200")
     ns = nodes(dot)
@@ -80,8 +80,8 @@ def test_f11_pairs_share_a_colour_on_both_sides_and_switches_are_boxes():
     assert 'label="pci0000:37 · NUMA 1"' in dot and 'label="expander bus f9 · guest cell 3"' in dot
 
 
-def test_f11_xmlfix_explain_dot_shows_the_domains_guest(dot_bin):
-    """Finding 11: `xmlfix --explain --dot` draws the guest of the given domain (here one without
+def test_xmlfix_explain_dot_shows_the_domains_guest(dot_bin):
+    """`xmlfix --explain --dot` draws the guest of the given domain (here one without
     guest NUMA cells: its expander buses say so)."""
     dot = run("xmlfix", "--explain", "--dot", "--sysfs", "fixtures/hgx-b200", "fixtures/hgx-b200/cases/no-numa/domain.xml")
     assert dot.startswith("digraph pcitopo {") and "<domain" not in dot
@@ -103,8 +103,8 @@ def test_f11_xmlfix_explain_dot_shows_the_domains_guest(dot_bin):
         (("pcitopo", "topo", "--dot", "--tree"), b"--tree and --dot"),
     ],
 )
-def test_f11_dot_is_one_document_and_never_mixed_with_another_output(argv, named):
-    """Finding 11 with findings 5 and 12: --dot prints one Graphviz document, so with --json,
+def test_dot_is_one_document_and_never_mixed_with_another_output(argv, named):
+    """--dot prints one Graphviz document, so with --json,
     --diff or --tree it is a one-line error (exit 2) naming the clash, and stdout stays empty."""
     cmd, *rest = argv
     domain = ["fixtures/hgx-b200/domain.xml"] if cmd == "xmlfix" else []

@@ -1,4 +1,4 @@
-"""deploy/dra/: the DRA recipe that asks Kubernetes for GPU+NIC pairs on one PCIe root (issue 20).
+"""deploy/dra/: the DRA recipe that asks Kubernetes for GPU+NIC pairs on one PCIe root.
 
 What is checked, and how:
 

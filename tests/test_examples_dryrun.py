@@ -1,4 +1,4 @@
-"""Issue 26, "The operator's day, part 3": the demo on any laptop (finding 1), VM manifests read
+"""The demo on any laptop, VM manifests read
 like VMIs (2), a dry run that catches a sidecar that is not attached (3), and GPU examples that
 are complete and whose "checked against" commands run as written (5, 6, 7). Each test names the
 finding it covers; they run the installed console scripts on the fixtures and the shipped files."""
@@ -35,11 +35,11 @@ def cpuinfo39(tmp_path: Path) -> str:
     return str(p)
 
 
-# -- finding 1: every fixture carries its node's CPU address width -------------------------------
+# -- every fixture carries its node's CPU address width -------------------------------
 
 @pytest.mark.parametrize("name", generate.fixture_names())
-def test_f1_every_fixture_records_its_nodes_width(name, tmp_path, monkeypatch):
-    """Finding 1: no fixture recorded its node's width, so the running machine's was used. Each
+def test_every_fixture_records_its_nodes_width(name, tmp_path, monkeypatch):
+    """No fixture recorded its node's width, so the running machine's was used. Each
     tarball now holds the `address sizes` line of the CPU its board ships with, whatever machine
     reads it; fixtures/README.md says which CPU and width for each."""
     monkeypatch.setenv("PCITOPO_CPUINFO", cpuinfo39(tmp_path))
@@ -56,8 +56,8 @@ def test_f1_every_fixture_records_its_nodes_width(name, tmp_path, monkeypatch):
     assert f"| `{name}` | {cpu} | {phys} |" in readme
 
 
-def test_f1_a_capture_of_a_capture_keeps_the_recorded_width(tmp_path):
-    """Finding 1: `pcitopo capture --sysfs fixtures/hgx-b200` wrote this machine's width into the
+def test_a_capture_of_a_capture_keeps_the_recorded_width(tmp_path):
+    """`pcitopo capture --sysfs fixtures/hgx-b200` wrote this machine's width into the
     capture. Now the fixture's recorded width travels, through a capture of the capture too."""
     env = {"PATH": "/usr/bin:/bin", "PCITOPO_CPUINFO": cpuinfo39(tmp_path)}
     first, second = tmp_path / "node.tar.gz", tmp_path / "again.tar.gz"
@@ -68,8 +68,8 @@ def test_f1_a_capture_of_a_capture_keeps_the_recorded_width(tmp_path):
         assert MemoryTree.from_tarball(out).read(ADDRESS_SIZES_MEMBER) == b"address sizes\t: 52 bits physical, 57 bits virtual\n"
 
 
-def test_f1_make_demo_succeeds_under_a_39_bit_cpuinfo(tmp_path):
-    """Finding 1: on a 39-bit laptop `make demo` ended "xmlfix: the assigned devices need 5.00 TiB
+def test_make_demo_succeeds_under_a_39_bit_cpuinfo(tmp_path):
+    """On a 39-bit laptop `make demo` ended "xmlfix: the assigned devices need 5.00 TiB
     of 64-bit MMIO space ... the host CPU has 39 ... Error 2". The whole demo now runs with the
     running machine's cpuinfo pointed at a 39-bit one ($PCITOPO_CPUINFO), the CLI install taken
     as done (-o: the development install is there)."""
@@ -81,7 +81,7 @@ def test_f1_make_demo_succeeds_under_a_39_bit_cpuinfo(tmp_path):
     assert "host width 52 bits, recorded in" in " ".join(r.stdout.split())
 
 
-# -- finding 2: a VirtualMachine's template is read as the VMI it starts --------------------------
+# -- a VirtualMachine's template is read as the VMI it starts --------------------------
 
 B200 = FIXTURES / "hgx-b200"
 SIDECAR_LINE = """hooks.kubevirt.io/hookSidecars: '[{"image": "registry.example.com/pcitopo:0.1.0", "imagePullPolicy": "IfNotPresent"}]'"""
@@ -109,8 +109,8 @@ def xmlfix_check(vmi: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("source", ["deploy/vm-gpu.yaml", "deploy/vmi-gpu.yaml"])
-def test_f2_a_vm_template_sets_the_options_as_a_vmi_does(tmp_path, source):
-    """Finding 2: `pcitopo.kubevirt.io/mode: "off"` on spec.template.metadata.annotations of a
+def test_a_vm_template_sets_the_options_as_a_vmi_does(tmp_path, source):
+    """`pcitopo.kubevirt.io/mode: "off"` on spec.template.metadata.annotations of a
     copy of deploy/vm-gpu.yaml gave `check: ok`, exit 0; on a VMI it gives unchanged-off, exit 1.
     A VM is now read as the VMI virt-controller starts from it, so both say the same."""
     r = xmlfix_check(vm_with(tmp_path, 'pcitopo.kubevirt.io/mode: "off"', source=source))
@@ -120,7 +120,7 @@ def test_f2_a_vm_template_sets_the_options_as_a_vmi_does(tmp_path, source):
         "xmlfix: check: failed: the hook would not rewrite this domain (unchanged-off)"]
 
 
-def test_f2_a_vm_as_json_and_its_vmi_are_one_input(tmp_path):
+def test_a_vm_as_json_and_its_vmi_are_one_input(tmp_path):
     """`kubectl get vm -o json` is read as the VMI too: its name and namespace are the VM's, its
     annotations, labels and spec the template's (KubeVirt's setupVMIFromVM)."""
     import json
@@ -150,7 +150,7 @@ def test_f2_a_vm_as_json_and_its_vmi_are_one_input(tmp_path):
     ("apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: v}\nspec: {runStrategy: Always}\n",
      "is a VirtualMachine without spec.template"),
 ])
-def test_f2_other_kinds_are_refused_in_one_line(tmp_path, doc, said):
+def test_other_kinds_are_refused_in_one_line(tmp_path, doc, said):
     f = tmp_path / "thing.yaml"
     f.write_text(doc)
     r = xmlfix_check(f)
@@ -158,7 +158,7 @@ def test_f2_other_kinds_are_refused_in_one_line(tmp_path, doc, said):
     assert said in r.stderr and str(f) in r.stderr
 
 
-def test_f2_options_on_the_vms_own_metadata_are_one_line(tmp_path):
+def test_options_on_the_vms_own_metadata_are_one_line(tmp_path):
     """KubeVirt copies only the template's annotations: pcitopo's on the VM's own metadata would
     be silently ignored in the cluster, so the dry run says where they belong."""
     text = (ROOT / "deploy" / "vm-gpu.yaml").read_text()
@@ -170,7 +170,7 @@ def test_f2_options_on_the_vms_own_metadata_are_one_line(tmp_path):
         "ignores it: move it to spec.template.metadata.annotations"]
 
 
-# -- finding 3: the dry run checks that pcitopo is attached ---------------------------------------
+# -- the dry run checks that pcitopo is attached ---------------------------------------
 
 NOT_ATTACHED = "; the VM would boot with KubeVirt's own flat placement"
 MISSPELT = {
@@ -206,8 +206,8 @@ def with_sidecar_line(tmp_path: Path, line: str, source: str = "deploy/vmi-gpu.y
 
 @pytest.mark.parametrize("case", list(MISSPELT))
 @pytest.mark.parametrize("source", ["deploy/vmi-gpu.yaml", "deploy/vm-gpu.yaml"])
-def test_f3_a_sidecar_kubevirt_would_not_run_fails_the_dry_run(tmp_path, case, source):
-    """Finding 3: `hookSidecar` (no "s"), `"imag":`, invalid JSON each passed `xmlfix --check
+def test_a_sidecar_kubevirt_would_not_run_fails_the_dry_run(tmp_path, case, source):
+    """`hookSidecar` (no "s"), `"imag":`, invalid JSON each passed `xmlfix --check
     --vmi` with `check: ok`, and the VM then boots flat and slow with no error. The annotation
     is now read as KubeVirt reads it (its HookSidecar fields, Go's json.Unmarshal) and what is
     wrong is one line; the check fails (exit 1) and names it in its verdict."""
@@ -219,7 +219,7 @@ def test_f3_a_sidecar_kubevirt_would_not_run_fails_the_dry_run(tmp_path, case, s
     assert lines[1].startswith("xmlfix: check: failed: NCCL: 120/120") and lines[1].endswith("; sidecar (above)")
 
 
-def test_f3_what_kubevirt_accepts_passes():
+def test_what_kubevirt_accepts_passes():
     """Go's decoder matches keys case-insensitively and ignores unknown ones; an image pinned
     by digest, or pcitopo among other sidecars, is attached."""
     from pcitopo.kubevirt.manifest import HOOK_SIDECARS, attachment
@@ -242,7 +242,7 @@ def test_f3_what_kubevirt_accepts_passes():
     assert "did you mean" not in attachment({"metadata": {"annotations": {"hooks.kubevirt.io/other": "x"}}}).why
 
 
-def test_f3_every_shipped_example_is_attached():
+def test_every_shipped_example_is_attached():
     from pcitopo.kubevirt.manifest import attachment, vmi_as_json
     import json
 
@@ -255,7 +255,7 @@ def test_f3_every_shipped_example_is_attached():
         assert attachment(json.loads(vmi_as_json(json.dumps(doc).encode(), path.name))).attached, path
 
 
-# -- findings 5 and 6: every GPU example is complete: NCCL's topology file, EFI --------------------
+# -- every GPU example is complete: NCCL's topology file, EFI --------------------
 
 def gpu_examples() -> list[tuple[Path, dict]]:
     """Every VM and VMI in deploy/ that is given GPUs, as the VMI it starts."""
@@ -290,7 +290,7 @@ def guest_md_install_line() -> str:
     return lines[0]
 
 
-def test_f5_guest_md_line_is_what_the_hook_offers_and_nccl_reads():
+def test_guest_md_line_is_what_the_hook_offers_and_nccl_reads():
     """The line reads the fw_cfg entry the hook fills and writes where NCCL looks by default;
     GUEST.md's cloud-init block runs exactly that line."""
     import yaml
@@ -303,13 +303,13 @@ def test_f5_guest_md_line_is_what_the_hook_offers_and_nccl_reads():
     assert cloud["bootcmd"] == [["sh", "-c", line]]
 
 
-def test_f5_every_gpu_example_is_found():
+def test_every_gpu_example_is_found():
     assert set(GPU_IDS) >= {"vmi-gpu.yaml", "vm-gpu.yaml", "dra/vm-pairs.yaml", "nvlink-fabric.yaml"}
 
 
 @pytest.mark.parametrize("path,vmi", GPU_EXAMPLES, ids=GPU_IDS)
-def test_f5_every_gpu_example_installs_nccls_topology_file(path, vmi):
-    """Finding 5: deploy/vmi-gpu.yaml had only `ssh_authorized_keys: []` in its cloud-init and
+def test_every_gpu_example_installs_nccls_topology_file(path, vmi):
+    """Deploy/vmi-gpu.yaml had only `ssh_authorized_keys: []` in its cloud-init and
     deploy/vm-gpu.yaml none: a copied VM had half the feature (NCCL prices switch uplinks at
     0.19 GB/s). Each GPU example's cloud-init now runs GUEST.md's line from bootcmd, on every
     boot, from a volume attached as a disk."""
@@ -326,8 +326,8 @@ def test_f5_every_gpu_example_installs_nccls_topology_file(path, vmi):
 
 
 @pytest.mark.parametrize("path,vmi", GPU_EXAMPLES, ids=GPU_IDS)
-def test_f6_every_gpu_example_boots_efi(path, vmi):
-    """Finding 6: deploy/dra/vm-pairs.yaml and deploy/nvlink-fabric.yaml used SeaBIOS, which
+def test_every_gpu_example_boots_efi(path, vmi):
+    """Deploy/dra/vm-pairs.yaml and deploy/nvlink-fabric.yaml used SeaBIOS, which
     cannot place two large BARs below one switch (8×B200): a B200 user copying the DRA recipe
     got a refused VM. Every GPU example now boots EFI (secure boot off: no SMM needed)."""
     firmware = vmi["spec"]["domain"].get("firmware") or {}
@@ -335,7 +335,7 @@ def test_f6_every_gpu_example_boots_efi(path, vmi):
     assert "SeaBIOS here" not in path.read_text()
 
 
-def test_f6_the_dra_recipe_on_a_b200_boots(tmp_path):
+def test_the_dra_recipe_on_a_b200_boots(tmp_path):
     """The DRA recipe, run on the B200 stand-in (two 256 GiB BARs below one switch per pair):
     with EFI the check passes; the same VM under SeaBIOS is the refused VM the finding saw."""
     import json
@@ -357,7 +357,7 @@ def test_f6_the_dra_recipe_on_a_b200_boots(tmp_path):
     assert refused.returncode == 2 and "SeaBIOS" in refused.stderr, refused.stderr
 
 
-# -- finding 7: every "Checked against" command runs as written ----------------------------------
+# -- every "Checked against" command runs as written ----------------------------------
 
 def checked_against() -> list[tuple[str, str]]:
     """(manifest, command) for every VM/VMI manifest in deploy/ and deploy/dra/: the command on
@@ -383,14 +383,14 @@ def checked_against() -> list[tuple[str, str]]:
 CHECKED = checked_against()
 
 
-def test_f7_every_example_says_what_it_is_checked_against():
+def test_every_example_says_what_it_is_checked_against():
     assert {m for m, _ in CHECKED} == {"deploy/dra/vm-pairs.yaml", "deploy/nvlink-fabric.yaml",
                                        "deploy/vm-gpu.yaml", "deploy/vmi-gpu.yaml"}
 
 
 @pytest.mark.parametrize("manifest,command", CHECKED, ids=[m for m, _ in CHECKED])
-def test_f7_the_checked_against_command_runs_as_written(manifest, command):
-    """Finding 7: the commands named a domain.xml (and a vmi.yaml) the repository did not have
+def test_the_checked_against_command_runs_as_written(manifest, command):
+    """The commands named a domain.xml (and a vmi.yaml) the repository did not have
     (`xmlfix: cannot read domain domain.xml`), and no shipped domain matched nvlink-fabric.yaml's
     two-GPU VMI. Each one now runs verbatim, by a shell, from the repository root, with the
     installed console scripts first on $PATH, and exits 0: the manifest itself is the --vmi, the
@@ -402,7 +402,7 @@ def test_f7_the_checked_against_command_runs_as_written(manifest, command):
     assert manifest in command.split()
 
 
-def test_f7_the_shipped_example_domains_are_what_the_script_writes():
+def test_the_shipped_example_domains_are_what_the_script_writes():
     """The domains follow the simulation of KubeVirt (testkit/kubevirt_vmi.py): `make golden`
     regenerates them; a stale one is named."""
     examples = fixture_script("examples")

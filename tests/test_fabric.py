@@ -253,7 +253,7 @@ def test_json_prediction_and_check_follow_the_fabric(tmp_path):
     assert bad.returncode == 1 and "xmlfix: check: NVLink: GPUs" in bad.stderr.decode(), bad.stderr
     # the closing failure line says NVLink is why (the pairs alone would read as fine)
     last = bad.stderr.decode().strip().splitlines()[-1]
-    # (by name: its sentence is the check line above, said once; issue 22, finding 10)
+    # (by name: its sentence is the check line above, said once)
     assert last.startswith("xmlfix: check: failed: ") and last.endswith("; NVLink (above)")
     assert bad.stderr.decode().count("no fabric partition") == 1
 

@@ -1,4 +1,4 @@
-"""Issue 40: `pcitopo golden make/check` for a team's own nodes, the versioned JSON verdict,
+"""`pcitopo golden make/check` for a team's own nodes, the versioned JSON verdict,
 captures of planned nodes from the installed package, and outputs no locale, path spelling or
 environment variable changes."""
 
@@ -118,7 +118,7 @@ def test_wording_is_text_only_and_update_rewrites(golden, tmp_path, capsys):
 
 def test_check_is_hermetic(golden, tmp_path, monkeypatch, capsys):
     """No PCITOPO_* variable and no current directory changes the result (PCITOPO_FABRIC turned
-    the B200 check into exit 1 through xmlfix, issue 40)."""
+    the B200 check into exit 1 through xmlfix)."""
     _, plain = check(golden, capsys)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PCITOPO_FABRIC", str(B200 / "fabric" / "fmpm-l-degraded.json"))

@@ -247,7 +247,7 @@ def check_accepted(case: dict, domain: bytes, out: bytes) -> None:
         elif check == "no-node":
             assert doc.find("devices/controller/target/node") is None, "a <node> appeared for a host without NUMA"
         elif check == "unchanged":
-            # as sent, but with libvirt's default hostdev mode written where it was missing (issue 25)
+            # as sent, but with libvirt's default hostdev mode written where it was missing
             assert out == with_hostdev_modes(domain)[0], "the input did not come back as sent"
         elif check == "schema":
             if os.path.exists(SCHEMA):
@@ -305,7 +305,7 @@ def test_xmlfix(case, xmlfix_runs):
         assert re.search(case["stderr"], lines[0]), f"{lines[0]!r} does not name the cause /{case['stderr']}/"
         assert res.stdout == b"", "bad input, yet something was written to stdout"
     else:
-        # Issue 14, finding 2: a passthrough or off outcome is named on stderr, one line; an
+        # A passthrough or off outcome is named on stderr, one line; an
         # accepted rewrite prints nothing there but the warnings the case expects (what the hook
         # would log and boot anyway: failed readiness checks, firmware, NVLink).
         left = "unchanged" in case.get("check", []) or "off" in case["name"]
@@ -545,7 +545,7 @@ def test_the_rewrite_reads_only_sysfs_and_runs_nothing(tmp_path):
     events, sysfs, _ = _audit("library", tmp_path)
     opened = _opened(events)
     assert opened, "the audit hook saw no file opened at all (is the test wired up?)"
-    # issue 11: besides sysfs, exactly the cpuinfo file (the host CPU's address width)
+    # besides sysfs, exactly the cpuinfo file (the host CPU's address width)
     cpuinfo = os.environ.get("PCITOPO_CPUINFO") or "/proc/cpuinfo"
     outside = [o for o in opened if not str(o[0]).startswith(sysfs + "/") and str(o[0]) != cpuinfo]
     assert not outside, f"opened outside sysfs: {outside[:5]}"
@@ -563,7 +563,7 @@ def test_the_server_writes_only_its_socket(tmp_path):
     only sysfs; binds and connects only to its own Unix socket; starts no process."""
     events, sysfs, sock = _audit("server", tmp_path)
     opened = _opened(events)
-    cpuinfo = os.environ.get("PCITOPO_CPUINFO") or "/proc/cpuinfo"  # issue 11: the host's address width
+    cpuinfo = os.environ.get("PCITOPO_CPUINFO") or "/proc/cpuinfo"  # the host's address width
     outside = [o for o in opened if not str(o[0]).startswith(sysfs + "/") and o[0] not in (os.devnull, cpuinfo)]
     assert not outside, f"opened outside sysfs: {outside[:5]}"
     writes = [o for o in opened if ((o[2] or 0) & _WRITE_FLAGS or (o[1] or "r").strip("rb")) and o[0] != os.devnull]
@@ -584,8 +584,7 @@ def test_options_are_only_the_documented_enumerations():
     and nothing else (no paths, no XML, no commands). A new option must update SECURITY.md."""
     from pcitopo.serve.options import HookOptions, describe_options
 
-    # doctor: issue 13, nvlink: issue 12, mmio and p2p_clique: issue 11, pairing: issue 20, link and
-    # nccl_topo: issue 19 (all enumerations)
+    # every option is an enumeration
     assert set(HookOptions.model_fields) == {"mode", "on_error", "doctor", "nvlink", "mmio", "p2p_clique", "pairing",
                                              "link", "nccl_topo"}
     for name, allowed, _default, _doc in describe_options():
@@ -608,9 +607,9 @@ def test_the_output_carries_no_new_kinds_of_elements():
 
     added = tags(out) - tags(xml)
     q = "{http://libvirt.org/schemas/domain/qemu/1.0}"
-    # issue 11: the MMIO settings and P2P cliques, a fixed set of elements and property names
+    # the MMIO settings and P2P cliques, a fixed set of elements and property names
     mmio = {"maxphysaddr", "feature", f"{q}override", f"{q}device", f"{q}frontend", f"{q}property"}
-    # issue 19: one fw_cfg <sysinfo> with one entry of a fixed name, its value base64
+    # one fw_cfg <sysinfo> with one entry of a fixed name, its value base64
     fwcfg = {"sysinfo", "entry"}
     assert set(added) <= {"controller", "model", "target", "alias", "address", "node"} | mmio | fwcfg, added
     assert tags(out)["hostdev"] == tags(xml)["hostdev"]
@@ -618,7 +617,7 @@ def test_the_output_carries_no_new_kinds_of_elements():
     root = etree.fromstring(out)
     aliases = {a.get("name") for a in root.iter("alias")}
     for p in root.iter(f"{q}property"):
-        if p.get("name") in ("x-speed", "x-width"):  # issue 19: QEMU's enumerated link values
+        if p.get("name") in ("x-speed", "x-width"):  # QEMU's enumerated link values
             assert p.get("value") in ("2_5", "5", "8", "16", "32", "64", "1", "2", "4", "12"), p.attrib
             assert p.getparent().getparent().get("alias").startswith("ua-pcitopo-rp-")
             continue

@@ -1,4 +1,4 @@
-"""Issue 26 finding 11 (the image part): `make image` (scripts/image.sh) honours pip's own
+"""`make image` (scripts/image.sh) honours pip's own
 PIP_CERT as well as PIP_CA_BUNDLE, and a foreign-architecture build on a machine without
 arch-test says which Debian packages to install instead of mmdebstrap's bare
 `E: install arch-test`. Both through `--preflight`, which checks and prints the build commands
@@ -43,7 +43,7 @@ def native_arch() -> str:
     return subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_f11_make_image_honours_pips_own_pip_cert(tmp_path):
+def test_make_image_honours_pips_own_pip_cert(tmp_path):
     _need_tools()
     ca, ours = tmp_path / "proxy-ca.pem", tmp_path / "ours.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
@@ -78,7 +78,7 @@ def path_without(tmp_path: Path, *hidden: str) -> str:
     return str(bindir)
 
 
-def test_f11_a_foreign_arch_without_arch_test_says_what_to_install(tmp_path):
+def test_a_foreign_arch_without_arch_test_says_what_to_install(tmp_path):
     _need_tools()
     foreign = {"amd64": "arm64", "arm64": "amd64"}[native_arch()]
     r = preflight("--arch", foreign, env=clean_env(PATH=path_without(tmp_path, "arch-test")))
@@ -89,7 +89,7 @@ def test_f11_a_foreign_arch_without_arch_test_says_what_to_install(tmp_path):
     assert "E: install arch-test" not in r.stderr and not r.stdout
 
 
-def test_f11_setup_debian_installs_what_a_foreign_arch_build_needs():
+def test_setup_debian_installs_what_a_foreign_arch_build_needs():
     """mmdebstrap only recommends arch-test, and setup-debian.sh installs without recommends:
     it names arch-test itself, next to qemu-user-static and binfmt-support."""
     text = (ROOT / "scripts" / "setup-debian.sh").read_text()
@@ -107,7 +107,7 @@ DOCS = [ROOT / "README.md", ROOT / "fixtures" / "README.md", ROOT / "tests" / "e
 BARE_MODULE = re.compile(r"(?<![\w./-])(?:topology|sidecar)\.(?!socketPath)[a-z_]+\w*(?:\.\w+)*")
 
 
-def test_f11_docs_name_modules_as_installed_and_say_one_top_level_package():
+def test_docs_name_modules_as_installed_and_say_one_top_level_package():
     """Since the wheel installs `pcitopo` and `pcitopo.cli` (and no test kit), a doc
     naming `topology.host.sysfs.open_host` or `import topology` names what no install has."""
     for doc in DOCS:

@@ -1,4 +1,4 @@
-"""Issue 18, part 3: every KubeVirt release's re-parse between hook calls (v1.6–1.7, v1.8–1.9,
+"""Part 3: every KubeVirt release's re-parse between hook calls (v1.6–1.7, v1.8–1.9,
 main; testkit/kubevirt_releases.py, docs/SOURCES.md), three calls through each, and the hook
 restoring what each release drops."""
 
@@ -111,7 +111,7 @@ def test_three_calls_through_each_release_define_every_setting(h100, release):
 
 
 def test_the_hook_restores_busnr_and_node_after_v17_drops_them(h100):
-    """Issue 18: v1.7's struct has no Controller.Target, so call 2 sees expander buses without
+    """V1.7's struct has no Controller.Target, so call 2 sees expander buses without
     busNr and <node>; the hook writes both back."""
     out1 = rewrite_domain(_seabios(h100), h100, host_phys_bits=46).xml
     call2 = next_call_input(out1, Release.V1_7)
@@ -125,7 +125,7 @@ def test_the_hook_restores_busnr_and_node_after_v17_drops_them(h100):
 
 
 def test_the_hook_accepts_v17s_empty_source_address_type(h100):
-    """Issue 18: v1.7 writes <source><address type="" …> (Address.Type without omitempty). The
+    """V1.7 writes <source><address type="" …> (Address.Type without omitempty). The
     hook reads the same host devices from it and writes the source address as libvirt does,
     without type, and says what it removed."""
     out1 = rewrite_domain(_seabios(h100), h100, host_phys_bits=46)

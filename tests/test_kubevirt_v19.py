@@ -1,4 +1,4 @@
-"""Issue 27: the simulation sends what KubeVirt v1.9.0 sends (item 1), the hotplug ports a VM
+"""The simulation sends what KubeVirt v1.9.0 sends (item 1), the hotplug ports a VM
 ends with (item 2), DRA and SR-IOV aliases (item 4). testkit/kubevirt_converter.py,
 testkit/kubevirt_define.py, bench/hotplug.py; docs/SOURCES.md names the KubeVirt files."""
 
@@ -42,11 +42,11 @@ def _first(name: str, release: Release = Release.V1_9, machine: str = UPSTREAM_M
     return etree.fromstring(domain_for_vmi(host, vmi, gpus, release=release, machine=machine))
 
 
-def test_i27_every_example_is_simulated():
+def test_every_example_is_simulated():
     assert set(NAMES) == {"vm-gpu.yaml", "vmi-gpu.yaml", "vm-pairs.yaml", "nvlink-fabric.yaml"}
 
 
-def test_i27_vm_gpu_rows_as_v1_9_sends_them():
+def test_vm_gpu_rows_as_v1_9_sends_them():
     root = _first("vm-gpu.yaml")
     assert root.findtext("vcpu") == "168"  # the manifest's maxSockets 2, 42 cores, 2 threads: no hotplug room
     vcpus = root.findall("vcpus/vcpu")
@@ -64,20 +64,20 @@ def test_i27_vm_gpu_rows_as_v1_9_sends_them():
     assert aliases == [f"ua-gpu-gpu{i}" for i in range(8)] + [f"ua-sriov-ib{i}" for i in range(8)]
 
 
-def test_i27_older_release_keeps_the_plain_ovmf_code():
+def test_older_release_keeps_the_plain_ovmf_code():
     assert _first("vm-gpu.yaml", Release.V1_7).findtext("os/loader").endswith("/OVMF_CODE.fd")
 
 
-def test_i27_cloud_init_virtio_disk_is_a_second_disk():
+def test_cloud_init_virtio_disk_is_a_second_disk():
     disks = _first("vmi-gpu.yaml").findall("devices/disk")
     assert [d.find("target").get("dev") for d in disks] == ["vda", "vdb"]
     assert [d.find("alias").get("name") for d in disks] == ["ua-rootdisk", "ua-cloudinit"]
-    # vm-gpu carries a cloud-init disk too since issue 26 finding 5, on virtio as well
+    # vm-gpu carries a cloud-init disk too too, on virtio as well
     vm_disks = _first("vm-gpu.yaml").findall("devices/disk")
     assert [(d.find("target").get("dev"), d.find("target").get("bus")) for d in vm_disks] == [("vda", "virtio"), ("vdb", "virtio")]
 
 
-def test_i27_dra_hostdevs_come_from_kep_5304_metadata():
+def test_dra_hostdevs_come_from_kep_5304_metadata():
     root = _first("vm-pairs.yaml")
     aliases = [hd.find("alias").get("name") for hd in root.findall("devices/hostdev")]
     # host devices before GPUs: compute/host_device.go NewHostDeviceDomainConfigurator(generic, GPUs, SR-IOV)
@@ -95,7 +95,7 @@ def _by_source(xml: bytes) -> dict:
 
 @pytest.mark.parametrize("machine", MACHINES)
 @pytest.mark.parametrize("name", NAMES)
-def test_i27_placement_is_the_same_whatever_the_aliases(name, machine):
+def test_placement_is_the_same_whatever_the_aliases(name, machine):
     """Item 4: devices are matched by source address, never by alias: the same domain with
     every hostdev renamed places every device at the same guest address."""
     host = EXAMPLES[name][0]
@@ -108,7 +108,7 @@ def test_i27_placement_is_the_same_whatever_the_aliases(name, machine):
     assert all(a is not None for a in _by_source(real.xml).values())
 
 
-def test_i27_explain_works_unchanged_with_dra_and_sriov_aliases():
+def test_explain_works_unchanged_with_dra_and_sriov_aliases():
     """Item 4: --explain labels devices by host address; ua-dra-* and ua-sriov-<iface> aliases
     give the very text other aliases give, every pair as on the host."""
     for name in ("vm-pairs.yaml", "vm-gpu.yaml"):
@@ -123,7 +123,7 @@ def test_i27_explain_works_unchanged_with_dra_and_sriov_aliases():
 
 @pytest.mark.parametrize("release", [Release.V1_9, Release.MAIN], ids=lambda r: r.value)
 @pytest.mark.parametrize("name", NAMES)
-def test_i27_placement_identical_through_every_define(name, release):
+def test_placement_identical_through_every_define(name, release):
     """The hook's placement does not move between the defines of a boot (simulated libvirt)."""
     host, vmi, gpus = EXAMPLES[name]
     first = domain_for_vmi(host, vmi, gpus, release=release)
@@ -132,7 +132,7 @@ def test_i27_placement_identical_through_every_define(name, release):
     assert all(h == hds[0] for h in hds) and all(a is not None for a in hds[0].values())
 
 
-def test_i27_append_stops_at_index_31():
+def test_append_stops_at_index_31():
     xml = b"<domain><memory unit='b'>1</memory><devices><controller type='pci' index='29' model='pcie-root-port'/></devices></domain>"
     root = etree.fromstring(append_root_ports(xml, 6))
     assert [c.get("index") for c in root.findall("devices/controller")] == ["29", "30", "31"]
@@ -151,7 +151,7 @@ def real_define():
         yield RealLibvirt(daemon)
 
 
-def test_i27_hotplug_no_example_ends_with_fewer_free_ports_than_without_pcitopo(real_define):
+def test_hotplug_no_example_ends_with_fewer_free_ports_than_without_pcitopo(real_define):
     from bench.hotplug import measure
 
     lost = [(name, r.value, plain - hooked) for name, r, hooked, plain in measure(real_define) if hooked < plain]
@@ -166,7 +166,7 @@ def _hotplug(xml: bytes, host):
 
 @pytest.mark.parametrize("release", [Release.V1_9, Release.MAIN], ids=lambda r: r.value)
 @pytest.mark.parametrize("name", NAMES)
-def test_i27_hotplug_wanted_is_kubevirts_count_plus_libvirts_spare_on_every_call(name, release):
+def test_hotplug_wanted_is_kubevirts_count_plus_libvirts_spare_on_every_call(name, release):
     """The planner's reading of KubeVirt's calculateHotplugPortCountV2 agrees with the
     simulation's (written separately, from the Go source) on every call of a boot: placeholders,
     the ports and the SATA controller libvirt adds are not KubeVirt's devices."""
@@ -178,7 +178,7 @@ def test_i27_hotplug_wanted_is_kubevirts_count_plus_libvirts_spare_on_every_call
     assert [_hotplug(x, host).kept for x in boot.hook_inputs] == [want] * len(boot.hook_inputs)
 
 
-def test_i27_hotplug_placeholders_sata_and_pci_controllers_are_not_counted():
+def test_hotplug_placeholders_sata_and_pci_controllers_are_not_counted():
     root = _first("vm-pairs.yaml")
     base = DomainView(etree.ElementTree(root)).kubevirt_pci_devices()
     devices = root.find("devices")
@@ -191,7 +191,7 @@ def test_i27_hotplug_placeholders_sata_and_pci_controllers_are_not_counted():
     assert base == port_count_v2_devices(etree.tostring(_first("vm-pairs.yaml")))
 
 
-def test_i27_hotplug_every_address_names_a_controller_through_real_defines(real_define):
+def test_hotplug_every_address_names_a_controller_through_real_defines(real_define):
     """Devices libvirt put in pcitopo's bare root ports keep them on later calls (their index
     stays), on v1.9 and main, with and without placeholders; every call leaves the same count."""
     for name in NAMES:
@@ -220,7 +220,7 @@ def _tight_host():
     return host_from_topo("\n".join(lines))
 
 
-def test_i27_hotplug_ports_lost_are_in_the_log_line_and_explain():
+def test_hotplug_ports_lost_are_in_the_log_line_and_explain():
     """When the mirrored tree leaves too few bus numbers, the hook's log fields and --explain
     say how many hotplug ports the VM lost."""
     host = _tight_host()

@@ -1,4 +1,4 @@
-"""Issue 26 finding 4 (and issue 14 finding 10 before it): the sidecar image pinned by digest
+"""The sidecar image pinned by digest
 through kustomize. The image KubeVirt reads sits inside the JSON of the hookSidecars annotation,
 which kustomize's `images:` cannot reach; deploy/pin-image/ copies it there, in the base and in
 every overlay that lists it after its own `images:` (docs/kustomize-pinned). Rendered with the
@@ -52,7 +52,7 @@ def shipped_sidecars() -> list[dict]:
     return json.loads(vm["spec"]["template"]["metadata"]["annotations"][ANNOTATION])
 
 
-def test_f4_the_shipped_overlay_pins_the_digest_in_the_annotation():
+def test_the_shipped_overlay_pins_the_digest_in_the_annotation():
     """`kubectl kustomize docs/kustomize-pinned`: the overlay's `images:` entry, by digest, is
     the image in the VM template's hookSidecars JSON; the rest of the JSON is the base's; the
     helper Pod is not emitted."""
@@ -64,7 +64,7 @@ def test_f4_the_shipped_overlay_pins_the_digest_in_the_annotation():
     assert [d["kind"] for d in docs] == ["VirtualMachine"], out
 
 
-def test_f4_an_overlay_elsewhere_with_its_own_registry_and_digest(tmp_path):
+def test_an_overlay_elsewhere_with_its_own_registry_and_digest(tmp_path):
     """An overlay as DEPLOY.md tells a user to write it, outside the checkout (kustomize
     refuses an overlay below its base), with another registry: that image reaches the
     annotation. Without the `transformers:` line it does not (the finding: `images:` alone
@@ -87,7 +87,7 @@ def test_f4_an_overlay_elsewhere_with_its_own_registry_and_digest(tmp_path):
     assert sidecars(docs) == shipped_sidecars()
 
 
-def test_f4_the_base_alone_renders_the_vm_as_shipped():
+def test_the_base_alone_renders_the_vm_as_shipped():
     """deploy/ on its own (`kubectl apply -k deploy/`): the annotation as vm-gpu.yaml has it,
     because the helper Pod holds the same image (keep them equal); no Pod in the output."""
     pod = yaml.safe_load((ROOT / "deploy" / "sidecar-image.yaml").read_text())
@@ -97,7 +97,7 @@ def test_f4_the_base_alone_renders_the_vm_as_shipped():
     assert [d["kind"] for d in docs] == ["VirtualMachine"]
 
 
-def test_f4_deploy_md_says_which_tools_and_versions_the_overlay_needs():
+def test_deploy_md_says_which_tools_and_versions_the_overlay_needs():
     text = DEPLOY_MD.read_text()
     section = text[text.index("### Pin the image by digest"):text.index("## Feature gates")]
     assert "kubectl 1.22" not in section, "kubectl 1.22-1.26 (kustomize 4.x) cannot render the overlay"

@@ -1,4 +1,4 @@
-"""Issue 40: every --json output is versioned, `xmlfix --check --json` carries the verdict, the
+"""Every --json output is versioned, `xmlfix --check --json` carries the verdict, the
 human outputs work in any locale, the outputs name the node however its path was typed, and a
 planned node's capture needs only the installed package."""
 

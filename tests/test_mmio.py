@@ -1,4 +1,4 @@
-"""The 64-bit MMIO budget, the settings it writes, and P2P cliques (issues 11 and 18; the SeaBIOS
+"""The 64-bit MMIO budget, the settings it writes, and P2P cliques (the SeaBIOS
 placement model itself: tests/test_seabios.py)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 
 def mmio_properties(root):
     """The <qemu:override> properties the MMIO budget and cliques own: the root ports' link
-    speeds (issue 19, option link) are another option's."""
+    speeds are another option's."""
     out = {}
     for alias, props in properties(root).items():
         mine = {n: p for n, p in props.items() if n not in ("x-speed", "x-width")}
@@ -285,7 +285,7 @@ def test_the_firmware_warning_is_never_silent_in_xmlfix(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert "xmlfix: check: mmio-firmware: SeaBIOS 1.16.3" in "\n".join(err)
     assert err[-1].startswith("xmlfix: check: failed: NCCL: 190/190 pairs as on the host") and err[-1].endswith("; mmio-firmware (above)")
-    assert sum("SeaBIOS 1.16.3" in line for line in err) == 1  # said once (issue 22, finding 10)
+    assert sum("SeaBIOS 1.16.3" in line for line in err) == 1  # said once
     assert xmlfix_main(["--json", *base]) == 0
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert [n for n in notes if n.startswith("mmio-firmware: SeaBIOS 1.16.3")] != []
@@ -370,7 +370,7 @@ def test_explain_shows_the_budget_per_root_port_and_firmware(h100):
     assert text.count("window 384 GiB (largest BAR 128 GiB") == 8
     assert "ovmf: total 3.00 TiB, needs 45 bits, window 4 TiB  <- this domain" in text
     # the rule used and the firmware version assumed, for both firmwares
-    # an EFI domain: SeaBIOS is named, its model's count not shown (issue 26 finding 12)
+    # an EFI domain: SeaBIOS is named, its model's count not shown
     assert "seabios (SeaBIOS 1.16.3, as KubeVirt 1.8-1.9's virt-launcher ships it): not this domain's firmware" in text
     assert "ovmf (edk2 20241117, as KubeVirt 1.8-1.9's virt-launcher ships it): rule: " in text
     assert "applied: <maxphysaddr mode='emulate' bits='45'/>; <feature policy='require' name='pdpe1gb'/>" in text
@@ -419,7 +419,7 @@ def _cpuinfo(tmp_path, bits: int):
 
 def _live_node(tmp_path, name: str = "hgx-h100"):
     """A sysfs tree that records no width, as a live /sys does (the committed fixtures record
-    their node's, issue 26 finding 1): it stands for the machine reading it."""
+    their node's): it stands for the machine reading it."""
     from pcitopo.synth import build_tree, parse_topo
 
     node = tmp_path / f"live-{name}"

@@ -1,4 +1,4 @@
-"""Issue 19: the host's link speeds in the guest: root ports (``link``) and NCCL's topology file
+"""The host's link speeds in the guest: root ports (``link``) and NCCL's topology file
 through fw_cfg (``nccl-topo``), the prediction's bandwidths, and ``pcitopo verify`` on them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 19: NCCL's topology-file grammar and bandwidth model, as NCCL's xml.cc/topo.cc have them.
+"""NCCL's topology-file grammar and bandwidth model, as NCCL's xml.cc/topo.cc have them.
 
 The parser in ``ncclxml`` is the check the hook runs on every file it writes; these tests hold
 it to NCCL's rules (each case names the xml.cc behaviour it follows), so a file it accepts is a

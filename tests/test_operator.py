@@ -1,4 +1,4 @@
-"""Issue 14, "The operator's day": the doors as an operator meets them. Each test names the
+"""The doors as an operator meets them. Each test names the
 finding it covers (f1 ... f12); every one runs the installed console scripts on fixtures."""
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ def edited(src: Path, dest: Path, edit) -> Path:
     return dest
 
 
-# -- finding 1: --diff shows only what changed in meaning ---------------------------------------
+# -- --diff shows only what changed in meaning ---------------------------------------
 
-def test_f1_diff_shows_only_meaningful_changes(tmp_path):
-    """Finding 1: the diff of hgx-h100 was 605 changed lines, 154 of them removals that only
+def test_diff_shows_only_meaningful_changes(tmp_path):
+    """The diff of hgx-h100 was 605 changed lines, 154 of them removals that only
     re-serialised (``<x></x>`` → ``<x/>``). Now the only removals are the 20 hostdev source
     addresses that lose ``type='pci'`` and the 20 hostdevs that gain libvirt's default
-    ``mode='subsystem'`` (issue 25), and the diff applied to the input gives the output."""
+    ``mode='subsystem'``, and the diff applied to the input gives the output."""
     r = run("xmlfix", "--diff", "--sysfs", str(H100), str(H100 / "domain.xml"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.decode().splitlines()
@@ -57,7 +57,7 @@ def test_f1_diff_shows_only_meaningful_changes(tmp_path):
     assert run("xmlfix", "--diff", "--sysfs", str(H100), str(H100 / "expected.xml")).stdout == b""
 
 
-# -- finding 2: --check means "the guest will see what the host has" --------------------------
+# -- --check means "the guest will see what the host has" --------------------------
 
 def _drop_hostdevs(tree):
     devices = tree.find("devices")
@@ -65,8 +65,8 @@ def _drop_hostdevs(tree):
         devices.remove(hd)
 
 
-def test_f2_check_passes_without_hostdevs(tmp_path):
-    """Finding 2: a domain with no hostdevs only gains a pcie-root; the guest sees what the host
+def test_check_passes_without_hostdevs(tmp_path):
+    """A domain with no hostdevs only gains a pcie-root; the guest sees what the host
     gives it (nothing), so --check passes."""
     d = edited(H100 / "domain.xml", tmp_path / "none.xml", _drop_hostdevs)
     r = run("xmlfix", "--check", "--sysfs", str(H100), str(d))
@@ -83,8 +83,8 @@ def _one_cell(tree):
     tune.remove(tune.find("memnode[@cellid='1']"))
 
 
-def test_f2_check_fails_when_a_host_node_has_no_guest_cell(tmp_path):
-    """Finding 2: one guest cell leaves host node 1's devices without a cell: --check fails and
+def test_check_fails_when_a_host_node_has_no_guest_cell(tmp_path):
+    """One guest cell leaves host node 1's devices without a cell: --check fails and
     names them; --explain no longer claims everything equals the host."""
     d = edited(H100 / "cases" / "kubevirt-numa" / "domain.xml", tmp_path / "one-cell.xml", _one_cell)
     r = run("xmlfix", "--check", "--sysfs", str(H100), str(d))
@@ -107,19 +107,19 @@ def _missing_bdf(tree):
     tree.find("devices/hostdev/source/address").set("bus", "0x77")
 
 
-def test_f2_passthrough_is_never_silent(tmp_path):
-    """Finding 2: on-error passthrough with a hostdev the host lacks printed nothing and exited
+def test_passthrough_is_never_silent(tmp_path):
+    """On-error passthrough with a hostdev the host lacks printed nothing and exited
     0; now the reason is on stderr, and --check fails."""
     d = edited(H100 / "domain.xml", tmp_path / "missing.xml", _missing_bdf)
     vmi = _passthrough_vmi(tmp_path)
     r = run("xmlfix", "--vmi", str(vmi), "--sysfs", str(H100), str(d))
-    assert r.returncode == 0 and r.stdout == with_hostdev_modes(d.read_bytes())[0]  # as sent, but for the mode (issue 25)
+    assert r.returncode == 0 and r.stdout == with_hostdev_modes(d.read_bytes())[0]  # as sent, but for the mode
     assert b"left unchanged (passthrough)" in r.stderr and b"0000:77:00.0" in r.stderr
     r = run("xmlfix", "--check", "--vmi", str(vmi), "--sysfs", str(H100), str(d))
     assert r.returncode == 1 and b"0000:77:00.0" in r.stderr and b"would not rewrite" in r.stderr
 
 
-def test_f2_operator_guide_shows_the_real_passthrough_line(tmp_path):
+def test_operator_guide_shows_the_real_passthrough_line(tmp_path):
     """docs/OPERATOR.md quotes the line xmlfix prints for a hostdev the host lacks (it once
     showed an ``unknown-device: ...`` line the command never prints)."""
     d = edited(H100 / "domain.xml", tmp_path / "missing.xml", _missing_bdf)
@@ -131,14 +131,14 @@ def test_f2_operator_guide_shows_the_real_passthrough_line(tmp_path):
     assert line in (ROOT / "docs" / "OPERATOR.md").read_text().splitlines()
 
 
-# -- finding 3: --explain opens with a verdict, groups reasons, NVLink pairs are not PCIe diffs --
+# -- --explain opens with a verdict, groups reasons, NVLink pairs are not PCIe diffs --
 
-def test_f3_explain_verdict_and_grouped_reasons():
-    """Finding 3: one verdict line first; each reason once; an NV18 GPU pair is not listed as a
+def test_explain_verdict_and_grouped_reasons():
+    """One verdict line first; each reason once; an NV18 GPU pair is not listed as a
     PIX/PXB difference (hgx-b200)."""
     r = run("xmlfix", "--explain", "--sysfs", "fixtures/hgx-b200", "fixtures/hgx-b200/domain.xml")
     out = r.stdout.decode()
-    first = " ".join(x.strip() for x in out.split("\n\n")[0].splitlines())  # folded at 100 columns (issue 22)
+    first = " ".join(x.strip() for x in out.split("\n\n")[0].splitlines())  # folded at 100 columns
     assert first == ("Verdict: NCCL: 190/190 pairs as on the host; nvidia-smi: 178/190 pairs as on the host, "
                      "12 PXB→PIX by design (Broadcom flattening); GPUDirect RDMA: 8/8 GPUs have a NIC at PIX or PXB in the guest")
     assert out.count("Broadcom two-level complex collapsed") == 1
@@ -147,29 +147,29 @@ def test_f3_explain_verdict_and_grouped_reasons():
     assert "joined by NVLink" in diffs
 
 
-def test_f3_explain_without_guest_cells_says_what_to_set_in_kubevirt():
-    """Finding 3: no guest NUMA cells → the KubeVirt settings that create them; the same reason
+def test_explain_without_guest_cells_says_what_to_set_in_kubevirt():
+    """No guest NUMA cells → the KubeVirt settings that create them; the same reason
     is printed once for its 84 pairs, with a bounded list."""
     r = run("xmlfix", "--explain", "--sysfs", str(H100), str(H100 / "cases" / "no-numa" / "domain.xml"))
-    out = " ".join(r.stdout.decode().replace("\n    ", " ").split(" "))  # unfold the 100-column lines (issue 22)
+    out = " ".join(r.stdout.decode().replace("\n    ", " ").split(" "))  # unfold the 100-column lines
     assert out.startswith("Verdict: NCCL: 106/190 pairs as on the host, 84 SYS→PHB (no guest NUMA cells)")
     assert "guestMappingPassthrough" in out and "dedicatedCpuPlacement" in out and "hugepages" in out
     assert out.count("cross-node pairs cannot show SYS") == 1
     assert "... and 72 more" in out
 
 
-# -- finding 5: xmlfix --json predicts the guest; pcitopo verify checks it ------------------------
+# -- xmlfix --json predicts the guest; pcitopo verify checks it ------------------------
 
-def test_f5_json_is_the_predicted_guest():
-    """Finding 5: the prediction's contract, keyed by host BDF (the booted check is in
+def test_json_is_the_predicted_guest():
+    """The prediction's contract, keyed by host BDF (the booted check is in
     tests/e2e/test_verify_boot.py)."""
     r = run("xmlfix", "--json", "--sysfs", str(H100), str(H100 / "domain.xml"))
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert set(doc) == {"pcitopo", "schema", "devices", "pairs", "notes", "pairing", "nvlink_source", "nvlink_reason"}  # pairing: issue 20
+    assert set(doc) == {"pcitopo", "schema", "devices", "pairs", "notes", "pairing", "nvlink_source", "nvlink_reason"}
     assert doc["nvlink_source"] == "inferred from the SXM board table"
     assert doc["pairing"] == {"policy": "warn", "status": "ok", "gpus_checked": 8, "findings": []}
-    # issue 19: NCCL's bandwidth on the host, per GPU path
+    # NCCL's bandwidth on the host, per GPU path
     assert set(doc["devices"][0]) == {"host_bdf", "guest_bdf", "kind", "label", "numa", "nccl_cpu_gbps"}
     assert set(doc["pairs"][0]) == {"a", "b", "nccl", "nvml", "nvlink", "nccl_gbps"}
     assert len(doc["devices"]) == 20 and len(doc["pairs"]) == 190
@@ -180,8 +180,8 @@ def test_f5_json_is_the_predicted_guest():
     assert r.returncode == 2 and b"--json" in r.stderr and r.stdout == b""
 
 
-def test_f5_verify_against_the_guest_derived_from_the_output():
-    """Finding 5: the guest tree derived from the rewritten XML is as predicted; a wrong
+def test_verify_against_the_guest_derived_from_the_output():
+    """The guest tree derived from the rewritten XML is as predicted; a wrong
     prediction is named pair by pair."""
     from pcitopo.guest.verdict import prediction
     from pcitopo.guest.rewrite import rewrite_domain
@@ -193,7 +193,7 @@ def test_f5_verify_against_the_guest_derived_from_the_output():
     host = open_host(H100)
     result = rewrite_domain((H100 / "domain.xml").read_bytes(), host)
     doc = prediction(result, host)
-    # the guest with the NCCL topology file the domain passes installed (issue 19)
+    # the guest with the NCCL topology file the domain passes installed
     nccl = parse(result.nccl_topo.data)
     ok = verify_guest(load_expectation(json.dumps(doc).encode(), "p.json"), result.guest.topology, nccl)
     assert ok.problems == [] and ok.devices_checked == 20 and ok.pairs_checked == 190
@@ -210,8 +210,8 @@ def test_f5_verify_against_the_guest_derived_from_the_output():
     assert f"predicted a gpu at guest {up.bdf}, the guest has an upstream-port (" in bad.problems[0]
 
 
-def test_f5_verify_door_and_bad_prediction_files(tmp_path):
-    """Finding 5: `pcitopo verify` reads a sysfs-shaped tree and a prediction; a bad file is one
+def test_verify_door_and_bad_prediction_files(tmp_path):
+    """`pcitopo verify` reads a sysfs-shaped tree and a prediction; a bad file is one
     line naming the field. (Here the "guest" is the host fixture itself, predicted as itself.)"""
     topo = json.loads(run("pcitopo", "topo", "--json", "--sysfs", str(H100)).stdout)
     doc = {"devices": [{"host_bdf": d["bdf"], "guest_bdf": d["bdf"], "kind": d["kind"], "label": d["label"],
@@ -230,10 +230,10 @@ def test_f5_verify_door_and_bad_prediction_files(tmp_path):
     assert r.returncode == 2 and b"devices[0].guest_bdf is missing" in r.stderr
 
 
-# -- finding 4: a dry run on a node ---------------------------------------------------------------
+# -- a dry run on a node ---------------------------------------------------------------
 
-def test_f4_capture_to_stdout_then_xmlfix_on_it(tmp_path):
-    """Finding 4: `pcitopo capture -o -` wrote a file named '-'; now the tarball goes to stdout
+def test_capture_to_stdout_then_xmlfix_on_it(tmp_path):
+    """`pcitopo capture -o -` wrote a file named '-'; now the tarball goes to stdout
     (byte-identical to -o FILE), and xmlfix reads it back: the documented node dry run."""
     r = subprocess.run([str(BIN / "pcitopo"), "capture", "--sysfs", str(H100), "-o", "-"],
                        cwd=tmp_path, capture_output=True, timeout=120)
@@ -248,10 +248,10 @@ def test_f4_capture_to_stdout_then_xmlfix_on_it(tmp_path):
     assert b"/host/sys" in run("pcitopo", "capture", "--help").stdout
 
 
-# -- finding 8: messages that leaked internals ----------------------------------------------------
+# -- messages that leaked internals ----------------------------------------------------
 
-def test_f8_sysfs_pointing_at_an_xml_file_is_one_clear_line():
-    """Finding 8: was tarfile's ReadError chain (gz, bz2, xz, tar)."""
+def test_sysfs_pointing_at_an_xml_file_is_one_clear_line():
+    """Was tarfile's ReadError chain (gz, bz2, xz, tar)."""
     r = run("xmlfix", "--sysfs", str(H100 / "domain.xml"), str(H100 / "domain.xml"))
     err = r.stderr.decode()
     assert r.returncode == 2 and err.count("\n") == 1
@@ -259,8 +259,8 @@ def test_f8_sysfs_pointing_at_an_xml_file_is_one_clear_line():
     assert "ReadError" not in err and "method gz" not in err
 
 
-def test_f8_bad_nvlink_table_names_the_field(tmp_path):
-    """Finding 8: was "2 validation errors for _Table"."""
+def test_bad_nvlink_table_names_the_field(tmp_path):
+    """Was "2 validation errors for _Table"."""
     table = tmp_path / "t.json"
     table.write_text('{"boards": [{"name": "x", "gpus": "10de:2330", "links": 18}]}')
     r = run("pcitopo", "topo", "--sysfs", str(H100), "--nvlink-table", str(table))
@@ -269,8 +269,8 @@ def test_f8_bad_nvlink_table_names_the_field(tmp_path):
     assert "boards[0].gpus: Input should be a valid list" in err and "_Table" not in err
 
 
-def test_f8_yaml_vmi_is_accepted(tmp_path):
-    """Finding 8: `kubectl get vmi -o yaml` gave "Expecting value"; its annotations now apply
+def test_yaml_vmi_is_accepted(tmp_path):
+    """`kubectl get vmi -o yaml` gave "Expecting value"; its annotations now apply
     exactly as the JSON's do (here: mode off leaves the domain unchanged, and says so)."""
     vmi = tmp_path / "vmi.yaml"
     vmi.write_text(
@@ -285,8 +285,8 @@ def test_f8_yaml_vmi_is_accepted(tmp_path):
     assert r.returncode == 2 and r.stderr.count(b"\n") == 1 and b"neither JSON nor YAML at line" in r.stderr
 
 
-def test_f8_host_without_gpus_says_so_and_shows_the_nics(tmp_path):
-    """Finding 8: a host with one NIC and no GPU printed a 1x1 NIC matrix."""
+def test_host_without_gpus_says_so_and_shows_the_nics(tmp_path):
+    """A host with one NIC and no GPU printed a 1x1 NIC matrix."""
     from pcitopo.synth import build_tree, parse_topo
 
     text = ("numa 0 cpus=0-7\nrc 0000:15 numa=0\n  ep 15:00.0 preset=intel-vtd\n"
@@ -298,16 +298,16 @@ def test_f8_host_without_gpus_says_so_and_shows_the_nics(tmp_path):
     assert "NIC0: 0000:16:00.0" in out and "NUMA Affinity 0" in out and "NIC0  X" not in out
 
 
-# -- finding 12: small ones ----------------------------------------------------------------------
+# -- small ones ----------------------------------------------------------------------
 
-def test_f12_json_and_tree_are_exclusive():
-    """Finding 12: `--json --tree` silently printed JSON."""
+def test_json_and_tree_are_exclusive():
+    """`--json --tree` silently printed JSON."""
     r = run("pcitopo", "topo", "--json", "--tree", "--sysfs", str(H100))
     assert r.returncode == 2 and r.stdout == b"" and b"--json and --tree" in r.stderr
 
 
-def test_f12_readme_json_contract_lists_every_top_level_key():
-    """Finding 12: the README's contract omitted host, nvlink_source and warnings."""
+def test_readme_json_contract_lists_every_top_level_key():
+    """The README's contract omitted host, nvlink_source and warnings."""
     keys = list(json.loads((H100 / "topo.json").read_text()))
     readme = (ROOT / "README.md").read_text()
     contract = readme.split("the stable contract", 1)[1].split("\n- ", 1)[0]

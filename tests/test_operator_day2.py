@@ -1,4 +1,4 @@
-"""Issue 22, "The operator's day, part 2": the path a newcomer follows (README, OPERATOR.md,
+"""The path a newcomer follows (README, OPERATOR.md,
 DEPLOY.md, GUEST.md), as the installed console scripts print it. Each test names the finding it
 covers; they run the real doors on the fixtures."""
 
@@ -29,10 +29,10 @@ def lines(data: bytes) -> list[str]:
     return data.decode().splitlines()
 
 
-# -- finding 2: make demo tells one story --------------------------------------------------------
+# -- make demo tells one story --------------------------------------------------------
 
-def test_finding_2_demo_tells_the_readme_story():
-    """Finding 2: `make demo`'s --explain of the golden B200 domain ended "NOT READY (4 fail)" with
+def test_demo_tells_the_readme_story():
+    """`make demo`'s --explain of the golden B200 domain ended "NOT READY (4 fail)" with
     a doctor warning (BlueField-3 functions on mlx5_core passed through), while the README shows
     the fixture "ready ... 197 ok". Now the fixture binds what the domain passes through."""
     makefile = (ROOT / "Makefile").read_text()
@@ -47,7 +47,7 @@ def test_finding_2_demo_tells_the_readme_story():
     assert doctor.returncode == 0 and lines(doctor.stdout)[-1] == verdict
 
 
-# -- finding 3: one nvidia-smi count -------------------------------------------------------------
+# -- one nvidia-smi count -------------------------------------------------------------
 
 def _counts(text: str) -> set[tuple[str, str]]:
     """Every "NCCL ... N/M" and "nvidia-smi ... N/M" figure in a text."""
@@ -59,8 +59,8 @@ def _counts(text: str) -> set[tuple[str, str]]:
     return out
 
 
-def test_finding_3_one_nvidia_smi_count_everywhere(tmp_path):
-    """Finding 3: --explain said nvidia-smi 178/190, the picture's title and the hook's log line
+def test_one_nvidia_smi_count_everywhere(tmp_path):
+    """--explain said nvidia-smi 178/190, the picture's title and the hook's log line
     (DEPLOY.md's example) 174/190. One definition: a GPU pair joined by NVLink reads NV# on
     both sides, so it counts as the host's; every output and every doc example agrees."""
     want = {("NCCL", "190/190"), ("nvidia-smi", "178/190")}
@@ -85,16 +85,16 @@ def test_finding_3_one_nvidia_smi_count_everywhere(tmp_path):
     assert _counts(log) == want, log
     readme = (ROOT / "README.md").read_text()
     assert "nvidia-smi: 178/190 pairs" in readme and "174/190" not in readme
-    svg = (DOCS / "hgx-b200.svg").read_text()  # the README's picture, drawn by `xmlfix --dot` (issue 26 f12)
+    svg = (DOCS / "hgx-b200.svg").read_text()  # the README's picture, drawn by `xmlfix --dot`
     assert "NCCL: 190/190 pairs as on the host" in svg and "nvidia&#45;smi: 178/190 pairs" in svg
     operator = (DOCS / "OPERATOR.md").read_text()
     assert "nvidia-smi: 178/190 pairs as on the host" in operator and "174" not in operator
 
 
-# -- finding 4: the degraded GPU in `pcitopo partitions` -----------------------------------------
+# -- the degraded GPU in `pcitopo partitions` -----------------------------------------
 
-def test_finding_4_partitions_show_links_and_mark_degraded():
-    """Finding 4: with fmpm-l-degraded.json (module 1 has 16 of 18 NVLinks) the output was the
+def test_partitions_show_links_and_mark_degraded():
+    """With fmpm-l-degraded.json (module 1 has 16 of 18 NVLinks) the output was the
     healthy file's but for the file name. Now every GPU line shows its links and a partition
     holding a degraded GPU says so, in text and JSON."""
     fab = B200 / "fabric"
@@ -118,7 +118,7 @@ def test_finding_4_partitions_show_links_and_mark_degraded():
     assert next(p for p in doc["partitions"] if p["id"] == 2)["degraded"] is False
 
 
-# -- finding 5: capture says what a 64-byte config space leaves unknown ---------------------------
+# -- capture says what a 64-byte config space leaves unknown ---------------------------
 
 def _tree_with_config_cut(tmp_path: Path, size: int) -> Path:
     from pcitopo.host.sources import MemoryTree
@@ -136,8 +136,8 @@ def _tree_with_config_cut(tmp_path: Path, size: int) -> Path:
     return out
 
 
-def test_finding_5_capture_warns_when_config_space_is_cut_at_64_bytes(tmp_path):
-    """Finding 5: a capture taken without CAP_SYS_ADMIN holds 64 bytes of config space, so the
+def test_capture_warns_when_config_space_is_cut_at_64_bytes(tmp_path):
+    """A capture taken without CAP_SYS_ADMIN holds 64 bytes of config space, so the
     doctor's acs and ats checks are unknown on it; `capture` now says so on stderr, once."""
     src = _tree_with_config_cut(tmp_path, 64)
     r = run("pcitopo", "capture", "--sysfs", str(src), "-o", str(tmp_path / "node.tar.gz"))
@@ -154,7 +154,7 @@ def test_finding_5_capture_warns_when_config_space_is_cut_at_64_bytes(tmp_path):
     assert "docs/OPERATOR.md`, step 1" in readme and "take it as root" not in readme
 
 
-# -- finding 6: the guest tool, one file, standard library, Python >= 3.8 -------------------------
+# -- the guest tool, one file, standard library, Python >= 3.8 -------------------------
 
 def _guest_tool(tmp_path: Path) -> Path:
     out = tmp_path / "pcitopo-guest"
@@ -173,8 +173,8 @@ def _self_prediction(tmp_path: Path, sysfs: Path) -> Path:
     return f
 
 
-def test_finding_6_guest_tool_runs_with_the_standard_library_only(tmp_path):
-    """Finding 6: `pip install pcitopo` in the guest failed (not on PyPI). The guest side is one
+def test_guest_tool_runs_with_the_standard_library_only(tmp_path):
+    """`pip install pcitopo` in the guest failed (not on PyPI). The guest side is one
     file built from the same modules; it runs under a plain `python3 -S -I` (no site-packages: no
     lxml, pydantic or pcitopo installed) and gives the full CLI's verdict."""
     tool = _guest_tool(tmp_path)
@@ -194,8 +194,8 @@ def test_finding_6_guest_tool_runs_with_the_standard_library_only(tmp_path):
     assert usage.returncode == 2 and b"usage: pcitopo-guest" in usage.stderr and b"verify" in usage.stderr
 
 
-def test_finding_6_guest_modules_parse_as_python_3_8_and_import_only_the_stdlib(tmp_path):
-    """Finding 6: every module in the guest file parses with Python 3.8's grammar, needs no
+def test_guest_modules_parse_as_python_3_8_and_import_only_the_stdlib(tmp_path):
+    """Every module in the guest file parses with Python 3.8's grammar, needs no
     newer stdlib API (vermin --target 3.8) and imports nothing outside the standard library and
     the bundle itself."""
     import zipfile
@@ -226,8 +226,8 @@ def test_finding_6_guest_modules_parse_as_python_3_8_and_import_only_the_stdlib(
     assert r.returncode == 0, r.stdout.decode()[-3000:]
 
 
-def test_finding_6_guest_tool_ships_in_the_image_and_docs_say_how_to_get_it_in():
-    """Finding 6: the image carries it (/usr/share/pcitopo/pcitopo-guest), `make guest-tool`
+def test_guest_tool_ships_in_the_image_and_docs_say_how_to_get_it_in():
+    """The image carries it (/usr/share/pcitopo/pcitopo-guest), `make guest-tool`
     builds it, GUEST.md shows kubectl cp and cloud-init write_files, and no longer `pip install`."""
     containerfile = (ROOT / "Containerfile").read_text()
     assert "/usr/share/pcitopo/pcitopo-guest" in containerfile
@@ -237,11 +237,11 @@ def test_finding_6_guest_tool_ships_in_the_image_and_docs_say_how_to_get_it_in()
     assert "kubectl cp" in guest and "write_files" in guest and "python3 pcitopo-guest verify" in guest
 
 
-# -- finding 7: an empty --vmi file ---------------------------------------------------------------
+# -- an empty --vmi file ---------------------------------------------------------------
 
 @pytest.mark.parametrize("content", [b"", b"\n", b"   \n\n"])
-def test_finding_7_empty_vmi_file_is_one_line_exit_2(tmp_path, content):
-    """Finding 7: `kubectl get vmi missing -o yaml > vmi.yaml` leaves an empty file, which was
+def test_empty_vmi_file_is_one_line_exit_2(tmp_path, content):
+    """`kubectl get vmi missing -o yaml > vmi.yaml` leaves an empty file, which was
     accepted silently (as if the VM had no annotations)."""
     vmi = tmp_path / "vmi.yaml"
     vmi.write_bytes(content)
@@ -250,7 +250,7 @@ def test_finding_7_empty_vmi_file_is_one_line_exit_2(tmp_path, content):
     assert len(lines(r.stderr)) == 1 and "is empty" in r.stderr.decode() and str(vmi) in r.stderr.decode()
 
 
-# -- finding 9: make demo installs only what the demo uses -----------------------------------------
+# -- make demo installs only what the demo uses -----------------------------------------
 
 def _make_dry(target: str) -> str:
     r = subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True, timeout=60)
@@ -258,8 +258,8 @@ def _make_dry(target: str) -> str:
     return r.stdout.decode()
 
 
-def test_finding_9_demo_installs_the_cli_and_graphviz_only():
-    """Finding 9: `make demo` ran scripts/setup-debian.sh (18 Debian packages, as root) to print
+def test_demo_installs_the_cli_and_graphviz_only():
+    """`make demo` ran scripts/setup-debian.sh (18 Debian packages, as root) to print
     a matrix. On a fresh clone (`make -n -B`) it now installs the CLI with pip and, only when
     `dot` is missing, graphviz; `make test` still installs everything."""
     demo = _make_dry("demo")
@@ -273,10 +273,10 @@ def test_finding_9_demo_installs_the_cli_and_graphviz_only():
     assert "pipx install ." in readme and "python3 -m pip install ." in readme
 
 
-# -- finding 10: messages ------------------------------------------------------------------------
+# -- messages ------------------------------------------------------------------------
 
-def test_finding_10_unquoted_off_in_yaml_says_yaml_and_quote_it(tmp_path):
-    """Finding 10: YAML reads an unquoted `off` as false; the message said "VMI JSON annotation
+def test_unquoted_off_in_yaml_says_yaml_and_quote_it(tmp_path):
+    """YAML reads an unquoted `off` as false; the message said "VMI JSON annotation
     ... is not a string"."""
     vmi = tmp_path / "vmi.yaml"
     vmi.write_text("metadata:\n  annotations:\n    pcitopo.kubevirt.io/mode: off\n")
@@ -286,8 +286,8 @@ def test_finding_10_unquoted_off_in_yaml_says_yaml_and_quote_it(tmp_path):
     assert "YAML" in err and "JSON" not in err and "quote it" in err and 'pcitopo.kubevirt.io/mode: "off"' in err
 
 
-def test_finding_10_verify_says_what_matched_and_what_did_not(tmp_path):
-    """Finding 10: "4/20 devices, 190/190 pairs checked, 20 difference(s)" read like 4 matches."""
+def test_verify_says_what_matched_and_what_did_not(tmp_path):
+    """"4/20 devices, 190/190 pairs checked, 20 difference(s)" read like 4 matches."""
     expect = _self_prediction(tmp_path, H100)
     doc = json.loads(expect.read_text())
     doc["pairs"][0]["nccl"] = "SYS"
@@ -300,8 +300,8 @@ def test_finding_10_verify_says_what_matched_and_what_did_not(tmp_path):
                     "pairs: 189 of 190 as predicted, 1 differs"), last
 
 
-def test_finding_10_bare_pcitopo_prints_usage():
-    """Finding 10: bare `pcitopo` printed only "the following arguments are required: command"."""
+def test_bare_pcitopo_prints_usage():
+    """Bare `pcitopo` printed only "the following arguments are required: command"."""
     r = run("pcitopo")
     err = r.stderr.decode()
     assert r.returncode == 2 and err.startswith("usage: pcitopo")
@@ -309,8 +309,8 @@ def test_finding_10_bare_pcitopo_prints_usage():
         assert re.search(rf"^\s+{cmd}\s", err, re.M), cmd
 
 
-def test_finding_10_check_says_the_nvlink_sentence_once():
-    """Finding 10: --check with a fabric whose partition is not active printed the same
+def test_check_says_the_nvlink_sentence_once():
+    """--check with a fabric whose partition is not active printed the same
     300-character NVLink sentence three times (warning, check line, closing line)."""
     r = run("xmlfix", "--check", "--sysfs", str(B200), "--fabric", str(B200 / "fabric" / "fmpm-l.json"), str(B200 / "domain.xml"))
     err = r.stderr.decode()
@@ -324,8 +324,8 @@ def test_finding_10_check_says_the_nvlink_sentence_once():
     ("hgx-h100", "domain.xml", []),
     ("hgx-b200", "domain.xml", ["--fabric", "fixtures/hgx-b200/fabric/fmpm-l-degraded.json"]),
 ])
-def test_finding_10_explain_fits_100_columns(host, domain, extra):
-    """Finding 10: --explain lines reached 307 columns (the side-by-side matrix, doctor lines,
+def test_explain_fits_100_columns(host, domain, extra):
+    """--explain lines reached 307 columns (the side-by-side matrix, doctor lines,
     notes). Now every line fits in 100."""
     r = run("xmlfix", "--explain", *extra, "--sysfs", f"fixtures/{host}", f"fixtures/{host}/{domain}")
     assert r.returncode == 0, r.stderr
@@ -333,10 +333,10 @@ def test_finding_10_explain_fits_100_columns(host, domain, extra):
     assert len(widest) <= 100, (len(widest), widest)
 
 
-# -- finding 11: the README's sriov-4k figure is make bench's -------------------------------------
+# -- the README's sriov-4k figure is make bench's -------------------------------------
 
-def test_finding_11_readme_quotes_make_bench_for_topo_vfs_json():
-    """Finding 11: the README said "about 3 s and 82 MiB"; a newcomer measured 3.8-6.0 s and
+def test_readme_quotes_make_bench_for_topo_vfs_json():
+    """The README said "about 3 s and 82 MiB"; a newcomer measured 3.8-6.0 s and
     136 MiB. `make bench` measures it (row 8) and the README quotes that run, with the machine."""
     perf = "".join(p.read_text() for p in sorted((ROOT / "bench").glob("perf*.py")))  # perf.py and its modules
     assert '"topo", "--vfs", "--json"' in perf and "sriov-4k" in perf
@@ -353,12 +353,12 @@ def test_finding_11_readme_quotes_make_bench_for_topo_vfs_json():
     assert "about 3 s and 82 MiB" not in readme
 
 
-# -- finding 12: RDMA device names, NCCL_IB_HCA --------------------------------------------------
+# -- RDMA device names, NCCL_IB_HCA --------------------------------------------------
 
-def test_finding_12_nic_legend_shows_the_rdma_device_name():
-    """Finding 12: nvidia-smi topo -m names NICs by their RDMA device (mlx5_N); the legend now
+def test_nic_legend_shows_the_rdma_device_name():
+    """Nvidia-smi topo -m names NICs by their RDMA device (mlx5_N); the legend now
     shows it where the host has one (infiniband/<name> below the function). hgx-h100-faults keeps
-    the storage NICs on mlx5_core (hgx-h100 binds them to vfio-pci: issue 26 finding 12)."""
+    the storage NICs on mlx5_core (hgx-h100 binds them to vfio-pci)."""
     h100 = ROOT / "fixtures" / "hgx-h100-faults"
     r = run("pcitopo", "topo", "--sysfs", str(h100))
     legend = {m.group(1): m.group(0) for m in re.finditer(r"^  (NIC\d+): .*$", r.stdout.decode(), re.M)}
@@ -371,8 +371,8 @@ def test_finding_12_nic_legend_shows_the_rdma_device_name():
     assert rdma["0000:49:00.1"] == "mlx5_1" and rdma["0000:19:00.0"] is None
 
 
-def test_finding_12_capture_records_rdma_names_of_any_nic(tmp_path, topo):
-    """Finding 12: the capture kept infiniband/ only for ConnectX-7 (15b3:1021) functions; a
+def test_capture_records_rdma_names_of_any_nic(tmp_path, topo):
+    """The capture kept infiniband/ only for ConnectX-7 (15b3:1021) functions; a
     ConnectX-6 Dx's mlx5 name now survives capture and shows in the legend read from it."""
     from pcitopo.synth import build_tree, parse_topo
 
@@ -397,8 +397,8 @@ def test_finding_12_capture_records_rdma_names_of_any_nic(tmp_path, topo):
     assert re.search(r"^  NIC0: 0000:04:00.0 .*mlx5_7", r.stdout.decode(), re.M), r.stdout.decode()
 
 
-def test_finding_12_explain_suggests_nccl_ib_hca_in_guest_order():
-    """Finding 12: --explain names the VM's GPUDirect NICs as the guest will call them, in
+def test_explain_suggests_nccl_ib_hca_in_guest_order():
+    """--explain names the VM's GPUDirect NICs as the guest will call them, in
     guest PCI order, for NCCL_IB_HCA (the BlueField-3 functions, PHB to every GPU, are left out)."""
     r = run("xmlfix", "--explain", "--sysfs", "fixtures/hgx-b200", "fixtures/hgx-b200/domain.xml")
     text = r.stdout.decode()

@@ -1,4 +1,4 @@
-"""GPU-NIC pairs (issue 20): ``pcie_root`` as Kubernetes computes it, ``pcitopo pairs``, the
+"""GPU-NIC pairs: ``pcie_root`` as Kubernetes computes it, ``pcitopo pairs``, the
 pairing check at boot (``pcitopo.kubevirt.io/pairing``) and the doctor's per-node count.
 
 The one classifier judges every pair; these tests hold ``pcitopo pairs`` to what ``pcitopo topo``
@@ -139,8 +139,8 @@ def test_pcie_root_is_not_enough_where_a_root_complex_carries_two_switches(tmp_p
 
 
 
-def test_f12_pcie_root_enough_only_where_a_claim_can_be_satisfied(capsys):
-    """Issue 26 finding 12: on pcie-2socket no GPU shares a pcieRoot with a NIC, so a claim
+def test_pcie_root_enough_only_where_a_claim_can_be_satisfied(capsys):
+    """On pcie-2socket no GPU shares a pcieRoot with a NIC, so a claim
     matching GPU and NIC on pcieRoot never allocates there: not "enough", for either GPU."""
     src = str(FIXTURES / "pcie-2socket")
     doc = _json(capsys, ["pairs", "--json", "--sysfs", src])
@@ -291,7 +291,7 @@ def test_xmlfix_fails_under_require(tmp_path, capsys):
 def test_xmlfix_explain_and_json_carry_the_verdict(tmp_path, capsys):
     rc, out, _ = _xmlfix(tmp_path, capsys, None, "--explain")
     assert rc == 0
-    out = out.replace("\n    ", " ")  # --explain folds its lines at 100 columns (issue 22)
+    out = out.replace("\n    ", " ")  # --explain folds its lines at 100 columns
     first = out.splitlines()[0]
     assert first.startswith("Verdict: ") and first.endswith("; pairing: 1 GPU(s) given a worse NIC than the host offers (host GPU0)")
     assert "note: pairing: host GPU0 (0000:1a:00.0) got host NIC1" in out

@@ -1,4 +1,4 @@
-"""deploy/targets/kubevirt-main: pcitopo as a KubeVirt Plugin (issue 25, "Deploy").
+"""deploy/targets/kubevirt-main: pcitopo as a KubeVirt Plugin.
 
 What is checked, and how:
 
@@ -86,7 +86,7 @@ def kubevirt_policy(name: str) -> dict:
 
 # -- the Plugin CR ---------------------------------------------------------------------------------
 
-def test_i25_deploy_plugin_cr_has_kubevirt_v1_9_0_structure(plugin):
+def test_deploy_plugin_cr_has_kubevirt_v1_9_0_structure(plugin):
     assert plugin["apiVersion"] == "plugin.kubevirt.io/v1alpha1" and plugin["kind"] == "Plugin"
     assert set(plugin) == {"apiVersion", "kind", "metadata", "spec"}
     assert set(plugin["metadata"]) == {"name"}, "cluster-scoped: no namespace"
@@ -99,7 +99,7 @@ def test_i25_deploy_plugin_cr_has_kubevirt_v1_9_0_structure(plugin):
     assert len(structure_errors(bad, PLUGIN_API, "spec")) == 4
 
 
-def test_i25_deploy_plugin_cr_hooks_as_asked(plugin):
+def test_deploy_plugin_cr_hooks_as_asked(plugin):
     """A sidecar domain hook (Fail) and one PreVMStart node hook per doctor policy on the same
     socket: require under Fail, warn under Ignore; each with its own condition and a timeout; no
     plugin-level condition (v1.9.0 and main disagree on where it applies)."""
@@ -117,7 +117,7 @@ def test_i25_deploy_plugin_cr_hooks_as_asked(plugin):
 
 
 @pytest.mark.parametrize("name", ["kubevirt-plugin-validation-policy", "kubevirt-plugin-socket-path-policy"])
-def test_i25_deploy_plugin_cr_passes_virt_operators_policies(plugin, name):
+def test_deploy_plugin_cr_passes_virt_operators_policies(plugin, name):
     policy = kubevirt_policy(name)
     assert Admission(policy, plugin).denials() == []
     bad = copy.deepcopy(plugin)
@@ -149,7 +149,7 @@ OPTED = [({LABEL: "true"}, True), ({LABEL: "false"}, False), ({"app": "x"}, Fals
 
 
 @pytest.mark.parametrize("labels,expected", OPTED)
-def test_i25_deploy_plugin_conditions_select_opted_in_vmis(plugin, labels, expected):
+def test_deploy_plugin_conditions_select_opted_in_vmis(plugin, labels, expected):
     """The node hooks' conditions on the VMI's JSON (virt-handler: json names); the domain hook's
     on the Go-name view. Both select exactly the VMIs labelled pcitopo.kubevirt.io/plugin: "true"
     (a VMI without a doctor annotation: the warn hook)."""
@@ -159,7 +159,7 @@ def test_i25_deploy_plugin_conditions_select_opted_in_vmis(plugin, labels, expec
     assert evaluate(domain, {"vmi": go_view(vmi(labels))}) is expected
 
 
-def test_i25_deploy_plugin_conditions_use_each_environments_names(plugin):
+def test_deploy_plugin_conditions_use_each_environments_names(plugin):
     """The two spellings are not interchangeable: a Go name under the json view is an error (a
     hard error for KubeVirt), which is why each hook carries its own."""
     node = " ".join(h["condition"] for h in plugin["spec"]["nodeHooks"])
@@ -176,7 +176,7 @@ def _kv():
     return pytest.importorskip("kubernetes_validate")
 
 
-def test_i25_deploy_kubernetes_1_34_serves_map_as_v1beta1_only():
+def test_deploy_kubernetes_1_34_serves_map_as_v1beta1_only():
     """Which MutatingAdmissionPolicy versions each release's schema set has: 1.34 v1alpha1 and
     v1beta1 (v1beta1 off by default), v1 from 1.36."""
     kv = _kv()
@@ -198,7 +198,7 @@ def injected(pod: dict, injector: dict, params: dict) -> tuple[Admission, dict |
     return a, a.mutated()
 
 
-def test_i25_deploy_injector_matches_only_opted_in_launcher_pods(pod, injector, params):
+def test_deploy_injector_matches_only_opted_in_launcher_pods(pod, injector, params):
     a, out = injected(pod, injector, params)
     assert out is not None
     assert all(v is True for k, v in a.trace.items() if k.startswith("matchConditions."))
@@ -212,7 +212,7 @@ def test_i25_deploy_injector_matches_only_opted_in_launcher_pods(pod, injector, 
     assert injector["spec"]["matchConstraints"]["objectSelector"]["matchLabels"] == {"kubevirt.io": "virt-launcher", LABEL: "true"}
 
 
-def test_i25_deploy_injector_is_idempotent_and_needs_the_plugin_volume(pod, injector, params):
+def test_deploy_injector_is_idempotent_and_needs_the_plugin_volume(pod, injector, params):
     _, once = injected(pod, injector, params)
     assert injected(once, injector, params)[1] is None  # already injected: no second container
     pod["spec"]["volumes"] = [v for v in pod["spec"]["volumes"] if v["name"] != SOCKETS]  # Plugins gate off
@@ -239,7 +239,7 @@ def container(pod: dict, name: str) -> dict:
     return c
 
 
-def test_i25_deploy_injected_container_is_what_the_plugin_needs(pod, injector, params, plugin):
+def test_deploy_injected_container_is_what_the_plugin_needs(pod, injector, params, plugin):
     _, out = injected(pod, injector, params)
     c = container(out, "pcitopo")
     assert out["spec"]["containers"][:-1] == pod["spec"]["containers"]  # appended, nothing else changed
@@ -269,7 +269,7 @@ def test_i25_deploy_injected_container_is_what_the_plugin_needs(pod, injector, p
     assert mount["mountPath"] == f"{compute['mountPath']}/{mount['subPath']}" == socket.rsplit("/", 1)[0]
 
 
-def test_i25_deploy_patched_pod_passes_virt_operators_subpath_policy(pod, injector, params):
+def test_deploy_patched_pod_passes_virt_operators_subpath_policy(pod, injector, params):
     policy = kubevirt_policy("kubevirt-plugin-sidecar-subpath-policy")
     _, out = injected(pod, injector, params)
     a = Admission(policy, out)
@@ -280,7 +280,7 @@ def test_i25_deploy_patched_pod_passes_virt_operators_subpath_policy(pod, inject
     assert Admission(policy, out).denials() == ["sidecar containers must use subPath when mounting the plugin socket volume"]
 
 
-def test_i25_deploy_patched_pod_is_a_valid_kubernetes_1_34_pod(pod, injector, params):
+def test_deploy_patched_pod_is_a_valid_kubernetes_1_34_pod(pod, injector, params):
     """Kubernetes type-checks the typed objects a mutation builds (Object.spec.containers{...});
     cel-python builds plain maps, so the patched pod goes through the strict schema instead."""
     kv = _kv()
@@ -292,7 +292,7 @@ def test_i25_deploy_patched_pod_is_a_valid_kubernetes_1_34_pod(pod, injector, pa
         kv.validate(bad, K8S, strict=True)
 
 
-def test_i25_deploy_injector_mounts_the_fabric_like_the_hook_sidecar(pod, injector, params):
+def test_deploy_injector_mounts_the_fabric_like_the_hook_sidecar(pod, injector, params):
     """deploy/nvlink-fabric.yaml hands the hook sidecar `--fabric /etc/pcitopo/fabric.json`
     from a ConfigMap's key fabric.json; the label pcitopo.kubevirt.io/fabric-configmap does the
     same for the Plugin's container."""
@@ -314,7 +314,7 @@ def test_i25_deploy_injector_mounts_the_fabric_like_the_hook_sidecar(pod, inject
 
 # -- the node hook in the doctor's DaemonSet ----------------------------------------------------------
 
-def test_i25_deploy_node_hook_container_serves_where_virt_handler_dials(plugin):
+def test_deploy_node_hook_container_serves_where_virt_handler_dials(plugin):
     kv = _kv()
     docs = load(PLUGIN / "node-hook.yaml")
     ds = kind(docs, "DaemonSet")

@@ -79,7 +79,7 @@ def test_gpu_nodes_the_daemonset_runs_on_and_misses():
 
 
 def test_a_dump_without_the_kubevirt_cr_is_unknown_not_ok():
-    """Issue 38: without the CR the release, gates and permitted devices are unknown, and unknown is
+    """Without the CR the release, gates and permitted devices are unknown, and unknown is
     not ok (once judged as the target's first release, exit 0)."""
     r = run("--target", "kubevirt-v1.9.0", str(DUMPS / "no-kubevirt.yaml"))
     out = r.stdout.decode()

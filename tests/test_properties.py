@@ -133,7 +133,7 @@ def check_output(inp: bytes, out: bytes, host, schema) -> None:
 
 
 def mmio_projection(out: bytes) -> tuple:
-    """issue 11: what the mmio and p2p-clique options write (re-emitted on every call)."""
+    """What the mmio and p2p-clique options write (re-emitted on every call)."""
     root = etree.fromstring(out)
     m = root.find("cpu/maxphysaddr")
     feats = tuple(sorted(f.get("name") for f in root.findall("cpu/feature")))
@@ -142,7 +142,7 @@ def mmio_projection(out: bytes) -> tuple:
 
 
 def check_mmio(out: bytes, result) -> None:
-    """issue 11: <maxphysaddr> exactly when the budget needs more than QEMU's default width;
+    """<maxphysaddr> exactly when the budget needs more than QEMU's default width;
     pref64-reserve only on our root ports, cliques only on hostdev aliases of the domain."""
     root = etree.fromstring(out)
     b = result.report.mmio
@@ -368,7 +368,7 @@ def test_vmi_json_fails_typed(vmi):
 @given(mutated=mutated_domains(cases(generated_worlds(bmc=True), max_devices=4)))
 def test_passthrough_returns_input_unchanged(mutated):
     """Under on-error: passthrough, a rewrite failure hands back the input as sent (with only
-    libvirt's default hostdev mode written where it was missing, issue 25); a success hands back
+    libvirt's default hostdev mode written where it was missing); a success hands back
     what rewrite_domain returns."""
     RUNS["passthrough"] += 1
     case, xml = mutated

@@ -1,4 +1,4 @@
-"""Issue 26 finding 8: the README says near its top what was booted (stack and versions), what
+"""The README says near its top what was booted (stack and versions), what
 was simulated and what has never run, instead of "Proven by booting …" further down. The
 booted stack's versions are the ones scripts/setup-trixie.sh pins (the one place they are
 chosen; a mirror serving others fails that script)."""
@@ -31,7 +31,7 @@ def table_rows() -> dict[str, list[str]]:
     return rows
 
 
-def test_f8_readme_table_near_the_top_says_booted_simulated_never_run():
+def test_readme_table_near_the_top_says_booted_simulated_never_run():
     rows = table_rows()
     assert set(rows) == {"booted", "simulated", "never run"}
     first = README.index("| **booted** |")
@@ -48,7 +48,7 @@ def test_f8_readme_table_near_the_top_says_booted_simulated_never_run():
     assert "Proven by" not in README
 
 
-def test_f8_booted_versions_are_the_ones_setup_trixie_pins():
+def test_booted_versions_are_the_ones_setup_trixie_pins():
     pins = pinned_versions()
     assert set(pins) == set(NAMES), "a pinned package the README table does not name (or the reverse)"
     stack = table_rows()["booted"][1]

@@ -1,4 +1,4 @@
-"""Issue 26 finding 10: the license text ships, the CHANGELOG says what each kind of release may
+"""The license text ships, the CHANGELOG says what each kind of release may
 change, and `--version` prints the CHANGELOG's newest version (one source: __version__)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ APACHE_2_0_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc5
 CHANGELOG = (ROOT / "CHANGELOG.md").read_text()
 
 
-def test_f10_license_is_the_apache_2_0_text_pyproject_names():
+def test_license_is_the_apache_2_0_text_pyproject_names():
     assert hashlib.sha256((ROOT / "LICENSE").read_bytes()).hexdigest() == APACHE_2_0_SHA256
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
@@ -32,16 +32,16 @@ def newest_version() -> str:
     return versions[0]
 
 
-def test_f10_version_flags_print_the_changelogs_newest_version():
+def test_version_flags_print_the_changelogs_newest_version():
     v = newest_version()
     assert v == __version__ == md.version("pcitopo")
     for cmd, want in (("pcitopo", f"pcitopo {v}"), ("xmlfix", f"xmlfix (pcitopo) {v}")):
         r = subprocess.run([str(BIN / cmd), "--version"], capture_output=True, text=True, timeout=60)
-        # from a git checkout (the editable install) the commit follows (issue 40): "pcitopo 0.2.0 (git 1a2b3c4d5e6f)"
+        # from a git checkout (the editable install) the commit follows: "pcitopo 0.2.0 (git 1a2b3c4d5e6f)"
         assert r.returncode == 0 and re.fullmatch(re.escape(want) + r"( \(git [0-9a-f]{12}\))?", r.stdout.strip()), (cmd, r.stdout)
 
 
-def test_f10_changelog_says_what_a_patch_and_a_minor_may_change():
+def test_changelog_says_what_a_patch_and_a_minor_may_change():
     policy = CHANGELOG[CHANGELOG.index("## Version policy"):CHANGELOG.index(f"## {newest_version()}")]
     rows = {m.group(1): (m.group(2), m.group(3)) for m in
             re.finditer(r"^\| (patch|minor|major)\b[^|]*\| ([^|]+) \| ([^|]+) \|$", policy, re.M)}

@@ -1,4 +1,4 @@
-"""Issues 37 and 38: one release table (pcitopo.kubevirt.releases), and only releases whose source
+"""One release table (pcitopo.kubevirt.releases), and only releases whose source
 was read are judged.
 
 - docs/DEPLOY.md's targets, doors and re-parse tables are rendered here from the package's table

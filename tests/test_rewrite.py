@@ -120,7 +120,7 @@ def test_idempotent_and_through_kubevirt_reparse(hosts, name, case, release):
 @pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.value)
 @pytest.mark.parametrize("name", golden.GOLDEN_HOSTS)
 def test_three_chained_calls_keep_placement_and_leave_the_rest(hosts, name, release):
-    """Three calls through each KubeVirt release's re-parse (issue 18): the last raw string,
+    """Three calls through each KubeVirt release's re-parse: the last raw string,
     the one virt-launcher defines, places everything as call 1 did."""
     host = hosts[name]
     domain = (ROOT / "fixtures" / name / "domain.xml").read_bytes()

@@ -1,5 +1,5 @@
 """SeaBIOS 1.16.3's 64-bit placement model (src/pcitopo/guest/seabios.py) and the MMIO rule written from it
-(issue 18). The boots that check the model against the real firmware are in
+. The boots that check the model against the real firmware are in
 tests/e2e/test_mmio_boot.py."""
 
 from __future__ import annotations

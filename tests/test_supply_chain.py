@@ -1,4 +1,4 @@
-"""Issue 14 finding 10: the image's inputs. A small build context (.containerignore), every
+"""The image's inputs. A small build context (.containerignore), every
 dependency pinned with hashes in a lock the Containerfile installs from, and `make demo` without
 the e2e guest kernel. (The image pinned by digest through kustomize: tests/test_kustomize.py.)"""
 
@@ -64,8 +64,8 @@ def build_context(root: Path) -> dict[str, int]:
     return out
 
 
-def test_f10_containerignore_keeps_the_build_context_small():
-    """Finding 10: no .venv, guest kernel, .cache or build output in the context; everything the
+def test_containerignore_keeps_the_build_context_small():
+    """No .venv, guest kernel, .cache or build output in the context; everything the
     Containerfile COPYs is in it."""
     assert os.path.realpath(ROOT / ".dockerignore") == str(ROOT / ".containerignore")
     ctx = build_context(ROOT)
@@ -107,8 +107,8 @@ def _closure(names: list[str]) -> set[str]:
     return seen
 
 
-def test_f10_lock_pins_every_runtime_dependency_with_hashes():
-    """Finding 10: requirements.lock covers [project.dependencies] and what they pull in, each
+def test_lock_pins_every_runtime_dependency_with_hashes():
+    """Requirements.lock covers [project.dependencies] and what they pull in, each
     pinned (==) to a version the pyproject allows, each with sha256 hashes."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     lock = read_lock(ROOT / "requirements.lock")
@@ -121,8 +121,8 @@ def test_f10_lock_pins_every_runtime_dependency_with_hashes():
     assert set(lock) == _closure(project["dependencies"]), "requirements.lock is stale: run make lock"
 
 
-def test_f10_build_lock_pins_the_build_backend():
-    """Finding 10: the wheel is built with pinned, hash-checked setuptools and wheel."""
+def test_build_lock_pins_the_build_backend():
+    """The wheel is built with pinned, hash-checked setuptools and wheel."""
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
     lock = read_lock(ROOT / "requirements-build.lock")
     for dep in requires:
@@ -131,8 +131,8 @@ def test_f10_build_lock_pins_the_build_backend():
         assert req.specifier.contains(version) and hashes
 
 
-def test_f10_containerfile_installs_from_the_locks():
-    """Finding 10: both stages install with --require-hashes from the lock files."""
+def test_containerfile_installs_from_the_locks():
+    """Both stages install with --require-hashes from the lock files."""
     text = re.sub(r"\\\n\s*", " ", (ROOT / "Containerfile").read_text())
     build, final = text.split("\nFROM ")[1:3]
     runs_build = " ".join(re.findall(r"^RUN (.+)$", build, re.M))
@@ -152,8 +152,8 @@ def _make_dry_run(target: str) -> list[str]:
     return r.stdout.splitlines()
 
 
-def test_f10_make_demo_does_not_fetch_the_guest_kernel():
-    """Finding 10: `make demo` (and test-fast) run the Debian setup with SKIP_KERNEL=1 only;
+def test_make_demo_does_not_fetch_the_guest_kernel():
+    """`make demo` (and test-fast) run the Debian setup with SKIP_KERNEL=1 only;
     `make test` still fetches the kernel for the e2e tier."""
     for target in ("demo", "test-fast"):
         setup = [ln for ln in _make_dry_run(target) if "setup-debian.sh" in ln]

@@ -129,7 +129,7 @@ def test_fixtures_hold_only_listed_files_in_kernel_format(name):
             data = tree.read(f"{d}/{attr}")
             assert isinstance(data, bytes) and data.endswith(b"\n") and data.count(b"\n") == 1
             assert re.fullmatch(ATTR_FORMATS[attr], data.decode().rstrip("\n")), (bdf, attr, data)
-        # issue 11: `resource` as the kernel prints it (13 lines, 17 for a bridge)
+        # `resource` as the kernel prints it (13 lines, 17 for a bridge)
         res = tree.read(f"{d}/resource")
         assert isinstance(res, bytes), bdf
         lines = res.decode().splitlines()

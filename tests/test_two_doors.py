@@ -1,4 +1,4 @@
-"""Issue 25, item 6: the docs and --explain say which door pcitopo assumes and what reaches
+"""Item 6: the docs and --explain say which door pcitopo assumes and what reaches
 libvirt through it, from one table (pcitopo.kubevirt.doors)."""
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ def test_deploy_md_says_once_which_door_each_release_takes():
     assert "does not use it" not in DEPLOY_MD and "Moving a cluster" not in DEPLOY_MD
 
 
-def test_i25_deploy_md_release_table_is_the_door_table():
+def test_deploy_md_release_table_is_the_door_table():
     rows = [f"| {r.releases} | {r.doors} | {r.gates} | {r.survives} |" for r in DOOR_ROWS]
     for row in rows:
         assert row in DEPLOY_MD, row
 
 
 @pytest.mark.parametrize("door", ["plugin", "hook", None])
-def test_i25_explain_names_the_door_it_assumes(door, tmp_path):
+def test_explain_names_the_door_it_assumes(door, tmp_path):
     args = [str(BIN / "xmlfix"), "--explain", "--sysfs", fixture_sysfs("hgx-b200"), str(REPO / "fixtures/hgx-b200/domain.xml")]
     r = subprocess.run(args + (["--door", door] if door else []), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -44,6 +44,6 @@ def test_i25_explain_names_the_door_it_assumes(door, tmp_path):
     assert " ".join(DOOR_NOTES[door or "hook"].split()) in text
 
 
-def test_i25_an_unknown_door_is_one_line():
+def test_an_unknown_door_is_one_line():
     r = subprocess.run([str(BIN / "xmlfix"), "--door", "sidecar", "x.xml"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "invalid choice: 'sidecar'" in r.stderr

@@ -1,4 +1,4 @@
-"""docs/DEPLOY.md, "Upgrade KubeVirt", run as written, in order, on a cluster dump (issue 37, item 3).
+"""docs/DEPLOY.md, "Upgrade KubeVirt", run as written, in order, on a cluster dump.
 
 The cluster is the `kubevirt-v1.9.0` quick start's (tests/test_quickstarts.py runs it the same
 way, with the same stand-in `kubectl`), taken up to its roll back. Then:

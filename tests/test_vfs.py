@@ -1,4 +1,4 @@
-"""Issue 14 finding 9: SR-IOV VFs are shown under their PF, and pairs grow with the PFs.
+"""SR-IOV VFs are shown under their PF, and pairs grow with the PFs.
 
 Before the change, `pcitopo topo --vfs --json` on sriov-4k paired every VF with every other
 device (4,116 rows, 8.5 million pairs) and did not finish in 10 minutes; these tests time out
@@ -33,8 +33,8 @@ def sriov():
     return open_host(ROOT / SRIOV)
 
 
-def test_f9_vfs_grouped_under_pf_in_json():
-    """Finding 9: 20 GPU/NIC rows, 190 pairs, 4,096 VFs listed under their 8 PFs."""
+def test_vfs_grouped_under_pf_in_json():
+    """20 GPU/NIC rows, 190 pairs, 4,096 VFs listed under their 8 PFs."""
     r = run("topo", "--vfs", "--json", "--sysfs", SRIOV)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
@@ -54,8 +54,8 @@ def test_f9_vfs_grouped_under_pf_in_json():
     assert {p["a"] for p in data["pairs"]} | {p["b"] for p in data["pairs"]} <= bdfs
 
 
-def test_f9_vfs_grouped_under_pf_in_the_matrix():
-    """Finding 9: the text view lists a PF's VFs on its legend line; the matrix has PF rows only."""
+def test_vfs_grouped_under_pf_in_the_matrix():
+    """The text view lists a PF's VFs on its legend line; the matrix has PF rows only."""
     r = run("topo", "--vfs", "--sysfs", SRIOV)
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode()
@@ -65,8 +65,8 @@ def test_f9_vfs_grouped_under_pf_in_the_matrix():
     assert len(out.splitlines()) < 100
 
 
-def test_f9_a_vf_named_without_its_pf_is_a_row_of_its_own():
-    """Finding 9: only a VF whose PF is also listed is folded into it."""
+def test_a_vf_named_without_its_pf_is_a_row_of_its_own():
+    """Only a VF whose PF is also listed is folded into it."""
     r = run("topo", "--json", "--sysfs", SRIOV, "0000:19:00.1", "0000:18:00.0")
     data = json.loads(r.stdout)
     assert [d["bdf"] for d in data["devices"]] == ["0000:18:00.0", "0000:19:00.1"]
@@ -74,8 +74,8 @@ def test_f9_a_vf_named_without_its_pf_is_a_row_of_its_own():
     assert [(p["nccl"], p["nvml"]) for p in data["pairs"]] == [("PIX", "PIX")]
 
 
-def test_f9_a_vfs_class_to_any_device_is_its_pfs(sriov):
-    """Finding 9: the fact the grouping rests on, checked on the fixture: the first and the last
+def test_a_vfs_class_to_any_device_is_its_pfs(sriov):
+    """The fact the grouping rests on, checked on the fixture: the first and the last
     VF of every PF (including VFs spilled onto the next buses) against every other GPU/NIC."""
     groups = group_vfs(sriov, default_devices(sriov, include_vfs=True))
     assert len(groups.heads) == 20 and len(groups.vfs) == 8

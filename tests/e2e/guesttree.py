@@ -81,7 +81,7 @@ class GuestPrintout:
     lspci_tree: str
     raw: str
     info: dict[str, str] = field(default_factory=dict)
-    # fw_cfg blobs by name below by_name/ (``opt/...``), as the guest read them (issue 19)
+    # fw_cfg blobs by name below by_name/ (``opt/...``), as the guest read them
     fwcfg: dict[str, bytes] = field(default_factory=dict)
 
     def by_root(self, root: str) -> list[GuestFunction]:
@@ -149,7 +149,7 @@ def parse_printout(serial_text: str) -> GuestPrintout:
             name, digits = rest.rsplit(" ", 1)
             hexes.setdefault(name, []).append(digits)
         elif tag in ("@@RES", "@@DMESG"):
-            continue  # BARs and kernel lines: read by mmio_boot.count_bars (issue 11)
+            continue  # BARs and kernel lines: read by mmio_boot.count_bars
         else:
             raise PrintoutError(f"unexpected line in printout: {line!r}")
     fwcfg = {name: bytes.fromhex("".join(parts)) for name, parts in hexes.items()}

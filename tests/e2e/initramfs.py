@@ -11,12 +11,12 @@ it can be picked out of a serial log that also carries kernel messages::
     @@ABSENT <BDF> <name>          (the file does not exist in the guest)
     @@UNREADABLE <BDF> <name>      (it exists but reading it failed)
     @@LINK <BDF> <name> <link text>
-    @@RES <BDF> <line> <start> <end> <flags>   (the function's `resource` file, issue 11)
+    @@RES <BDF> <line> <start> <end> <flags>   (the function's `resource` file)
     @@DMESG <kernel line about BARs and windows>
     @@NODE <N> <cpulist>
     @@INFO <key> <value>           (acpi_tables, cmdline, kernel, physbits, bios_vendor, bios_version)
     @@LSPCI <one line of `lspci -tvnn`>
-    @@FWCFG-SIZE <name> <bytes>    (each fw_cfg blob under opt/, issue 19)
+    @@FWCFG-SIZE <name> <bytes>    (each fw_cfg blob under opt/)
     @@FWCFG <name> <hex>           (its bytes in hex, 1024 digits a line)
     @@PCITOPO-END
 
@@ -106,7 +106,7 @@ echo "@@INFO kernel $(uname -r)"
 echo "@@INFO bios_vendor $(cat /sys/class/dmi/id/bios_vendor 2>/dev/null)"
 echo "@@INFO bios_version $(cat /sys/class/dmi/id/bios_version 2>/dev/null)"
 lspci -tvnn 2>&1 | while IFS= read -r line; do echo "@@LSPCI $line"; done
-# issue 19: the fw_cfg blobs the domain passed (sysfs needs the qemu_fw_cfg module), byte-exact in hex
+# the fw_cfg blobs the domain passed (sysfs needs the qemu_fw_cfg module), byte-exact in hex
 [ -e /lib/qemu_fw_cfg.ko ] && insmod /lib/qemu_fw_cfg.ko 2>/dev/null
 echo "@@INFO fw_cfg $([ -d /sys/firmware/qemu_fw_cfg ] && echo present || echo absent)"
 # (by_name/ holds links to by_key/<selector>/, which has the name and the raw bytes)

@@ -1,4 +1,4 @@
-"""The MMIO tier (issues 11 and 18): boot rewritten domains with large-BAR stand-ins and count the
+"""The MMIO tier: boot rewritten domains with large-BAR stand-ins and count the
 BARs the guest kernel assigned.
 
 A GPU's BARs are stood in for by QEMU ``ivshmem-plain`` devices: its BAR2 is a 64-bit

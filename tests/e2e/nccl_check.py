@@ -1,4 +1,4 @@
-"""Issue 19: in a booted golden guest, NCCL's bandwidth model equals the host's.
+"""In a booted golden guest, NCCL's bandwidth model equals the host's.
 
 What a booted guest must show (``check_nccl``):
 

@@ -1,4 +1,4 @@
-"""Issue 27: the deploy/ examples booted as KubeVirt v1.9.0 sends them.
+"""The deploy/ examples booted as KubeVirt v1.9.0 sends them.
 
 Each example's domain is built as KubeVirt v1.9.0's converter builds it (placeholders, vCPU
 hotplug, real aliases, the secboot loader, per-cell hugepages: testkit.kubevirt_vmi), goes
@@ -35,7 +35,7 @@ SLOW = {"vm-gpu.yaml"}
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=(pytest.mark.e2e_slow,) if n in SLOW else ())
                                   for n in sorted(EXAMPLES)])
-def test_i27_example_boots_as_kubevirt_v190_sends_it(name, libvirtd, tmp_path):
+def test_example_boots_as_kubevirt_v190_sends_it(name, libvirtd, tmp_path):
     host, vmi, gpus = EXAMPLES[name]
     first = domain_for_vmi(host, vmi, gpus, release=Release.V1_9)
     defines = boot_defines(first, lambda x: rewrite_domain(x, host).xml, Release.V1_9, interfaces=vmi_interfaces(vmi))

@@ -1,4 +1,4 @@
-"""Issue 5: boot the golden rewritten domains and check the guest's own PCI tree.
+"""Boot the golden rewritten domains and check the guest's own PCI tree.
 
 For each golden case the rewrite of ``domain.xml`` must equal the committed ``expected.xml``;
 that XML is booted (hostdevs swapped for stand-ins at the same guest addresses, everything the
@@ -56,7 +56,7 @@ BOOT_CASES = (
 )
 # Booted by its own test below, which also checks what that host is there for.
 B300 = "hgx-b300"
-# Issue 19: the three goldens whose booted guests must price NCCL's paths as the host does.
+# The three goldens whose booted guests must price NCCL's paths as the host does.
 NCCL_CASES = ("hgx-b200", "hgx-h100", "dgx-h100")
 # Broken on purpose; the smallest case keeps these boots short.
 BREAK_BASE = "hgx-h100/cases/one-node"
@@ -154,7 +154,7 @@ def test_golden_boots_as_promised(case, libvirtd, tmp_path):
     check.assert_ok()
     assert check.devices_checked == len(res.report.placed)
     assert check.pairs_checked == len(res.report.pairs)
-    if case in NCCL_CASES:  # issue 19: NCCL's bandwidth model in the booted guest (nccl_check.py)
+    if case in NCCL_CASES:  # NCCL's bandwidth model in the booted guest (nccl_check.py)
         nccl = check_nccl(FIXTURES / case.split("/")[0], FIXTURES / case / "domain.xml", host, booted, tmp_path / "nccl")
         _NCCL.append(nccl.line(case))
         print("\n" + nccl.line(case))
@@ -163,7 +163,7 @@ def test_golden_boots_as_promised(case, libvirtd, tmp_path):
 
 
 def test_b300_guest_keeps_pxb_for_every_gpu_and_its_nic(libvirtd, tmp_path):
-    """Issue 20: on HGX B300 each GPU sits two switch levels inside its ConnectX-8's PCIe switch,
+    """On HGX B300 each GPU sits two switch levels inside its ConnectX-8's PCIe switch,
     PXB to its NIC on the host. The booted guest must be as promised (every pair, every NUMA
     node), and in it every GPU is PXB to that NIC in NCCL's and nvidia-smi's view, through two
     switch nodes: the mirror flattened nothing (QEMU's switch is no Broadcom part)."""

@@ -1,4 +1,4 @@
-"""Issue 25: the Plugin path's final XML boots as the hook's does.
+"""The Plugin path's final XML boots as the hook's does.
 
 What libvirt gets on KubeVirt v1.9.0 with the Plugins gate and pcitopo at both doors is the last
 define of testkit.plugin.pipeline.boot: the legacy hook's reply through KubeVirt's struct re-parse,
@@ -39,7 +39,7 @@ def plugin_path(host, domain: bytes, **kw) -> bytes:
 # hgx-b200 in the regular tier; the two H100 boards (the same path, 2 more boots) in the slow one
 @pytest.mark.parametrize("case", [pytest.param(c, marks=() if c == "hgx-b200" else (pytest.mark.e2e_slow,))
                                   for c in NCCL_CASES])
-def test_i25_plugin_path_boots_with_the_legacy_paths_classes_and_nccl(case, libvirtd, tmp_path):
+def test_plugin_path_boots_with_the_legacy_paths_classes_and_nccl(case, libvirtd, tmp_path):
     host, res = golden(case)
     xml = plugin_path(host, (FIXTURES / case / "domain.xml").read_bytes())
     assert b'<override xmlns="http://libvirt.org/schemas/domain/qemu/1.0">' in xml  # libvirtxml's form
@@ -54,7 +54,7 @@ def test_i25_plugin_path_boots_with_the_legacy_paths_classes_and_nccl(case, libv
     assert nccl.ports_checked and nccl.pairs and nccl.equal_with_file == nccl.pairs
 
 
-def test_i25_plugin_path_assigns_every_bar_as_the_legacy_path(libvirtd):
+def test_plugin_path_assigns_every_bar_as_the_legacy_path(libvirtd):
     """The OCI H100 shape under SeaBIOS 1.16.3 (the MMIO tier's regular case): the plugin path's
     XML (maxphysaddr and pref64-reserve through libvirtxml) assigns what the hook's does."""
     legacy = boot_domain("oci-h100", efi=False)

@@ -1,4 +1,4 @@
-"""Issue 18: the stack the e2e tier boots on.
+"""The stack the e2e tier boots on.
 
 Without a daemon: the version parsing of ``testkit.stack`` and, when ``make setup`` built it, that
 the Debian 13 root carries the versions the docs claim (QEMU 10.0, libvirt 11.3, SeaBIOS 1.16.3,

@@ -1,4 +1,4 @@
-"""Issue 14, finding 5: ``pcitopo verify`` in a booted guest against ``xmlfix --json``.
+"""``pcitopo verify`` in a booted guest against ``xmlfix --json``.
 
 The operator's loop, for real: ``xmlfix --json`` predicts the guest of a domain; the rewritten
 domain boots (stand-ins at the hostdevs' guest addresses, see guestboot.py); the guest's own
@@ -37,8 +37,8 @@ def _guest(tool: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["/usr/bin/python3", "-S", "-I", str(tool), *args], capture_output=True, timeout=120, cwd=REPO_ROOT)
 
 
-def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
-    """Finding 5: prediction → boot → verify passes; a wrong prediction fails, named."""
+def test_verify_in_a_booted_guest(libvirtd, tmp_path):
+    """Prediction → boot → verify passes; a wrong prediction fails, named."""
     pred = _run("xmlfix", "--json", "--sysfs", str(HOST), str(CASE / "domain.xml"))
     assert pred.returncode == 0, pred.stderr
     out = _run("xmlfix", "--sysfs", str(HOST), str(CASE / "domain.xml"))
@@ -50,7 +50,7 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     expect = tmp_path / "predicted.json"
     expect.write_bytes(pred.stdout)
 
-    # issue 19: the guest installs NCCL's topology file the domain passed through fw_cfg
+    # the guest installs NCCL's topology file the domain passed through fw_cfg
     raw = tmp_path / "nccl-topo.b64"
     raw.write_bytes(booted.printout.fwcfg[FWCFG_NAME])
     installed = tmp_path / "run" / "nvidia-topologyd" / "virtualTopology.xml"
@@ -61,7 +61,7 @@ def test_f5_verify_in_a_booted_guest(libvirtd, tmp_path):
     doc = json.loads(pred.stdout)
     n, m = len(doc["devices"]), len(doc["pairs"])
     assert f"as predicted: all {n} devices and all {m} pairs" in r.stderr.decode()
-    # Issue 22, finding 6: the guest tool (one file, standard library only) on the same tree,
+    # The guest tool (one file, standard library only) on the same tree,
     # under a plain python3 without site-packages: the guest image has no Python of its own.
     tool = tmp_path / "pcitopo-guest"
     assert _run("pcitopo", "guest-tool", "-o", str(tool)).returncode == 0

@@ -54,7 +54,7 @@ def test_host_may_be_a_callable_and_mode_off_never_calls_it(b200):
 
 def moded(dom: bytes) -> bytes:
     """What mode: off and on-error: passthrough hand back: the domain, with libvirt's default
-    mode='subsystem' written on the PCI hostdevs that lack it (issue 25), nothing else changed."""
+    mode='subsystem' written on the PCI hostdevs that lack it, nothing else changed."""
     out = with_hostdev_modes(dom)[0]
     root, back = etree.fromstring(dom), etree.fromstring(out)
     assert all(hd.get("mode") == "subsystem" for hd in back.iter("hostdev"))
@@ -64,7 +64,7 @@ def moded(dom: bytes) -> bytes:
     return out
 
 
-def test_i25_off_and_passthrough_write_only_the_hostdev_mode():
+def test_off_and_passthrough_write_only_the_hostdev_mode():
     dom = fixture_domain("hgx-b200")
     out = moded(dom)
     assert out != dom and out.count(b'<hostdev mode="subsystem" type="pci"') == dom.count(b"<hostdev ")

@@ -63,7 +63,7 @@ def test_the_kubevirt_cr_enables_sidecars_with_the_memory_the_docs_recommend():
 
 
 def test_the_memory_figures_are_stated_once_in_deploy_md():
-    """Issue 14 finding 7: the measured memory lives in docs/DEPLOY.md's "Memory budget"; the manifests and
+    """The measured memory lives in docs/DEPLOY.md's "Memory budget"; the manifests and
     SECURITY.md refer to it instead of quoting figures that drift apart."""
     assert "### Memory budget" in DEPLOY_MD and "≤ 56 MiB" in DEPLOY_MD
     for path in [*MANIFESTS, REPO / "docs" / "SECURITY.md"]:

@@ -37,7 +37,7 @@ def test_the_option_defaults_to_warn_and_takes_three_values():
         options_from_annotations({f"{PREFIX}doctor": "strict"})
 
 
-def test_warn_logs_the_findings_and_starts_the_vm(faults):
+def test_warn_logs_the_problems_and_starts_the_vm(faults):
     out = handle_define_domain(DOMAIN, vmi_json(DOMAIN), faults)
     assert out.outcome == "rewritten" and out.doctor is not None
     s = out.summary
@@ -181,7 +181,7 @@ def test_the_refusal_names_no_other_devices_address(faults):
     assert "iommu-group GPU3 0000:5d:00.0: IOMMU group 900 also holds another device: " in msg and "5c:00.0" not in msg, msg
 
 
-def test_the_shim_log_line_carries_the_findings(tmp_path):
+def test_the_shim_log_line_carries_the_problems(tmp_path):
     run = subprocess.run(
         [str(BIN / "onDefineDomain"), "--vmi", vmi_json(DOMAIN).decode(), "--domain", DOMAIN.decode(),
          "--sysfs", fixture_sysfs("hgx-h100-faults")],

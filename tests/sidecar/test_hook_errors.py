@@ -27,7 +27,7 @@ def _all_error_classes() -> list[type[PcitopoError]]:
     todo = [PcitopoError]
     while todo:
         for sub in todo.pop().__subclasses__():
-            if sub not in seen and sub.__module__.startswith(("pcitopo.", "pcitopo.cli.")):
+            if sub not in seen and sub.__module__.startswith("pcitopo."):
                 seen.append(sub)
                 todo.append(sub)
     return seen

@@ -1,4 +1,4 @@
-"""Issue 14 finding 13: the server against an independent client, as virt-launcher calls it.
+"""The server against an independent client, as virt-launcher calls it.
 
 ``hookclient`` (tests/sidecar/goclient/main.go) is a grpc-go program whose stubs are generated
 from the hook .proto files by Debian's protoc-gen-go/protoc-gen-go-grpc and compiled against
@@ -49,8 +49,8 @@ def call(client: Path, socket: Path, *args: str) -> tuple[int, dict]:
     return r.returncode, json.loads(lines[-1])
 
 
-def test_f13_stubs_are_generated_for_kubevirts_service_names(hookclient):
-    """Finding 13: the Go stubs name the RPCs by KubeVirt's package and service names."""
+def test_stubs_are_generated_for_kubevirts_service_names(hookclient):
+    """The Go stubs name the RPCs by KubeVirt's package and service names."""
     src = hookclient.parent / "gopath" / "src"
     text = "".join(p.read_text() for p in src.rglob("*_grpc.pb.go"))
     for method in ("/kubevirt.hooks.info.Info/Info", "/kubevirt.hooks.v1alpha1.Callbacks/OnDefineDomain",
@@ -60,8 +60,8 @@ def test_f13_stubs_are_generated_for_kubevirts_service_names(hookclient):
     assert set(PACKAGES) == {p.name for p in (Path(__file__).resolve().parents[2] / "proto/pcitopo/sidecar/hookproto").glob("*.proto")}
 
 
-def test_f13_go_client_info_and_negotiation(hookclient, server):
-    """Finding 13: Info within virt-launcher's 1 s deadline; the newest common version wins."""
+def test_go_client_info_and_negotiation(hookclient, server):
+    """Info within virt-launcher's 1 s deadline; the newest common version wins."""
     rc, rep = call(hookclient, server.socket)
     assert rc == 0, rep
     assert rep["info"] == {
@@ -74,8 +74,8 @@ def test_f13_go_client_info_and_negotiation(hookclient, server):
 
 @pytest.mark.parametrize("case", [None, "kubevirt-numa", "no-numa"])
 @pytest.mark.parametrize("version", VERSIONS)
-def test_f13_go_client_gets_xmlfix_bytes_on_every_version(hookclient, server, tmp_path, case, version):
-    """Finding 13: OnDefineDomain through grpc-go returns exactly what `xmlfix` prints."""
+def test_go_client_gets_xmlfix_bytes_on_every_version(hookclient, server, tmp_path, case, version):
+    """OnDefineDomain through grpc-go returns exactly what `xmlfix` prints."""
     domain = fixture_domain("hgx-b200", case)
     vmi = vmi_json(domain)
     (tmp_path / "in.xml").write_bytes(domain)
@@ -92,8 +92,8 @@ def test_f13_go_client_gets_xmlfix_bytes_on_every_version(hookclient, server, tm
     assert last["version"] == version and last["outcome"] == "rewritten"
 
 
-def test_f13_go_client_sees_a_bad_domain_as_a_grpc_error(hookclient, server, tmp_path):
-    """Finding 13: a refused domain is a status grpc-go reads (code and one-line reason)."""
+def test_go_client_sees_a_bad_domain_as_a_grpc_error(hookclient, server, tmp_path):
+    """A refused domain is a status grpc-go reads (code and one-line reason)."""
     domain = fixture_domain("hgx-b200").replace(b'bus="0x1b" slot="0x00"', b'bus="0x77" slot="0x00"', 1)
     (tmp_path / "in.xml").write_bytes(domain)
     (tmp_path / "vmi.json").write_bytes(vmi_json(domain))
@@ -104,8 +104,8 @@ def test_f13_go_client_sees_a_bad_domain_as_a_grpc_error(hookclient, server, tmp
     assert not (tmp_path / "out.xml").exists()
 
 
-def test_f13_go_client_shutdown_stops_the_server(hookclient, tmp_path):
-    """Finding 13: v1alpha3 Shutdown from grpc-go stops the server and removes its socket."""
+def test_go_client_shutdown_stops_the_server(hookclient, tmp_path):
+    """V1alpha3 Shutdown from grpc-go stops the server and removes its socket."""
     d = Path(tempfile.mkdtemp(prefix="pcitopo-go-"))
     try:
         sock = d / "pcitopo.sock"

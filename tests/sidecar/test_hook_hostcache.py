@@ -1,4 +1,4 @@
-"""Issue 21: the server reuses the host model and the doctor's findings across calls, and each
+"""The server reuses the host model and the doctor's findings across calls, and each
 thing that can change under a running sidecar ends the reuse: a rebind (the ``driver`` link),
 an IOMMU group change (the ``iommu_group`` link) and a new capture at the ``--sysfs`` path.
 
@@ -54,7 +54,7 @@ def call(cache: HostCache):
     return handle_define_domain(domain, vmi_json(domain), cache)
 
 
-def test_the_model_and_the_findings_are_reused_while_nothing_changes(host_dir):
+def test_the_model_and_the_diagnoses_are_reused_while_nothing_changes(host_dir):
     reasons: list[str] = []
     cache = HostCache(str(host_dir), on_reopen=reasons.append)
     first = call(cache)

@@ -1,5 +1,5 @@
-"""Issue 14 at the gRPC door: versions (finding 6) and the reply size virt-launcher can read
-(finding 12). Real `pcitopo serve` processes on a socket, real gRPC clients."""
+"""The operator's promises at the hook: versions and the reply size virt-launcher can
+read. Real `pcitopo serve` processes on a socket, real gRPC clients."""
 
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ def _info(sock: Path) -> info_pb2.InfoResult:
         return info_pb2_grpc.InfoStub(ch).Info(info_pb2.InfoParams(), timeout=1.0)
 
 
-def test_f6_versions_in_the_log_and_kubevirts_version_arg_is_accepted(serve):
-    """Finding 6: `--version v1alpha2` (as KubeVirt's example sidecars pass it) no longer stops
+def test_versions_in_the_log_and_kubevirts_version_arg_is_accepted(serve):
+    """`--version v1alpha2` (as KubeVirt's example sidecars pass it) no longer stops
     the server; the version is in the serving line and in the Info log."""
     srv = serve("--version", "v1alpha2")
     assert _info(srv.socket).name == "pcitopo"
@@ -59,8 +59,8 @@ def test_f6_versions_in_the_log_and_kubevirts_version_arg_is_accepted(serve):
     assert info["pcitopo_version"] == __version__ and info["name"] == "pcitopo"
 
 
-def test_f6_version_flags_and_a_wrong_serve_argument_named_once():
-    """Finding 6: --version on every command; a bad serve argument is one line with the prefix
+def test_version_flags_and_a_wrong_serve_argument_named_once():
+    """--version on every command; a bad serve argument is one line with the prefix
     once (it was `pcitopo serve: pcitopo serve: ...`)."""
     for argv in (["pcitopo", "--version"], ["xmlfix", "--version"], ["pcitopo", "serve", "--version"]):
         r = subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, timeout=60)
@@ -71,8 +71,8 @@ def test_f6_version_flags_and_a_wrong_serve_argument_named_once():
     assert r.returncode == 2 and r.stderr.count(b"pcitopo serve:") == 1
 
 
-def test_f12_a_reply_virt_launcher_cannot_read_is_refused_by_name(serve):
-    """Finding 12: a domain under the 8 MiB request limit whose rewrite exceeds grpc-go's 4 MiB
+def test_a_reply_virt_launcher_cannot_read_is_refused_by_name(serve):
+    """A domain under the 8 MiB request limit whose rewrite exceeds grpc-go's 4 MiB
     client limit gets a pcitopo error, not a reply the client cannot read."""
     assert MAX_REPLY_BYTES < MAX_MESSAGE_BYTES
     srv = serve()

@@ -1,4 +1,4 @@
-"""Issue 21: what the hook derives per allocation (the plan, the guest tree and its pair classes,
+"""What the hook derives per allocation (the plan, the guest tree and its pair classes,
 the MMIO sizing with SeaBIOS's model, NCCL's file, the pair counts, the pairing verdict, the
 controllers as written) is
 remembered on the host model (``Topology.recent``) and reused by the next call with the same

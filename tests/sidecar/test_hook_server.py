@@ -212,7 +212,7 @@ def test_a_stale_socket_is_replaced(start, hooks_dir):
 
 
 def test_the_serving_line_names_the_kubevirt_releases_it_relies_on(start):
-    """Issue 18: one line at start says what the output relies on: the raw define, the
+    """One line at start says what the output relies on: the raw define, the
     re-parse per release, no domain-hook plugins (docs/DEPLOY.md, "KubeVirt releases")."""
     srv = start()
     info(srv.socket)

@@ -49,7 +49,7 @@ def test_equals_form_any_order_and_a_sysfs_flag():
 
 def test_the_domain_bytes_come_back_exactly_when_nothing_is_to_be_done():
     """Off and passthrough hand back what the shim passed, non-ASCII included, with only libvirt's
-    default hostdev mode written where it was missing (issue 25)."""
+    default hostdev mode written where it was missing."""
     dom = DOMAIN.replace(b"<devices>", "<description>Gr\u00fc\u00dfe \u2013 GPU VM</description><devices>".encode(), 1)
     off = vmi_json(dom, {f"{PREFIX}mode": "off"})
     r = subprocess.run([str(BIN / "onDefineDomain"), b"--vmi", off, b"--domain", dom], capture_output=True, cwd="/", timeout=60)

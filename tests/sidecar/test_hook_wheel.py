@@ -98,7 +98,7 @@ def test_the_final_stage_is_slim_wheel_only_unprivileged(containerfile):
     base = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
     image = re.sub(r"\$\{(\w+)\}", lambda m: base.get(m.group(1), m.group(0)), runtime[0][1])
     # The build and runtime stages on the Debian 12 base with Debian's python3 that
-    # scripts/image-base.sh makes (issue 21: what CI builds is what users get), under the name
+    # scripts/image-base.sh makes, under the name
     # the build script passes.
     assert image.startswith("localhost/pcitopo-base:bookworm-"), image
     assert containerfile[0][0][1].split()[0] == runtime[0][1].split()[0]

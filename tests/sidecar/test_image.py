@@ -1,4 +1,4 @@
-"""Issue 21: the image itself, built from the Containerfile and run as KubeVirt runs a sidecar.
+"""The image itself, built from the Containerfile and run as KubeVirt runs a sidecar.
 
 ``scripts/image.sh`` builds it (the Debian base from ``scripts/image-base.sh``, then the
 Containerfile with podman). The amd64 image then runs the way a non-root VMI's sidecar runs:
@@ -47,7 +47,7 @@ HOOKS = "/var/run/kubevirt-hooks"
 # placement taken over, and a later call's re-parsed input).
 FIXTURES = ("hgx-b200", "hgx-h100", "dgx-h100")
 CASES = (None, "kubevirt-numa", "reparsed")
-# Issue 21's target. The image is about 155 MB (docs/DEPLOY.md, "The image"); this catches a stray
+# The image size target. The image is about 155 MB (docs/DEPLOY.md, "The image"); this catches a stray
 # layer, package or build leftover.
 SIZE_LIMIT = 160e6
 
@@ -283,8 +283,8 @@ def test_the_image_serves_virt_launcher_byte_identical_to_xmlfix(amd64, hookclie
     assert len(results) == len(FIXTURES) * len(CASES)
 
 
-def test_i25_the_image_serves_the_plugins_three_defines_as_kubevirt_runs_it(amd64, tmp_path):
-    """Issue 25: the image as the Plugin's domain hook (uid 107, read-only, no capabilities, the
+def test_the_image_serves_the_plugins_three_defines_as_kubevirt_runs_it(amd64, tmp_path):
+    """The image as the Plugin's domain hook (uid 107, read-only, no capabilities, the
     socket under /var/run/kubevirt-plugin/pcitopo/), MutateDomain from grpc-go over KubeVirt
     v1.9.0's three defines (legacy hook and plugin), per fixture: every define equals xmlfix's
     output for what the plugin got, as libvirt-go-xml-module reads both."""

@@ -1,4 +1,4 @@
-"""Issue 25: pcitopo through KubeVirt v1.9.0's Plugin pipeline, three defines per boot.
+"""Pcitopo through KubeVirt v1.9.0's Plugin pipeline, three defines per boot.
 
 The pipeline (legacy hooks, ``api.DomainSpec``'s re-parse, ``translate.ToLibvirtDomain``, the
 plugin's MutateDomain with libvirt-go-xml-module's Marshal/Unmarshal around it) is modelled from
@@ -89,14 +89,14 @@ def xmlfix_out(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_i25_no_gpu_vm_starts_where_a_plugin_exists_without_pcitopo(name):
+def test_no_gpu_vm_starts_where_a_plugin_exists_without_pcitopo(name):
     """kubevirt#18861 as released: KubeVirt's hostdevs have no mode, ToLibvirtDomain refuses them."""
     b = boot(fixture_domain(name))
     assert b.error == "failed to allocate hotplug ports: Missing 'mode' attribute on domain hostdev" and not b.defines
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_i25_both_doors_on_v190_boot_and_keep_every_setting(name, xmlfix_out):
+def test_both_doors_on_v190_boot_and_keep_every_setting(name, xmlfix_out):
     """v1.9.0 as released with the Plugins gate: the legacy hook's mode lets the pipeline through,
     the plugin re-makes what the re-parse dropped; three defines, every setting xmlfix writes."""
     plugin = Plugin(name)
@@ -113,7 +113,7 @@ def test_i25_both_doors_on_v190_boot_and_keep_every_setting(name, xmlfix_out):
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_i25_the_plugin_alone_is_enough_once_kubevirt_writes_mode(name, xmlfix_out):
+def test_the_plugin_alone_is_enough_once_kubevirt_writes_mode(name, xmlfix_out):
     """A release with kubevirt PR #18866: no legacy hook at all; the plugin's three calls, each on
     a rebuilt domain, define what xmlfix writes."""
     plugin = Plugin(name)
@@ -125,7 +125,7 @@ def test_i25_the_plugin_alone_is_enough_once_kubevirt_writes_mode(name, xmlfix_o
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_i25_the_legacy_hook_alone_starts_the_vm_but_loses_what_the_struct_drops(name):
+def test_the_legacy_hook_alone_starts_the_vm_but_loses_what_the_struct_drops(name):
     """Why the plugin is needed: with a Plugin CR and only the legacy hook, the VM starts (mode
     passes) but libvirt gets KubeVirt's rebuilt struct: maxphysaddr, overrides, model names gone."""
     plugin = Plugin(name)
@@ -136,7 +136,7 @@ def test_i25_the_legacy_hook_alone_starts_the_vm_but_loses_what_the_struct_drops
     assert all(c[1] is None for c in got["controllers"])  # no <model name>
 
 
-def test_i25_the_plugin_reply_reads_back_through_libvirtxml_unchanged(xmlfix_out):
+def test_the_plugin_reply_reads_back_through_libvirtxml_unchanged(xmlfix_out):
     """The reply is libvirtxml-stable: reading it and writing it again changes nothing, and the
     plugin given its own (libvirtxml-marshalled) output returns it as it was."""
     plugin = Plugin("hgx-b200")
@@ -145,7 +145,7 @@ def test_i25_the_plugin_reply_reads_back_through_libvirtxml_unchanged(xmlfix_out
     assert as_libvirtxml(plugin(first)) == first
 
 
-def test_i25_libvirtxml_forms_are_accepted():
+def test_libvirtxml_forms_are_accepted():
     """Input as libvirtxml writes it (2-space indent, `<x></x>`, default-namespace override,
     decimal ports) and as api.DomainSpec writes it (tabs, qemu: prefix) place the same."""
     plugin = Plugin("hgx-b200")
@@ -158,7 +158,7 @@ def test_i25_libvirtxml_forms_are_accepted():
 
 
 @pytest.mark.parametrize("context", ["MigrationTarget", "MigrationSource", "Shutdown", ""])
-def test_i25_other_contexts_return_the_domain_as_sent_and_say_why(context):
+def test_other_contexts_return_the_domain_as_sent_and_say_why(context):
     plugin = Plugin("hgx-b200", context=context)
     domain = round_trip(with_kubevirt_18866(fixture_domain("hgx-b200")))
     assert plugin(domain) == domain
@@ -168,14 +168,14 @@ def test_i25_other_contexts_return_the_domain_as_sent_and_say_why(context):
     assert rec["level"] == ("info" if context.startswith("Migration") else "warning")
 
 
-def test_i25_other_contexts_still_give_hostdevs_their_mode():
+def test_other_contexts_still_give_hostdevs_their_mode():
     plugin = Plugin("hgx-b200", context="MigrationTarget")
     out = plugin(fixture_domain("hgx-b200"))
     assert round_trip(out)  # libvirtxml can read it
     assert plugin.records()[-1]["hostdev_modes_given"] == fixture_domain("hgx-b200").count(b"<hostdev ")
 
 
-def test_i25_a_refusal_is_one_line_with_the_failure_strategy_left_to_kubevirt():
+def test_a_refusal_is_one_line_with_the_failure_strategy_left_to_kubevirt():
     """pairing: require on a domain whose GPU got a worse NIC: a CallFailed with one line."""
     plugin = Plugin("hgx-b200", annotations={"pcitopo.kubevirt.io/mmio": "bogus"})
     with pytest.raises(CallFailed) as e:
@@ -186,7 +186,7 @@ def test_i25_a_refusal_is_one_line_with_the_failure_strategy_left_to_kubevirt():
     assert rec["door"] == "plugin" and rec["outcome"] == "failed" and rec["level"] == "error"
 
 
-def test_i25_off_and_passthrough_still_write_mode():
+def test_off_and_passthrough_still_write_mode():
     """mode: off and on-error: passthrough leave the placement alone but give every PCI hostdev
     libvirt's default mode, so KubeVirt's pipeline can read the domain (kubevirt#18861)."""
     for annotations in ({"pcitopo.kubevirt.io/mode": "off"},):
@@ -200,7 +200,7 @@ LIBVIRTXML = os.environ.get("PCITOPO_LIBVIRTXML")
 
 
 @pytest.mark.skipif(not LIBVIRTXML, reason="set PCITOPO_LIBVIRTXML to a libvirtxml round-trip binary (docs/SOURCES.md)")
-def test_i25_the_libvirtxml_model_matches_the_real_module(tmp_path):
+def test_the_libvirtxml_model_matches_the_real_module(tmp_path):
     """Opt-in: the model against libvirt-go-xml-module itself (tests/sidecar/golibvirtxml), on
     every fixture domain, xmlfix's outputs and a plugin chain's defines: the same elements and
     attributes (Go's element order aside), and the same refusals."""

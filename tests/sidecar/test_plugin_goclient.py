@@ -1,4 +1,4 @@
-"""Issue 25: pcitopo's Plugin hooks against an independent grpc-go client built from
+"""Pcitopo's Plugin hooks against an independent grpc-go client built from
 proto/pcitopo/sidecar/hookproto/plugins_v1alpha1.proto (tests/sidecar/goclient/plugin), called as
 KubeVirt v1.9 calls them: MutateDomain on the domain hook's socket under
 /var/run/kubevirt-plugin/<plugin>/ (virt-launcher), ExecuteNodeHook on the node hook's socket
@@ -77,7 +77,7 @@ def mutate(client: Path, socket: Path, domain: bytes, tmp: Path, context: str = 
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_i25_grpc_go_three_chained_defines_keep_what_xmlfix_writes(client, plugin_servers, tmp_path, name):
+def test_grpc_go_three_chained_defines_keep_what_xmlfix_writes(client, plugin_servers, tmp_path, name):
     """Per fixture: KubeVirt v1.9.0's three defines with the legacy hook and the plugin (both
     pcitopo), the plugin called over its socket by grpc-go. Every define equals xmlfix's output
     for the domain the plugin got, as libvirtxml reads both."""
@@ -109,7 +109,7 @@ def test_i25_grpc_go_three_chained_defines_keep_what_xmlfix_writes(client, plugi
     assert [(r["door"], r["context"], r["outcome"]) for r in served] == [("plugin", "Boot", "rewritten")] * 3
 
 
-def test_i25_grpc_go_migration_target_gets_the_domain_back(client, plugin_servers, tmp_path):
+def test_grpc_go_migration_target_gets_the_domain_back(client, plugin_servers, tmp_path):
     srv = plugin_servers["hgx-b200"]
     domain = as_libvirtxml(xmlfix(fixture_domain("hgx-b200"), fixture_sysfs("hgx-b200"), None, tmp_path).stdout)
     rep, out = mutate(client, srv.socket, domain, tmp_path, context="MigrationTarget")
@@ -118,7 +118,7 @@ def test_i25_grpc_go_migration_target_gets_the_domain_back(client, plugin_server
     assert last["outcome"] == "unchanged" and "cannot live-migrate" in last["reason"]
 
 
-def test_i25_grpc_go_sees_a_refusal_as_one_line(client, plugin_servers, tmp_path):
+def test_grpc_go_sees_a_refusal_as_one_line(client, plugin_servers, tmp_path):
     srv = plugin_servers["hgx-b200"]
     rep, _ = mutate(client, srv.socket, fixture_domain("hgx-b200"), tmp_path,
                     annotations={"pcitopo.kubevirt.io/pairing": "always"})
@@ -126,7 +126,7 @@ def test_i25_grpc_go_sees_a_refusal_as_one_line(client, plugin_servers, tmp_path
     assert rep["message"].startswith("pcitopo: config: annotation pcitopo.kubevirt.io/pairing") and "\n" not in rep["message"]
 
 
-def test_i25_the_plugin_refuses_a_socket_virt_launcher_would_never_dial(tmp_path):
+def test_the_plugin_refuses_a_socket_virt_launcher_would_never_dial(tmp_path):
     r = subprocess.run([*serve_argv(tmp_path / "domain.sock", fixture_sysfs("hgx-b200")), "--plugin", "pcitopo"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1

@@ -123,6 +123,7 @@ _GRPC_CODE = {
     "mmio": "FAILED_PRECONDITION",
     "mmio-firmware": "FAILED_PRECONDITION",
     "output": "FAILED_PRECONDITION",  # doctor --prometheus-out/--nfd-out: the host's file system refuses the write
+    "kubelet": "FAILED_PRECONDITION",  # kubelet would refuse the pod: no domain can come of it
     # The base class raised as is: a failure no subclass names is our bug, not the caller's input.
     "error": "INTERNAL",
 }

@@ -46,8 +46,8 @@ class _Builder:
         self.cpulists[-1] = format_cpus([c for n in spec.numa for c in n.cpus])
         self._taken = {d.iommu for d in spec.devices() if d.iommu is not None}
         self._next_group = 0
-        self.resources = place_bars(spec)  # issue 11: one `resource` file per function
-        self.doctor = synth_doctor.DoctorFiles()  # pcitopo doctor's files (issue 13)
+        self.resources = place_bars(spec)  # one `resource` file per function
+        self.doctor = synth_doctor.DoctorFiles()  # pcitopo doctor's files
 
     def group(self) -> int:
         while self._next_group in self._taken:
@@ -110,7 +110,7 @@ class _Builder:
             if attr not in values:
                 raise SysfsError(f"synth does not know how to write the attribute {attr!r}")
             self.tree.add_file(f"{d}/{attr}", values[attr] + "\n")
-        for attr in RESOURCE_ATTRS:  # issue 11: `resource`, written for every function
+        for attr in RESOURCE_ATTRS:  # `resource`, written for every function
             if attr not in look.omit and bdf in self.resources:
                 self.tree.add_file(f"{d}/{attr}", self.resources[bdf])
         links = {

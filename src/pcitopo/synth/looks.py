@@ -1,6 +1,6 @@
 """What a synthetic function looks like in sysfs apart from its place in the tree: :class:`Look`,
 the presets ``.topo`` lines name (``preset=h100``) with their PCI ids and link, and the real BAR
-sizes per device id the ``resource`` files are made from (issue 11)."""
+sizes per device id the ``resource`` files are made from."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class Look:
     driver: str | None = None
     omit: frozenset[str] = frozenset()
     vf_device: int | None = None  # the SR-IOV VF device id, if the function can have VFs
-    # pcitopo doctor (issue 13): planted faults, driver_override, IOMMU group type
+    # pcitopo doctor: planted faults, driver_override, IOMMU group type
     faults: frozenset[str] = frozenset()
     override: str | None = None
     iommu_type: str | None = None
@@ -110,7 +110,7 @@ PRESETS: dict[str, Look] = {
 }
 
 
-# --- BARs (issue 11; the `resource` file) --------------------------------------------------------
+# --- BARs --------------------------------------------------------
 # Real sizes per device id (facts and guesses listed in fixtures/README.md). Flags as the kernel
 # prints them: 32-bit memory, 64-bit prefetchable memory, 64-bit non-prefetchable, I/O.
 _M32, _P64, _N64, _IO = 0x40200, 0x14220C, 0x140204, 0x40101

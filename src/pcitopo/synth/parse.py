@@ -273,7 +273,7 @@ class _Parser:
         return look
 
     def doctor_keys(self, kv: dict[str, str], look: Look) -> Look:
-        """pcitopo doctor (issue 13): fault=, override=, iommu-type= (see synth/doctor.py)."""
+        """pcitopo doctor: fault=, override=, iommu-type= (see synth/doctorfiles.py)."""
         if "fault" in kv:
             names = kv["fault"].split(",")
             problem = synth_doctor.check_faults(names)

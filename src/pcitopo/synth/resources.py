@@ -1,4 +1,4 @@
-"""BAR placement (issue 11): the ``resource`` file of every function and VF of a description,
+"""BAR placement: the ``resource`` file of every function and VF of a description,
 with the presets' real BAR sizes at addresses a BIOS bump allocator would plausibly pick."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Issue 26 finding 12, "Smaller points, each with a test": the ones with no better home (the
-pcieRoot rule is in test_pairs.py). Each test is named ``test_f12_<what>``."""
+"""Small promises of the commands' output with no better home: virtctl lines that can be pasted,
+the firmware named, one label per device, the dot picture's title, the NCCL file's note, the
+demo's closing story, the README's command list (the pcieRoot rule is in test_pairs.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _scp_positionals(line: str) -> list[str]:
     return out
 
 
-def test_f12_virtctl_scp_lines_have_a_source_and_a_destination():
+def test_virtctl_scp_lines_have_a_source_and_a_destination():
     """`virtctl scp` takes exactly two positional arguments (kubevirt/kubevirt
     pkg/virtctl/scp/scp.go: templates.ExactArgs("scp", 2)); GUEST.md gave it three."""
     docs = [ROOT / "README.md", *DOCS.glob("*.md")]
@@ -67,7 +68,7 @@ def _explain(capsys, fixture: str = "hgx-b200", *extra: str) -> str:
     return re.sub(r"\n {4,}", " ", capsys.readouterr().out)
 
 
-def test_f12_explain_names_the_firmware_virt_launcher_ships(capsys):
+def test_explain_names_the_firmware_virt_launcher_ships(capsys):
     """`--explain` said "OVMF 2025.02, as KubeVirt 1.8-1.9's virt-launcher ships it" while DEPLOY
     section 12 says edk2 20241117 (kubevirt/kubevirt hack/rpm-deps.sh, EDK2_VERSION 0:20241117-8.el9
     at v1.8.0 and v1.9.0). One constant each now, and the doc's table is held to them."""
@@ -113,7 +114,7 @@ def _dot_title(dot: str) -> list[str]:
 
 
 @pytest.mark.parametrize("cells", ["none", "one", "both"])
-def test_f12_dot_title_is_the_check_verdict(tmp_path, capsys, cells):
+def test_dot_title_is_the_check_verdict(tmp_path, capsys, cells):
     """The --dot title counted ``fidelity_lost`` ("NCCL 3/6 ... 4 pair(s) lost" against --check's
     3 differences without guest cells) and ignored cells (6/6 with one cell, while --check exits
     1 on NUMA). It now says what --check decides and its verdict, from the one function."""
@@ -134,7 +135,7 @@ def test_f12_dot_title_is_the_check_verdict(tmp_path, capsys, cells):
         assert "NCCL: 3/6 pairs as on the host, 3 SYS→PHB (no guest NUMA cells)" in title
 
 
-def test_f12_explain_never_gives_two_devices_one_label(tmp_path, capsys):
+def test_explain_never_gives_two_devices_one_label(tmp_path, capsys):
     """One --explain named 0000:27:00.0 NIC0 in its legend and NIC2 in its pairing note, where
     "the host's NIC0" was 0000:1b:00.0. The legend and matrices number the VM's own devices (as
     the guest's nvidia-smi does); host-numbered labels are written ``host NIC0`` everywhere
@@ -159,7 +160,7 @@ def test_f12_explain_never_gives_two_devices_one_label(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("fixture", ["hgx-h100", "dgx-h100", "hgx-b200", "hgx-b300"])
-def test_f12_golden_domains_pass_through_only_vfio_bound_devices(fixture, capsys):
+def test_golden_domains_pass_through_only_vfio_bound_devices(fixture, capsys):
     """The hgx-h100 and dgx-h100 golden domains passed through storage NICs the fixture had on
     mlx5_core, so `xmlfix --check` always warned "doctor: 4 fail (vfio-driver ...)". Every
     device a golden domain passes through is on vfio-pci in its fixture; --check warns nothing."""
@@ -180,7 +181,7 @@ def test_f12_golden_domains_pass_through_only_vfio_bound_devices(fixture, capsys
     assert "warning" not in err and "xmlfix: check: ok: " in err
 
 
-def test_f12_nccl_file_note_counts_the_vms_gpus_and_nics(capsys):
+def test_nccl_file_note_counts_the_vms_gpus_and_nics(capsys):
     """A note said "18 GPUs and NICs" for a 20-device VM (it counted the file's PCI devices, a
     dual-function BlueField-3 once). It now counts the placed GPU and NIC functions the file
     describes, as the legend does: 8 and 12 on hgx-b200's golden domain."""
@@ -191,7 +192,7 @@ def test_f12_nccl_file_note_counts_the_vms_gpus_and_nics(capsys):
     assert f"NCCL's topology file for this guest ({gpus} GPU(s) and {nics} NIC(s), the host's link speeds)" in text
 
 
-def test_f12_make_demo_ends_with_the_story_in_five_lines():
+def test_make_demo_ends_with_the_story_in_five_lines():
     """`make demo` printed 328 lines with the verdict at line 87, and under EFI a SeaBIOS line
     ("model 24/28 BARs placed") that read as a failure. It ends with host, guest, verdict, doctor
     and picture lines now (xmlfix --summary, then the picture), and says SeaBIOS is not used."""
@@ -222,7 +223,7 @@ def test_f12_make_demo_ends_with_the_story_in_five_lines():
     assert "not this domain's firmware (it boots OVMF)" in " ".join(seabios)
 
 
-def test_f12_readme_lists_every_pcitopo_command(capsys):
+def test_readme_lists_every_pcitopo_command(capsys):
     """The README's command list missed `pairs` and `guest`. It names every subcommand the CLI's
     argparse parser has (bare `pcitopo` prints them), and only those."""
     from pcitopo.cli.main import pcitopo_main
@@ -236,7 +237,7 @@ def test_f12_readme_lists_every_pcitopo_command(capsys):
     assert set(listed.split(", ")) == commands, listed
 
 
-def test_f12_xmlfix_warns_when_the_vmi_is_not_the_domains(tmp_path, capsys):
+def test_xmlfix_warns_when_the_vmi_is_not_the_domains(tmp_path, capsys):
     """xmlfix said nothing when the VMI's name differed from the domain's <name>: KubeVirt names
     a domain <namespace>_<name> (kubevirt/kubevirt pkg/virt-launcher/virtwrap/api/schema.go
     VMINamespaceKeyFunc), so another name means another VM's dumpxml beside this VMI."""
