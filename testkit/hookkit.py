@@ -269,7 +269,7 @@ class VirtLauncher:
         return history
 
 
-# -- the xmlfix door -------------------------------------------------------------------------
+# -- xmlfix -----------------------------------------------------------------------------------
 
 def xmlfix(domain_xml: bytes, sysfs: str, vmi: bytes | None, tmp: Path) -> subprocess.CompletedProcess:
     """The ``xmlfix`` door on the same input, as a process."""

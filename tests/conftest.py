@@ -9,7 +9,7 @@ import pytest
 
 from pcitopo.synth import host_from_topo
 
-# the host CPU's address width comes from /proc/cpuinfo; tests (and the doors they run
+# the host CPU's address width comes from /proc/cpuinfo; tests (and the programs they run
 # as subprocesses) read a fixed one, a 46-bit Sapphire Rapids, so results do not depend on this machine.
 os.environ.setdefault("PCITOPO_CPUINFO", str(Path(__file__).resolve().parent / "data" / "cpuinfo-46bits"))
 

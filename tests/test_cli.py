@@ -1,4 +1,4 @@
-"""The command-line doors as a user runs them: exit codes, one-line errors, golden JSON."""
+"""The command-line programs as a user runs them: exit codes, one-line errors, golden JSON."""
 
 from __future__ import annotations
 

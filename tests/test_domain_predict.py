@@ -335,8 +335,8 @@ def test_a_pf_named_for_an_sriov_interface_gives_its_first_free_vf(tmp_path):
     assert len(set(got)) == 2 and all(b.startswith("0000:9b:00.") and not b.endswith(".0") for b in got), got
 
 
-def test_a_manifest_on_standard_input_is_read_once_by_both_doors():
-    """`--vmi -` with no domain: the door reads standard input once and hands the bytes on (a
+def test_a_manifest_on_standard_input_is_read_once_by_both_commands():
+    """`--vmi -` with no domain: the command reads standard input once and hands the bytes on (a
     second read would find it empty)."""
     text = (ROOT / VM_GPU).read_text()
     r = run("pcitopo", "domain", "--vmi", "-", "--sysfs", B200, stdin=text)

@@ -1,4 +1,4 @@
-"""The hostile corpus (tests/hostile/cases.toml) through both doors, and the security claims
+"""The hostile corpus (tests/hostile/cases.toml) through both entry points (xmlfix and the socket), and the security claims
 of docs/SECURITY.md that a test can check.
 
 - ``xmlfix`` as a subprocess: exit 2 and exactly one line on stderr naming the cause (the
@@ -225,7 +225,7 @@ def open_host_for(case: dict):
     return open_host(REPO / "fixtures" / arg)
 
 
-# -- the xmlfix door -----------------------------------------------------------------------------
+# -- xmlfix ------------------------------------------------------------------------------------
 
 def run_xmlfix(domain: bytes, sysfs: str, vmi: Path | None, workdir: Path) -> subprocess.CompletedProcess:
     dom = workdir / "domain.xml"
@@ -319,7 +319,7 @@ def test_xmlfix(case, xmlfix_runs):
         check_accepted(case, materialize_domain(case), res.stdout)
 
 
-# -- the socket door -------------------------------------------------------------------------------
+# -- the socket ------------------------------------------------------------------------------------
 
 def start_server(sysfs: str) -> PrivateServer:
     """``pcitopo serve`` on a short socket path (without PCITOPO_DEBUG), answering Info."""

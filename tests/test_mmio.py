@@ -449,7 +449,7 @@ def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatc
     width = host.host_width()
     assert width.bits == 46 and "recorded in" in width.origin and ADDRESS_SIZES_MEMBER in width.origin
     assert host.host_width() is width  # read once per host
-    out = handle_define_domain(_domain(host, _gpus(host)), None, host)  # the door's one call
+    out = handle_define_domain(_domain(host, _gpus(host)), None, host)  # the hook's one call
     assert out.outcome == "rewritten" and out.result.report.mmio.host_bits == 46
     # a tree that records no width (a live /sys) stands for this machine
     fixture = open_host(_live_node(tmp_path))

@@ -1,4 +1,4 @@
-"""The doors as an operator meets them. Each test names the
+"""The commands and the hook as an operator meets them. Each test names the
 finding it covers (f1 ... f12); every one runs the installed console scripts on fixtures."""
 
 from __future__ import annotations

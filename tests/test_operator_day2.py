@@ -1,6 +1,6 @@
 """The path a newcomer follows (README, OPERATOR.md,
 DEPLOY.md, GUEST.md), as the installed console scripts print it. Each test names the finding it
-covers; they run the real doors on the fixtures."""
+covers; they run the real commands on the fixtures."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 import sys
 
-# The one place the version is written: pyproject.toml reads it (dynamic), every door prints it.
+# The one place the version is written: pyproject.toml reads it (dynamic), every program prints it.
 __version__ = "0.2.0"
 
 # The number of the JSON outputs' contract, carried with the version as "schema" by every

@@ -1,6 +1,6 @@
 """Typed errors. Every failure a user can cause is one of these, with a one-line reason.
 
-Doors (CLI, gRPC, shim) print ``str(err)`` and exit 2 / return a gRPC error; nothing else
+The programs (CLI, gRPC server, shim) print ``str(err)`` and exit 2 / return a gRPC error; nothing else
 escapes as a traceback.
 """
 
@@ -98,7 +98,7 @@ class VmiError(ConfigError):
 
 class InternalError(PcitopoError):
     """An unexpected exception inside the hook's rewrite or its checks (a bug of ours), as a
-    one-line error, so the operator's ``on-error``/``nvlink`` policy still decides and no door
+    one-line error, so the operator's ``on-error``/``nvlink`` policy still decides and no program
     shows a traceback."""
 
     kind = "internal"

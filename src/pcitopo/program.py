@@ -1,6 +1,6 @@
-"""What the doors (``pcitopo``, ``pcitopo serve``, ``xmlfix``, ``onDefineDomain``) share: exit
-codes, the argument parser, the bound on a named manifest (read by src/pcitopo/host/files.py), and the catch-all that turns every failure into one line on stderr
-and an exit code, never a traceback.
+"""What the programs (``pcitopo``, ``pcitopo serve``, ``xmlfix``, ``onDefineDomain``) share: exit
+codes, the argument parser, the bound on a named manifest (read by pcitopo.host.files), and the
+catch-all that turns every failure into one line on stderr and an exit code, never a traceback.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def readable_streams() -> None:
             stream.reconfigure(errors="pcitopo-ascii")
 
 
-def run_door(prog: str, body: Callable[[], int], *, with_kind: bool = False, output_is_result: bool = False) -> int:
+def run_program(prog: str, body: Callable[[], int], *, with_kind: bool = False, output_is_result: bool = False) -> int:
     """Run ``body`` and return its exit code; every failure becomes one line on stderr.
 
     ``with_kind`` prefixes a PcitopoError's reason with its kind (``prog: sysfs: reason``, as

@@ -1,1 +1,2 @@
-"""pcitopo's doors: the CLI (pcitopo, xmlfix), the gRPC hook server and the shim entry point."""
+"""The commands people run, ``pcitopo`` and ``xmlfix``: arguments, text and exit codes around the
+library. The servers KubeVirt calls live in :mod:`pcitopo.serve`."""

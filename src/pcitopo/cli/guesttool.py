@@ -23,7 +23,7 @@ from typing import Callable, NamedTuple, Sequence
 
 from pcitopo.errors import ConfigError
 
-from pcitopo.program import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_door
+from pcitopo.program import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_program
 
 GUEST_PROG = "pcitopo-guest"
 
@@ -176,7 +176,7 @@ def guest_main(argv: Sequence[str] | None = None, prog: str = GUEST_PROG) -> int
         return install_command(argv[1:], f"{prog} install-nccl-topo")
     args = parser.parse_args(argv)
     run = next(c.run for c in GUEST_COMMANDS if c.name == args.command)
-    return run_door(f"{prog} {args.command}", lambda: run(args, f"{prog} {args.command}"))
+    return run_program(f"{prog} {args.command}", lambda: run(args, f"{prog} {args.command}"))
 
 
 def _source_root() -> str:

@@ -1,4 +1,4 @@
-"""Command-line doors: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, domain, preflight, serve) and ``xmlfix``.
+"""Command-line programs: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, domain, preflight, serve) and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.
@@ -14,7 +14,7 @@ from typing import Sequence
 
 from pcitopo.errors import ConfigError
 
-from pcitopo.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, Parser, VersionAction, print_json, run_door
+from pcitopo.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, Parser, VersionAction, print_json, run_program
 from pcitopo.cli.golden import add_golden_parser, cmd_golden
 from pcitopo.cli.node import add_capture_parser, add_doctor_parser, cmd_capture, cmd_doctor
 from pcitopo.cli.preflight import add_preflight_parser, cmd_preflight
@@ -266,7 +266,7 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "serve":
-        return run_door("pcitopo serve", lambda: _cmd_serve(argv[1:]))
+        return run_program("pcitopo serve", lambda: _cmd_serve(argv[1:]))
     if argv[:2] == ["guest", "install-nccl-topo"]:  # it parses its own options, as in the guest tool
         from pcitopo.cli.guesttool import install_command
 
@@ -320,13 +320,13 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
                "partitions": _cmd_partitions, "pairs": _cmd_pairs, "guest-tool": _cmd_guest_tool,
                "domain": _cmd_domain, "guest": lambda a: pcitopo_main(["guest", a.action]), "preflight": cmd_preflight,
                "golden": cmd_golden}[args.command]
-    return run_door(f"pcitopo {args.command}", lambda: handler(args))
+    return run_program(f"pcitopo {args.command}", lambda: handler(args))
 
 
 def xmlfix_main(argv: Sequence[str] | None = None) -> int:
     from pcitopo.cli.xmlfix import xmlfix
 
-    return run_door("xmlfix", lambda: xmlfix(list(sys.argv[1:] if argv is None else argv)))
+    return run_program("xmlfix", lambda: xmlfix(list(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":  # pragma: no cover

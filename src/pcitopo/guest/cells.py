@@ -1,6 +1,6 @@
 """Devices on host NUMA nodes that have no guest cell: which, why, and what gives them one.
 
-The one line every door prints for it (the hook's log line ``numa_cells``, ``xmlfix --check``,
+The one line every program prints for it (the hook's log line ``numa_cells``, ``xmlfix --check``,
 ``xmlfix --explain``) is :attr:`MissingCells.line`.
 
 Why it happens (public sources, docs/SOURCES.md "Guest NUMA cells and kubelet"):

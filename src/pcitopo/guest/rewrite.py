@@ -1,4 +1,4 @@
-"""The one function every door calls: domain XML + host model → rewritten domain XML + report.
+"""The one function every entry point calls: domain XML + host model → rewritten domain XML + report.
 
 parse (hardened) → facts → plan (pure) → edit the tree with lxml → derive the guest tree from the
 output alone → classify host and guest pairs with the same classifier → report.
@@ -98,9 +98,9 @@ class Report:
     numa_source: str = "none"
     notes: list[str] = field(default_factory=list)
     pairs: list[PairReport] = field(default_factory=list)
-    # The NVLink fabric verdict (topology.paths.partitions.NvlinkVerdict) when the door checked one.
+    # The NVLink fabric verdict (topology.paths.partitions.NvlinkVerdict) when the caller checked one.
     nvlink: object | None = None
-    # The pairing check's (policy, topology.paths.pairing.PairingVerdict) when the door ran it.
+    # The pairing check's (policy, topology.paths.pairing.PairingVerdict) when the caller ran it.
     pairing: tuple[str, object] | None = None
     # the 64-bit MMIO budget and settings, P2P cliques, typed firmware warnings
     mmio: MmioBudget | None = None

@@ -172,7 +172,7 @@ def verdict(result: RewriteResult, host: Topology, fabric=None) -> str:
 
 
 def pairing_summary(result: RewriteResult) -> str | None:
-    """The pairing check's part of the verdict (the door's ``pcitopo.kubevirt.io/pairing``), only
+    """The pairing check's part of the verdict (the hook option ``pcitopo.kubevirt.io/pairing``), only
     when a GPU got a worse NIC than the host has for it: the guest is faithful, the allocation
     is not."""
     found = result.report.pairing
@@ -308,7 +308,7 @@ def check_unknowns(result: RewriteResult, host: Topology) -> list[str]:
 
 @dataclass(frozen=True)
 class CheckVerdict:
-    """What ``xmlfix --check`` decides and says, for each door that shows it (``--check``, the
+    """What ``xmlfix --check`` decides and says, for each command that shows it (``--check``, the
     ``--dot`` title, ``--summary``): ``failed`` when there are problems, else ``unknown`` when
     something it needs is missing, else ``ok``. ``parts``: the verdict line (:func:`verdict`),
     then each other problem's kind (firmware, NVLink)."""
@@ -324,7 +324,7 @@ class CheckVerdict:
 
 
 def check_verdict(result: RewriteResult, host: Topology, fabric=None, gdr: bool = True) -> CheckVerdict:
-    """The one judgement behind every door that shows ``--check``'s outcome (:class:`CheckVerdict`);
+    """The one judgement behind every command that shows ``--check``'s outcome (:class:`CheckVerdict`);
     ``gdr`` False: GPUDirect RDMA is counted, not judged (``pcitopo.kubevirt.io/pairing: off``)."""
     reasons = check_reasons(result, host, fabric, gdr)
     kinds = [line.split(":", 1)[0] for line in beyond_pairs(result, fabric)]

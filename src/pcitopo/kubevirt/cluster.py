@@ -6,7 +6,7 @@ One reader for every command that takes such a dump (``pcitopo preflight``, ``xm
 input; each holds a ``kind: List`` (what ``kubectl get`` prints for several kinds), a single
 object, or several YAML documents (``---``) or concatenated JSON objects. Nothing in a dump is
 required: a missing KubeVirt CR is a fact to report, not an error. Unreadable input is one line
-(:class:`ConfigError`, exit 2 at the doors).
+(:class:`ConfigError`, exit 2 from the commands).
 
 Facts (kubevirt/kubevirt ``staging/src/kubevirt.io/api/core/v1/types.go``; docs/SOURCES.md,
 "Cluster dumps"): the KubeVirt CR carries ``spec.configuration.developerConfiguration.featureGates``,

@@ -11,7 +11,7 @@
   (``xmlfix --check --vmi`` fails when none does: the VM would boot with KubeVirt's flat
   placement and no error anywhere).
 
-KubeVirt itself always hands the hook JSON of a VMI, so the gRPC door never comes here, and
+KubeVirt itself always hands the hook JSON of a VMI, so the hook never comes here, and
 PyYAML is imported only when the input is not JSON (the sidecar's memory budget stays as it was).
 """
 

@@ -1,4 +1,4 @@
-"""What the doors read from, or give back of, a domain the rewrite may have refused or left
+"""What the entry points read from, or give back of, a domain the rewrite may have refused or left
 alone (``on-error: passthrough``, ``mode: off``, a warning about the VMI): lenient where the
 rewrite is strict, so a malformed domain still comes back as sent."""
 

@@ -237,7 +237,7 @@ class NvlinkOracle:
     the whole device list once, lazily, only when a GPU pair of a board that needs it is asked.
 
     ``source`` says whether the table gave any NV# on this host (``inferred ...``) or not
-    (``none``), and ``reason`` why, with ``hint``: what the door can be given instead."""
+    (``none``), and ``reason`` why, with ``hint``: what the caller can be given instead."""
 
     def __init__(self, topo: Topology, table: NvlinkTable | None = None, hint: str = "pass --fabric"):
         self.topo = topo

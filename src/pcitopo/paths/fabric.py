@@ -305,7 +305,7 @@ def modules_text(modules: Iterable[int]) -> str:
 
 
 class FabricFile:
-    """``--fabric FILE [--module-map FILE]`` for a door that answers many calls: the files are
+    """``--fabric FILE [--module-map FILE]`` for a server that answers many calls: the files are
     re-read when they change (inode, size or mtime), so an operator who activates a partition and
     refreshes the file (a PVC, or a ConfigMap in a new pod) is seen without a restart, and a
     file that is still the same costs one ``stat`` per call. Thread-safe."""

@@ -1,18 +1,18 @@
 """The door-agnostic hook handler: one call of KubeVirt's ``OnDefineDomain``.
 
 The gRPC server (``sidecar.server``) and the sidecar-shim entry point (``sidecar.shim``) are
-thin doors around :func:`handle_define_domain`; it reads the hook options from the VMI's own
-annotations (``sidecar.config``) and calls the one rewrite function every door shares,
+thin wrappers around :func:`handle_define_domain`; it reads the hook options from the VMI's own
+annotations (``sidecar.config``) and calls the one rewrite function every entry point shares,
 ``topology.guest.rewrite.rewrite_domain`` (the same one ``xmlfix`` runs).
 
-What it promises its doors:
+What it promises its callers:
 - the returned XML is never empty (libvirt gets it raw; empty bytes fail the VM start);
 - under ``on-error: passthrough`` a failure of the rewrite returns the input unchanged, with the
   reason, instead of raising; like ``mode: off`` it still gives every PCI hostdev libvirt's
   default ``mode='subsystem'`` (KubeVirt's Plugins pipeline cannot read a domain without it,
   kubevirt/kubevirt#18861; libvirt reads both the same);
 - otherwise every failure is a :class:`topology.errors.PcitopoError` with a one-line reason,
-  including bugs (wrapped as :class:`InternalError`), so no door ever shows a traceback;
+  including bugs (wrapped as :class:`InternalError`), so no caller ever shows a traceback;
 - a bad option (annotation) or malformed VMI JSON always raises, whatever ``on-error`` says;
 - so does ``nvlink: require`` when the VM's GPUs will not get NVLink (:func:`nvlink_check`),
   ``pairing: require`` when a GPU got a worse NIC than the host has for it (:func:`pairing_check`),
@@ -59,7 +59,7 @@ Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 # reads the model again, and the findings kept with the old one go with it).
 HostArg = Union[Topology, Callable[[], Topology]]
 # The NVLink fabric (topology.paths.fabric.Fabric), a callable returning it (read per call, so a
-# refreshed file counts; topology.paths.fabric.FabricFile), or None when the door was started
+# refreshed file counts; topology.paths.fabric.FabricFile), or None when the server was started
 # without --fabric.
 FabricArg = Any
 

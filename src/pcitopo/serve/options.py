@@ -183,7 +183,7 @@ class VmiFacts:
     @property
     def ref(self) -> str:
         """``namespace/name`` for log lines (``-`` where unknown), each cut to the longest name
-        Kubernetes allows (253): a VMI handed to a door by hand can carry any length."""
+        Kubernetes allows (253): a VMI handed to a command by hand can carry any length."""
         return "/".join((n[:253] + "...") if len(n) > 253 else n for n in (self.namespace or "-", self.name or "-"))
 
     def domain_mismatch(self, domain_name: str | None) -> str | None:

@@ -1,5 +1,5 @@
 """Process tweaks for ``pcitopo serve``: they keep the long-running server's resident memory
-small and flat (measured with bench/perf.py and bench/load.py). Only the server door calls
+small and flat (measured with bench/perf.py and bench/load.py). Only the server calls
 :func:`tune_server_process`, before anything imports grpc or pydantic; a library user's
 process, the shim and ``xmlfix`` are left alone.
 """

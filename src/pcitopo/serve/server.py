@@ -1,9 +1,9 @@
-"""``pcitopo serve``: KubeVirt's hook API over a Unix socket (gRPC), a thin door around
-:func:`sidecar.core.handle_define_domain`.
+"""``pcitopo serve``: KubeVirt's hook API over a Unix socket (gRPC), a thin wrapper around
+:func:`pcitopo.serve.core.handle_define_domain`.
 
-This module is the transport only: what each call does is ``sidecar.hooks``, the messages'
-bytes are ``sidecar.wire``, the process tweaks ``sidecar.process``, the shared door parts
-``sidecar.doors``. What virt-launcher does
+This module is the transport only: what each call does is ``pcitopo.serve.hooks``, the messages'
+bytes are ``pcitopo.serve.wire``, the process tweaks ``pcitopo.serve.process``, the programs'
+shared plumbing ``pcitopo.program``. What virt-launcher does
 and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "KubeVirt hook API"):
 - It lists the socket folder in a loop, dials each entry (a short timeout; a failed dial is
   retried on the next pass), calls ``Info`` with a 1 s deadline and fails the VM start on an
@@ -211,7 +211,7 @@ def _same_file(path: str, ident: tuple[int, int] | None) -> bool:
 
 
 class HookServer:
-    """The server's lifecycle: build, bind, open the door, wait, stop, clean up."""
+    """The server's lifecycle: build, bind, open the socket, wait, stop, clean up."""
 
     def __init__(self, socket_path: str, sysfs: str, log: JsonLog | None = None, workers: int = WORKERS,
                  fabric: str | None = None, module_map: str | None = None, door: str = "hook", permitted=None,
@@ -346,7 +346,7 @@ def serve_main(argv: list[str]) -> int:
     """``pcitopo serve [--plugin NAME | --node-hook] [--socket PATH] [--sysfs PATH] [--fabric FILE
     [--module-map FILE]] [--permitted-host-devices FILE]``.
     Returns the exit code; a bad argument exits 2 with one line, an unusable socket path raises
-    PcitopoError (one line, exit 2 through the CLI door, which also tunes the process first:
+    PcitopoError (one line, exit 2 through the CLI, which also tunes the process first:
     ``sidecar.process``)."""
     args = _serve_parser().parse_args(argv)
     ignored = _hook_version_arg(args.version)

@@ -28,7 +28,7 @@ from typing import Sequence
 
 from pcitopo.errors import ConfigError
 
-from pcitopo.program import EXIT_OK, run_door
+from pcitopo.program import EXIT_OK, run_program
 
 PROG = "onDefineDomain"
 USAGE = f"usage: {PROG} --vmi JSON --domain XML [--sysfs PATH]"
@@ -113,7 +113,7 @@ def run(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    return run_door(PROG, lambda: run(args), with_kind=True, output_is_result=True)
+    return run_program(PROG, lambda: run(args), with_kind=True, output_is_result=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""What a domain prediction is asked with, and its answer for a door: the manifest read as the
+"""What a domain prediction is asked with, and its answer: the manifest read as the
 VM or VMI it is (src/pcitopo/kubevirt/manifest.py's checks), the cluster dump (src/pcitopo/kubevirt/cluster.py), the release
-(``--kubevirt``, the dump's, else v1.9.0), and the options both doors take (``pcitopo domain``;
+(``--kubevirt``, the dump's, else v1.9.0), and the options both commands take (``pcitopo domain``;
 ``xmlfix --vmi`` without a domain argument): :func:`add_prediction_args`, :func:`predicted_domain`.
 Every assumption is a line of :attr:`Predicted.notes`; bad input is one line (ConfigError).
 """
@@ -85,7 +85,7 @@ def _release(args: argparse.Namespace, dump):
 
 def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host) -> Predicted:
     """The prediction for the ``--vmi`` file ``name`` (its bytes: ``manifest``, read once by the
-    door, standard input included) on ``host`` with the options :func:`add_prediction_args` adds."""
+    command, standard input included) on ``host`` with the options :func:`add_prediction_args` adds."""
     from pcitopo.kubevirt.launcher.allocation import parse_devices
     from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
     from pcitopo.kubevirt.kubelet.settings import resolve
