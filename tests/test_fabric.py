@@ -350,7 +350,7 @@ def test_check_gpu_set_verdicts_in_process():
     ({"pcitopo.kubevirt.io/mode": "off"}, None),
 ])
 def test_xmlfix_reads_a_bad_fabric_file_only_when_the_check_runs(tmp_path, capsys, annotations, said):
-    """As the hook (topology.paths.fabric.FabricFile): a fabric file that cannot be read fails only
+    """As the hook (pcitopo.paths.fabric.FabricFile): a fabric file that cannot be read fails only
     `nvlink: require`; otherwise xmlfix's dry run boots like the hook (exit 0)."""
     from pcitopo.cli.main import xmlfix_main
 

@@ -108,8 +108,8 @@ BARE_MODULE = re.compile(r"(?<![\w./-])(?:topology|sidecar)\.(?!socketPath)[a-z_
 
 
 def test_docs_name_modules_as_installed_and_say_one_top_level_package():
-    """Since the wheel installs `pcitopo` and `pcitopo.cli` (and no test kit), a doc
-    naming `topology.host.sysfs.open_host` or `import topology` names what no install has."""
+    """The wheel installs one package, `pcitopo` (and no test kit): a doc naming a module by an
+    old folder name (`import topology`, `sidecar.core`) names what no install has."""
     for doc in DOCS:
         text = doc.read_text()
         bare = BARE_MODULE.findall(text)

@@ -1,4 +1,5 @@
-"""pcitopo's library: host PCIe topology, path classification, mirror planning, domain rewrite."""
+"""pcitopo: a host's PCIe topology read from sysfs, mirrored into a libvirt guest (plan, rewrite,
+checks), with the commands and the servers KubeVirt calls."""
 
 import sys
 

@@ -1,9 +1,9 @@
 """Judge a booted guest against what the rewrite promised.
 
-The rewrite's report (``topology.guest.rewrite.RewriteResult.report``) promises, per placed hostdev,
+The rewrite's report (``pcitopo.guest.rewrite.RewriteResult.report``) promises, per placed hostdev,
 a guest BDF and a guest NUMA cell (``numa_map[host node]``, or none), and per pair of placed
 devices a guest class (NCCL and NVML, ``PairReport.guest``). ``check_booted`` reads the booted
-guest's PCI printout with the project's own reader (``topology.host.sysfs.open_host`` on a
+guest's PCI printout with the project's own reader (``pcitopo.host.sysfs.open_host`` on a
 sysfs-shaped tree), maps every guest BDF back to its hostdev through the stand-in that replaced
 it (matched by place, see guesttree.py), classifies every promised pair with the project's own
 classifier and lists every difference as a :class:`Problem`. ``GuestCheck.assert_ok()`` raises

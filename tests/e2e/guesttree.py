@@ -168,7 +168,7 @@ def guest_sysfs_tree(printout: GuestPrintout, out_dir: str | os.PathLike) -> Pat
       (dangling here; readers only read the link text)
     - ``devices/system/node/node<N>/cpulist``
 
-    Returns ``out_dir``; open it with ``topology.host.sysfs.open_host(out_dir)``.
+    Returns ``out_dir``; open it with ``pcitopo.host.sysfs.open_host(out_dir)``.
     """
     out = Path(out_dir)
     devdir = out / "bus" / "pci" / "devices"

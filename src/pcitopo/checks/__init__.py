@@ -1,1 +1,1 @@
-"""Checks of a host and a guest: the doctor, its fleet outputs, verify inside the guest."""
+"""Checks of a host and a guest: the doctor's findings, kubelet's CPU placement, verify inside the guest."""

@@ -403,7 +403,7 @@ def allocation_checks(topo: Topology, bdfs: Sequence[Bdf], recheck_drivers: bool
     change between the defines of one boot is a rebind: each device's ``driver`` link is read
     again at every call, and a device whose driver is not the one its findings were made with is
     checked again (with its ``driver_override``). ``recheck_drivers`` False: the caller has just
-    compared these devices' driver links with the model (``topology.host.freshness``)."""
+    compared these devices' driver links with the model (``pcitopo.host.freshness``)."""
     kept = topo.recent("doctor", tuple(bdfs), lambda: run_checks(topo, bdfs), keep=KEPT_ALLOCATIONS)
     source = getattr(topo.loader, "source", None)
     if source is None or not recheck_drivers:  # a model built in memory: nothing can be rebound under it

@@ -1,7 +1,7 @@
 """What ``pcitopo doctor`` finds, as data: a :class:`Finding` per check and device, its
 :class:`Fix`, and the :class:`DoctorReport` that holds them. The checks are
-:mod:`topology.checks.doctor`; the report for people is :mod:`topology.checks.screen`, for
-fleets :mod:`topology.checks.fleet`.
+:mod:`pcitopo.checks.doctor`; the report for people is :mod:`pcitopo.views.doctor_report`, for
+fleets :mod:`pcitopo.views.exports`.
 
 A fix is kept in parts so that the same fix for many devices can be printed once: the shell
 commands for one device (``run``, naming it by its address) can go in a loop over the devices,

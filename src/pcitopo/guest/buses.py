@@ -1,9 +1,9 @@
 """Bus, slot, index and chassis accounting: every number the planner budgets with, once.
 
 Each constant says where it comes from (docs/SOURCES.md, "Bus and slot accounting", has the
-public sources). The planner (:mod:`topology.guest.plan`) decides *what* the guest tree looks like;
+public sources). The planner (:mod:`pcitopo.guest.plan`) decides *what* the guest tree looks like;
 this module decides how many buses, slots, indexes and chassis numbers that costs and hands
-them out, within the limits of a PCI address (:mod:`topology.model.address`). It knows nothing
+them out, within the limits of a PCI address (:mod:`pcitopo.model.address`). It knows nothing
 about the domain XML or the host model.
 """
 

@@ -94,7 +94,7 @@ class MissingCells:
 def missing_cells(placed: Iterable, numa_map: Mapping[int, int], numa: Mapping[int, NumaNode]) -> MissingCells | None:
     """``placed``: the rewrite's placed devices (``host``, ``host_node``, ``guest_cell``). None
     when every device with a host node has a guest cell, or when the VM has no cells at all
-    (that is another advice: :data:`topology.guest.predict.KUBEVIRT_NUMA_ADVICE`)."""
+    (that is another advice: :data:`pcitopo.guest.verdict.KUBEVIRT_NUMA_ADVICE`)."""
     if not numa_map:
         return None
     placed = list(placed)

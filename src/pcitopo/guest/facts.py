@@ -2,8 +2,8 @@
 controllers, cells, what libvirt will still place) in, the guest layout (controllers,
 placements, removals, the NUMA map) out.
 
-Plain frozen records, so :mod:`topology.guest.plan` stays a pure function of them and the host
-model, and :mod:`topology.guest.rewrite` (which reads the facts and writes the layout) shares
+Plain frozen records, so :mod:`pcitopo.guest.plan` stays a pure function of them and the host
+model, and :mod:`pcitopo.guest.rewrite` (which reads the facts and writes the layout) shares
 one definition with it.
 """
 
@@ -54,7 +54,7 @@ class DomainFacts:
     vcpupins: tuple[tuple[int, str], ...]
     acpi: bool
     # what KubeVirt's hotplug port count starts from: its CountPCIDevices of the domain before
-    # the hook calls (topology.libvirt.domain.DomainView.kubevirt_pci_devices), and <memory>
+    # the hook calls (pcitopo.libvirt.domain.DomainView.kubevirt_pci_devices), and <memory>
     kubevirt_pci_devices: int = 0
     memory: int = 0
 

@@ -10,7 +10,7 @@ The guest tree is the host tree restricted to the assigned devices:
 Every rule below lives once: alias naming (:func:`alias_for`), NUMA mapping (:func:`map_numa`),
 takeover (:func:`controllers_to_remove`), the bare root ports on pcie-root left for hotplug
 (:func:`plan`, :func:`_root_ports_in_use`); what it all costs in buses, slots, indexes and chassis
-numbers lives in :mod:`topology.guest.buses`. :class:`_Emitter` writes the layout, its state explicit.
+numbers lives in :mod:`pcitopo.guest.buses`. :class:`_Emitter` writes the layout, its state explicit.
 """
 
 from __future__ import annotations

@@ -98,9 +98,9 @@ class Report:
     numa_source: str = "none"
     notes: list[str] = field(default_factory=list)
     pairs: list[PairReport] = field(default_factory=list)
-    # The NVLink fabric verdict (topology.paths.partitions.NvlinkVerdict) when the caller checked one.
+    # The NVLink fabric verdict (pcitopo.paths.partitions.NvlinkVerdict) when the caller checked one.
     nvlink: object | None = None
-    # The pairing check's (policy, topology.paths.pairing.PairingVerdict) when the caller ran it.
+    # The pairing check's (policy, pcitopo.paths.pairing.PairingVerdict) when the caller ran it.
     pairing: tuple[str, object] | None = None
     # the 64-bit MMIO budget and settings, P2P cliques, typed firmware warnings
     mmio: MmioBudget | None = None
@@ -109,9 +109,9 @@ class Report:
     # root ports given the host's link (link: auto); GPUs and NICs in the fw_cfg NCCL file
     link_ports: int = 0
     nccl_topo_devices: int = 0
-    # placed devices on host nodes without a guest cell, and the fix (topology.guest.cells)
+    # placed devices on host nodes without a guest cell, and the fix (pcitopo.guest.cells)
     missing_cells: MissingCells | None = None
-    # the bare root ports left for hotplug (topology.guest.facts.HotplugPorts)
+    # the bare root ports left for hotplug (pcitopo.guest.facts.HotplugPorts)
     hotplug: HotplugPorts | None = None
 
     @property

@@ -333,7 +333,7 @@ def check_verdict(result: RewriteResult, host: Topology, fabric=None, gdr: bool 
 
 
 def firmware_warnings(result: RewriteResult) -> list[str]:
-    """The rewrite's typed warnings (``topology.guest.mmio.FirmwareWarning``: BARs the guest firmware
+    """The rewrite's typed warnings (``pcitopo.guest.mmio.FirmwareWarning``: BARs the guest firmware
     will leave unassigned whatever the domain sets), one ``kind: reason`` line each."""
     return [f"{w.kind}: {w.reason}" for w in result.report.warnings]
 

@@ -1,6 +1,6 @@
 """`pcitopo capture`: snapshot exactly what the reader needs from a host, nothing else.
 
-The result is a deterministic ``.tar.gz`` that :func:`topology.host.sysfs.open_host` reads back into
+The result is a deterministic ``.tar.gz`` that :func:`pcitopo.host.sysfs.open_host` reads back into
 the same model, so an operator can attach a host to a bug report and anyone can replay it.
 """
 

@@ -5,7 +5,7 @@ read a symlink, list a directory, and (through :func:`resolve`) the realpath of 
 chroot semantics. Three sources exist: a real directory (``/sys`` or anything shaped like it),
 an in-memory tree (fixtures, tests, generated hosts), and a capture tarball loaded into memory.
 None of them knows a sysfs file name beyond the directory that marks a tree as sysfs; the
-reader on top (:mod:`topology.host.sysfs`) does.
+reader on top (:mod:`pcitopo.host.sysfs`) does.
 """
 
 from __future__ import annotations

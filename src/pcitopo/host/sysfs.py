@@ -1,7 +1,7 @@
 """The lazy sysfs reader: which files it reads, and the host model it builds from a source.
 
 :class:`SysfsReader` is the only code that knows sysfs file names; fixtures, captures and live
-hosts go through exactly the same reader, whatever source (:mod:`topology.host.sources`) holds
+hosts go through exactly the same reader, whatever source (:mod:`pcitopo.host.sources`) holds
 the bytes.
 """
 

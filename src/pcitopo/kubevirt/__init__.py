@@ -1,3 +1,3 @@
 """What KubeVirt does: its releases and doors, how it reads VMs, VMIs and cluster dumps, and the
-domain its virt-launcher builds. The second of pcitopo's three rooms: ``topology`` says what the
-host is, ``kubevirt`` what KubeVirt does, ``sidecar`` how pcitopo is called."""
+domain its virt-launcher builds. Above the host and guest rooms (what the host is, what the guest
+gets), below :mod:`pcitopo.serve` and :mod:`pcitopo.cli` (how pcitopo is called)."""

@@ -2,7 +2,7 @@
 form, and element edits that keep its indentation (KubeVirt indents with tabs, libvirt with
 spaces; an edited domain reads as if written by the same hand).
 
-What the elements mean (controllers, hostdevs, addresses) is :mod:`topology.libvirt.domain`'s.
+What the elements mean (controllers, hostdevs, addresses) is :mod:`pcitopo.libvirt.domain`'s.
 """
 
 from __future__ import annotations

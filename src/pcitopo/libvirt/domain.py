@@ -3,8 +3,8 @@ NUMA cells and pins, and the devices libvirt will place itself.
 
 XPath strings and attribute spellings live in this room (``topology/libvirt/``) and nowhere
 else; the document itself (hardened parse, serialisation, indentation) is
-:mod:`topology.libvirt.document`'s, the ``<os>``/``<memory>``/``<cpu>`` spellings
-:mod:`topology.libvirt.machine`'s.
+:mod:`pcitopo.libvirt.document`'s, the ``<os>``/``<memory>``/``<cpu>`` spellings
+:mod:`pcitopo.libvirt.machine`'s.
 """
 
 from __future__ import annotations
@@ -330,7 +330,7 @@ class DomainView:
     def unplaced_pci_devices(self) -> tuple[int, int]:
         """(PCIe, conventional PCI) devices without a guest address: libvirt will place each
         PCIe one on a new root port of pcie-root, and the conventional ones behind a
-        pcie-to-pci-bridge (what that costs in buses: :func:`topology.guest.buses.pcie_root_buses_for`)."""
+        pcie-to-pci-bridge (what that costs in buses: :func:`pcitopo.guest.buses.pcie_root_buses_for`)."""
         pcie = conventional = 0
         for el in self.devices:
             if isinstance(el.tag, str) and el.find("address") is None and _needs_pci_slot(el):

@@ -1,9 +1,9 @@
 """The machine a domain describes: its ``<os>`` firmware, ``<memory>`` size and ``<cpu>``
 (address width, features), and a sketch domain built from scratch.
 
-The MMIO budget (:mod:`topology.guest.mmio`) decides what these must say; the spellings it reads
+The MMIO budget (:mod:`pcitopo.guest.mmio`) decides what these must say; the spellings it reads
 and writes, and libvirt's memory-unit table, live here. The PCI side of a domain (controllers,
-hostdevs, addresses) is :mod:`topology.libvirt.domain`'s.
+hostdevs, addresses) is :mod:`pcitopo.libvirt.domain`'s.
 """
 
 from __future__ import annotations

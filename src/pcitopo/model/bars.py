@@ -7,8 +7,8 @@ BARs. An unused resource is all zeros; a BAR the kernel could not place has star
 non-zero end (its size is kept: ``0x0 0x<size-1>``). The flag bits are the kernel's
 ``IORESOURCE_*`` (``include/linux/ioport.h``).
 
-This module is the one place that knows the format: the reader (``topology.host.sysfs``) loads it
-lazily into :attr:`topology.model.tree.PciFunction.bars` (the MMIO budget, ``src/pcitopo/guest/mmio.py``), and
+This module is the one place that knows the format: the reader (``pcitopo.host.sysfs``) loads it
+lazily into :attr:`pcitopo.model.tree.PciFunction.bars` (the MMIO budget, ``src/pcitopo/guest/mmio.py``), and
 ``pcitopo doctor``'s ``bar`` check reads it for unassigned BARs; the synthesiser writes it with
 :func:`format_resource`.
 """

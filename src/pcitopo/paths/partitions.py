@@ -24,7 +24,7 @@ Status = Literal["ok", "no-gpus", "no-fabric", "unknown", "not-a-partition", "in
 
 
 class FabricNvlink:
-    """NVLink counts from the fabric; same interface as :class:`topology.paths.classify.NvlinkOracle`.
+    """NVLink counts from the fabric; same interface as :class:`pcitopo.paths.classify.NvlinkOracle`.
     ``partitions`` limits the answer to these (the guest of one VM sees only its own)."""
 
     def __init__(self, fabric: Fabric, partitions: Iterable[Partition] | None = None):

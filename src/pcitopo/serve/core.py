@@ -1,9 +1,9 @@
 """The door-agnostic hook handler: one call of KubeVirt's ``OnDefineDomain``.
 
-The gRPC server (``sidecar.server``) and the sidecar-shim entry point (``sidecar.shim``) are
+The gRPC server (``pcitopo.serve.server``) and the sidecar-shim entry point (``pcitopo.serve.shim``) are
 thin wrappers around :func:`handle_define_domain`; it reads the hook options from the VMI's own
-annotations (``sidecar.config``) and calls the one rewrite function every entry point shares,
-``topology.guest.rewrite.rewrite_domain`` (the same one ``xmlfix`` runs).
+annotations (``pcitopo.serve.options``) and calls the one rewrite function every entry point shares,
+``pcitopo.guest.rewrite.rewrite_domain`` (the same one ``xmlfix`` runs).
 
 What it promises its callers:
 - the returned XML is never empty (libvirt gets it raw; empty bytes fail the VM start);
@@ -11,7 +11,7 @@ What it promises its callers:
   reason, instead of raising; like ``mode: off`` it still gives every PCI hostdev libvirt's
   default ``mode='subsystem'`` (KubeVirt's Plugins pipeline cannot read a domain without it,
   kubevirt/kubevirt#18861; libvirt reads both the same);
-- otherwise every failure is a :class:`topology.errors.PcitopoError` with a one-line reason,
+- otherwise every failure is a :class:`pcitopo.errors.PcitopoError` with a one-line reason,
   including bugs (wrapped as :class:`InternalError`), so no caller ever shows a traceback;
 - a bad option (annotation) or malformed VMI JSON always raises, whatever ``on-error`` says;
 - so does ``nvlink: require`` when the VM's GPUs will not get NVLink (:func:`nvlink_check`),
@@ -24,12 +24,12 @@ What it promises its callers:
   the doctor's findings in ``doctor``/``doctor_findings``;
 - ``doctor: require`` fails closed: a host that cannot be read, a hostdev the host model does
   not have, a bug inside the checks, and a check the hook cannot make itself (ACS, ATS
-  unprivileged) that the doctor's report (``sidecar.plugin.doctorfile``; missing or stale)
+  unprivileged) that the doctor's report (``pcitopo.serve.plugin.doctorfile``; missing or stale)
   does not answer, each stop the VM with one line naming the check;
 - a bug inside those checks is one line too (:class:`InternalError`): under ``nvlink:
   require`` or ``doctor: require`` it stops the VM, otherwise it is logged (``nvlink``
   ``internal-error``, ``doctor.error``) and the VM starts as the rewrite or passthrough left it;
-- a typed firmware warning of the rewrite (``topology.guest.mmio.FirmwareWarning``: BARs the firmware
+- a typed firmware warning of the rewrite (``pcitopo.guest.mmio.FirmwareWarning``: BARs the firmware
   will leave unassigned whatever we set) fails the call under ``on-error: fail``; under
   ``passthrough`` the rewritten domain boots and the warning is in the summary.
 """
@@ -54,12 +54,12 @@ __all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 # The host model, or a callable returning it. A callable that also has ``current(topo, bdfs)``
-# (the server's sidecar.hooks.HostCache) keeps the model across calls: it is asked whether its
+# (the server's pcitopo.serve.hooks.HostCache) keeps the model across calls: it is asked whether its
 # model is still the host's for the placed devices (a rebind, an IOMMU group change: if not, it
 # reads the model again, and the findings kept with the old one go with it).
 HostArg = Union[Topology, Callable[[], Topology]]
-# The NVLink fabric (topology.paths.fabric.Fabric), a callable returning it (read per call, so a
-# refreshed file counts; topology.paths.fabric.FabricFile), or None when the server was started
+# The NVLink fabric (pcitopo.paths.fabric.Fabric), a callable returning it (read per call, so a
+# refreshed file counts; pcitopo.paths.fabric.FabricFile), or None when the server was started
 # without --fabric.
 FabricArg = Any
 
@@ -220,7 +220,7 @@ def _require_ready(report: DoctorReport, mine: set[str]) -> None:
 
 def pairing_check(topo: Topology, bdfs: list[Bdf], policy: str, summary: dict[str, Any],
                   result: RewriteResult | None = None) -> None:
-    """The pairing check (``topology.paths.pairing.check_vm_pairs``) on the VM's devices: the
+    """The pairing check (``pcitopo.paths.pairing.check_vm_pairs``) on the VM's devices: the
     verdict in the log fields ``pairing`` (and ``pairing_findings``: one line per GPU given a
     worse NIC than the host has for it), on the report and its notes (``xmlfix --explain`` and
     ``--json``). Under ``require`` a finding, or a check that cannot run, raises PairingError."""
@@ -270,7 +270,7 @@ def nvlink_note(fields: dict[str, Any]) -> str:
 
 def nvlink_fields(topo: Topology, fabric: FabricArg, policy: str, bdfs: list[Bdf]) -> tuple[dict[str, Any], Any]:
     """The NVLink check on the NVIDIA GPUs among ``bdfs``: the log fields and the verdict
-    (``topology.paths.partitions.NvlinkVerdict``, None when the check did not run). Under ``require``
+    (``pcitopo.paths.partitions.NvlinkVerdict``, None when the check did not run). Under ``require``
     a GPU set that will not get full NVLink raises NvlinkError (so does a missing fabric file),
     and a fabric file that cannot be read, or a bug, raises too; under ``warn`` they become the
     fields. Without a fabric file and under ``warn`` nothing is said (the operator has not set

@@ -2,19 +2,19 @@
 findings reused across calls (:class:`HostCache`), the failure kinds' status codes, and
 :class:`Hooks`, which every API version's servicer calls.
 
-:mod:`sidecar.server` carries the bytes (gRPC over the Unix socket); a failure here is a
+:mod:`pcitopo.serve.server` carries the bytes (gRPC over the Unix socket); a failure here is a
 :class:`CallFailed`, which the transport turns into the call's status.
 
 :class:`HostCache` ends the reuse, and the model is read again from the source, when the
 capture ``--sysfs`` names is replaced (its identity, checked on every call), or when a device a
 call placed was rebound (its ``driver`` link) or changed IOMMU group (its ``iommu_group`` link;
-both checked on every call for that call's devices, ``topology.host.freshness``); the doctor's
+both checked on every call for that call's devices, ``pcitopo.host.freshness``); the doctor's
 findings go with the model they were computed on. What the doctor reads beyond the model
 (config space, driver_override) is read again only then: an unprivileged sidecar cannot read
 the capabilities part of config space at all (its ACS and ATS checks say ``unknown``), and
 driver_override matters together with a rebind.
 
-The hook handler (:mod:`sidecar.core`: the rewrite, the doctor, the options' pydantic model)
+The hook handler (:mod:`pcitopo.serve.core`: the rewrite, the doctor, the options' pydantic model)
 is imported by the first OnDefineDomain, not with this module: virt-launcher's Info (1 s
 deadline) never waits for it, its first OnDefineDomain (a minute) pays it once.
 """
@@ -158,8 +158,8 @@ class Hooks:
         self.host = host
         # the node hook's KubeVirt permittedHostDevices (kubevirt.hostdevices.PermittedHostDevices), or None
         self.permitted = permitted
-        self.fabric = fabric  # topology.paths.fabric.FabricFile, or None without --fabric
-        # the doctor's report (sidecar.plugin.doctorfile.DoctorFile) for the domain hook's unknown checks, or None
+        self.fabric = fabric  # pcitopo.paths.fabric.FabricFile, or None without --fabric
+        # the doctor's report (pcitopo.serve.plugin.doctorfile.DoctorFile) for the domain hook's unknown checks, or None
         self.doctor_file = doctor_file
         self.log = log
         self.stop = stop
@@ -235,7 +235,7 @@ class Hooks:
 
     def execute_node_hook(self, hook_point: str, vmi_json: bytes, node: str) -> None:
         """The Plugin's node hook (virt-handler, ``PreVMStart``): the doctor's checks for the
-        VM's devices on this node (``sidecar.plugin.nodehook``); a refusal is a CallFailed."""
+        VM's devices on this node (``pcitopo.serve.plugin.nodehook``); a refusal is a CallFailed."""
         call = self._next_call()
         t0 = time.perf_counter()
         from pcitopo.serve.plugin import nodehook

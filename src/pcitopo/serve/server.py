@@ -32,7 +32,7 @@ and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "Kub
 
 The host model is opened once per process and shared by all calls (the Topology is read-only
 from outside and its lazy caches only ever add entries, so concurrent readers at worst read a
-sysfs file twice); ``sidecar.hooks.HostCache`` reads it again after a rebind, an IOMMU group
+sysfs file twice); ``pcitopo.serve.hooks.HostCache`` reads it again after a rebind, an IOMMU group
 change or a new capture, and keeps the doctor's findings per model.
 """
 
@@ -61,8 +61,8 @@ if TYPE_CHECKING:
     import grpc
 
 # grpc is imported when the server is built (HookServer.start), not when this module is:
-# importing this module for its helpers stays cheap. The hook handler (sidecar.core) is
-# imported by the first OnDefineDomain (sidecar.hooks), which has a minute, not by Info.
+# importing this module for its helpers stays cheap. The hook handler (pcitopo.serve.core) is
+# imported by the first OnDefineDomain (pcitopo.serve.hooks), which has a minute, not by Info.
 
 DEFAULT_SOCKET = "/var/run/kubevirt-hooks/pcitopo.sock"
 # virt-launcher in a non-root VMI runs as uid/gid 107 (qemu); it needs write permission on the
@@ -347,7 +347,7 @@ def serve_main(argv: list[str]) -> int:
     [--module-map FILE]] [--permitted-host-devices FILE]``.
     Returns the exit code; a bad argument exits 2 with one line, an unusable socket path raises
     PcitopoError (one line, exit 2 through the CLI, which also tunes the process first:
-    ``sidecar.process``)."""
+    ``pcitopo.serve.process``)."""
     args = _serve_parser().parse_args(argv)
     ignored = _hook_version_arg(args.version)
     if ignored is None:

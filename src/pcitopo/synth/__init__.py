@@ -11,7 +11,7 @@ The format is documented in ``fixtures/README.md``. In short::
 
 The builder writes exactly what the kernel shows (relative ``bus/pci/devices`` links, one
 directory per function nested along the PCI hierarchy, attribute files with the kernel's
-formatting) and nothing else: only the attribute names :mod:`topology.host.sysfs` reads.
+formatting) and nothing else: only the attribute names :mod:`pcitopo.host.sysfs` reads.
 
 The pieces, in the order the data flows: :mod:`.looks` (presets, BAR sizes), :mod:`.spec` (the
 parsed description), :mod:`.parse` (``.topo`` text → spec), :mod:`.bars` (``resource`` files),

@@ -1,5 +1,5 @@
 """A parsed description → a tree laid out like ``/sys`` (:class:`MemoryTree`): exactly the files,
-links and formatting the kernel shows, only the attribute names :mod:`topology.host.sysfs`
+links and formatting the kernel shows, only the attribute names :mod:`pcitopo.host.sysfs`
 reads; the doctor's files come from :mod:`pcitopo.synth.doctorfiles`."""
 
 from __future__ import annotations

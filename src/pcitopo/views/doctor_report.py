@@ -6,7 +6,7 @@ device's address are one line: how many devices of each sort (``8 GPUs, 7 NICs``
 found, which devices (``GPU0-7, NIC0-2,5-8,11``; bridges by the devices below them), and the
 fix once, its commands in a loop over the devices' addresses. A kind found on one device keeps
 the device's own line, with the full message. ``--verbose`` prints every finding, one line per
-check and device, passed ones too (:func:`topology.checks.fleet.doctor_text`).
+check and device, passed ones too (:func:`pcitopo.views.exports.doctor_text`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What ``xmlfix`` shows a person about one rewrite: ``--explain`` (host against predicted guest,
 the reasons, the guest tree) and ``--diff`` (what the rewrite changed in meaning).
 
-The host's own matrices, trees and JSON are :mod:`topology.views.report`'s; this module lays
-the prediction (:mod:`topology.guest.predict`) beside them.
+The host's own matrices, trees and JSON are :mod:`pcitopo.views.report`'s; this module lays
+the prediction (:mod:`pcitopo.guest.verdict`) beside them.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def budget_lines(b: MmioBudget | None, cliques=None) -> list[str]:
 
 
 def hotplug_lines(h) -> list[str]:
-    """The bare root ports left for disk and NIC hotplug (topology.guest.facts.HotplugPorts),
+    """The bare root ports left for disk and NIC hotplug (pcitopo.guest.facts.HotplugPorts),
     and how many fewer than KubeVirt and libvirt give without pcitopo."""
     if h is None:
         return []

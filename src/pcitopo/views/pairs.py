@@ -1,5 +1,5 @@
 """``pcitopo pairs``: each GPU's best NIC on the host and whether pcieRoot alignment gets it,
-as a table for people and as JSON for tools (the facts: :mod:`topology.paths.pairing`)."""
+as a table for people and as JSON for tools (the facts: :mod:`pcitopo.paths.pairing`)."""
 
 from __future__ import annotations
 

@@ -5,17 +5,17 @@ Which devices the VM gets is decided for its pod, which the node hook cannot see
 know from the VMI virt-handler sends is the one rule the prediction and the check use too
 (``src/pcitopo/kubevirt/hostdevices.py`` ``reach``: device-plugin resources through the KubeVirt CR's
 ``permittedHostDevices``, known; DRA devices and unmapped names only as "one of this node's
-vfio-pci GPUs or NICs", not known), applied per request by ``sidecar.plugin.devices``.
+vfio-pci GPUs or NICs", not known), applied per request by ``pcitopo.serve.plugin.devices``.
 It runs ``pcitopo doctor``'s checks on every candidate, takes
 the checks it cannot make unprivileged (ACS, ATS) from the doctor's report
-(``sidecar.plugin.doctorfile``), and, with ``doctor: require`` (the VMI's annotation
+(``pcitopo.serve.plugin.doctorfile``), and, with ``doctor: require`` (the VMI's annotation
 ``pcitopo.kubevirt.io/doctor``), refuses the start in one line only for what is surely the
 VM's: a host-wide check, a failing device of a request whose candidates are all the VM's, or a
 request more of whose candidates fail than the VM can avoid (named by its resource, never by
 another VM's device). ``warn`` logs and lets it start. Hook points fire again while the VM is
 not running, so this is a pure function of the node, the doctor's report and the VMI.
 
-It is an early, best-effort refusal, never an admission: the domain hook (``sidecar.core``)
+It is an early, best-effort refusal, never an admission: the domain hook (``pcitopo.serve.core``)
 sees the VM's exact devices at define and decides ``require`` there, also for what the node
 hook lets through. A DRA device's address is only in the KEP-5304 file inside the VM's pod; the
 kubelet's pod-resources socket would name it, but would also show this DaemonSet every pod's
@@ -139,8 +139,8 @@ class NodeVmi:
     """The VMI of one ExecuteNodeHook call, parsed once: the document, who it is, its options."""
 
     doc: dict
-    facts: Any  # sidecar.config.VmiFacts
-    options: Any  # sidecar.config.HookOptions
+    facts: Any  # pcitopo.serve.options.VmiFacts
+    options: Any  # pcitopo.serve.options.HookOptions
 
     @classmethod
     def read(cls, vmi_json: bytes) -> "NodeVmi":
