@@ -81,7 +81,7 @@ fi
 # lock files, and the sources of the wheel as .containerignore lets them through.
 digest() { find "$@" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16; }
 LOCK_DIGEST=$(digest requirements.lock requirements-build.lock)
-SOURCE_DIGEST=$(digest pyproject.toml README.md LICENSE src scripts/sbom.py)
+SOURCE_DIGEST=$(digest pyproject.toml README.md LICENSE src/pcitopo scripts/sbom.py)
 # The SBOM's creation time: the sources' commit time, so the same sources give the same file.
 SBOM_CREATED=$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null || true)
 
