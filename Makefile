@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # The test kit (testkit/) is not installed: the scripts under fixtures/ and bench/ find it here.
 RUN    := PYTHONPATH=$(CURDIR) $(BIN)/python
 
-.PHONY: setup setup-base setup-cli demo guest-tool test test-fast test-slow golden fixtures proto fuzz bench lock image clean
+.PHONY: setup setup-base setup-cli demo guest-tool test test-fast test-slow golden fixtures proto fuzz bench lock image clean cli-doc
 
 # Everything, the guest-boot (e2e) tier's guest kernel and Debian 13 root included: what `make test` needs.
 setup: setup-base .cache/e2e/.kernel .cache/trixie/stamp
@@ -62,6 +62,11 @@ demo: setup-cli
 	    mkdir -p build && $(BIN)/xmlfix --dot --sysfs fixtures/hgx-b200 fixtures/hgx-b200/domain.xml | dot -Tsvg -o build/hgx-b200.svg \
 	    && echo "picture: build/hgx-b200.svg (this host and the predicted guest of this domain, side by side)"; \
 	else echo "picture: install graphviz for build/hgx-b200.svg"; fi
+
+# docs/CLI.md's usage blocks: each command's --help, verbatim (tests/test_cli_reference.py holds
+# them equal); run after changing an option, then review the diff.
+cli-doc: setup-cli
+	$(BIN)/python scripts/cli_help.py --write docs/CLI.md
 
 # The guest tool: one file, standard library only, Python >= 3.8 (docs/GUEST.md).
 guest-tool: setup-cli

@@ -21,7 +21,7 @@ real directories (read with plain open/read like /sys, cached under .cache/bench
 7. ``pcitopo serve``: exec → first answered Info; resident memory idle, after the calls of (3),
    and peak during 64 concurrent calls;
 8. ``pcitopo topo --vfs --json`` on sriov-4k (4,096 VFs under 8 PFs): wall time and the peak
-   resident memory of that process (the figure the README quotes).
+   resident memory of that process (the figure docs/CLI.md quotes for `pcitopo topo --vfs --json`).
 
 Figures whose ratio is a target are measured in rounds ((1), (3), (3n) and (4) one after the other,
 then again; likewise (5a) and (5b)), so both sides of a ratio see the same background load.

@@ -165,7 +165,7 @@ def test_the_paths_finder_sees_the_old_snippet():
     assert paths_after_cd("cd deploy && kustomize edit set image x\nkubectl kustomize deploy/ | grep y\n")
 
 
-@pytest.mark.parametrize("doc", ["docs/DEPLOY.md", "docs/OPERATOR.md", "README.md"])
+@pytest.mark.parametrize("doc", ["docs/DEPLOY.md", "docs/OPERATOR.md", "docs/CLI.md", "README.md"])
 def test_snippets_do_not_name_the_directory_they_cd_into(doc):
     """`cd deploy && kustomize edit …` followed by `kubectl kustomize deploy/` pointed
     at deploy/deploy/."""

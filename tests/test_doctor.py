@@ -442,8 +442,8 @@ def test_the_daemonset_runs_the_real_command_with_what_it_needs(tmp_path, capsys
     assert "pcitopo_gdr_ready 1" in (tmp_path / "pcitopo.prom").read_text()
 
 
-def test_the_readme_sample_run_is_what_the_command_prints(capsys):
-    text = (ROOT / "README.md").read_text()
+def test_the_cli_references_sample_run_is_what_the_command_prints(capsys):
+    text = (ROOT / "docs" / "CLI.md").read_text()
     block = text[text.index("```console\n$ pcitopo doctor"):]
     block = block[len("```console\n"): block.index("\n```")]
     runs = [chunk for chunk in block.split("$ ")[1:]]

@@ -306,10 +306,10 @@ def test_json_and_tree_are_exclusive():
     assert r.returncode == 2 and r.stdout == b"" and b"--json and --tree" in r.stderr
 
 
-def test_readme_json_contract_lists_every_top_level_key():
-    """The README's contract omitted host, nvlink_source and warnings."""
+def test_the_documented_json_contract_lists_every_top_level_key():
+    """The documented `topo --json` contract (docs/CLI.md) once omitted host, nvlink_source and warnings."""
     keys = list(json.loads((H100 / "topo.json").read_text()))
-    readme = (ROOT / "README.md").read_text()
-    contract = readme.split("the stable contract", 1)[1].split("\n- ", 1)[0]
+    reference = (ROOT / "docs" / "CLI.md").read_text()
+    contract = reference.split("the stable contract", 1)[1].split("\n- ", 1)[0]
     for k in keys:
         assert f'"{k}"' in contract, k

@@ -33,16 +33,17 @@ def lines(data: bytes) -> list[str]:
 
 def test_demo_tells_the_readme_story():
     """`make demo`'s --explain of the golden B200 domain ended "NOT READY (4 fail)" with
-    a doctor warning (BlueField-3 functions on mlx5_core passed through), while the README shows
-    the fixture "ready ... 197 ok". Now the fixture binds what the domain passes through."""
+    a doctor warning (BlueField-3 functions on mlx5_core passed through), while the doctor's
+    sample run (docs/CLI.md) shows the fixture "ready ... 197 ok". Now the fixture binds what the
+    domain passes through."""
     makefile = (ROOT / "Makefile").read_text()
     demo = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
     assert "xmlfix --explain --sysfs fixtures/hgx-b200 fixtures/hgx-b200/domain.xml" in demo
     r = run("xmlfix", "--explain", "--sysfs", "fixtures/hgx-b200", "fixtures/hgx-b200/domain.xml")
     assert r.returncode == 0 and r.stderr == b"", r.stderr
     verdict = lines(r.stdout)[-1]
-    readme = (ROOT / "README.md").read_text()
-    assert f"$ pcitopo doctor --sysfs fixtures/hgx-b200\n{verdict}\n" in readme
+    reference = (DOCS / "CLI.md").read_text()
+    assert f"$ pcitopo doctor --sysfs fixtures/hgx-b200\n{verdict}\n" in reference
     doctor = run("pcitopo", "doctor", "--sysfs", "fixtures/hgx-b200")
     assert doctor.returncode == 0 and lines(doctor.stdout)[-1] == verdict
 
@@ -83,8 +84,9 @@ def test_one_nvidia_smi_count_everywhere(tmp_path):
     vm_doc = (DOCS / "VM.md").read_text()  # "Check that it worked"
     log = next(x for x in vm_doc.splitlines() if '"event":"OnDefineDomain"' in x)
     assert _counts(log) == want, log
-    readme = (ROOT / "README.md").read_text()
-    assert "nvidia-smi: 178/190 pairs" in readme and "174/190" not in readme
+    reference = (DOCS / "CLI.md").read_text()  # --explain's verdict line, quoted
+    assert "nvidia-smi: 178/190 pairs" in reference and "174/190" not in reference
+    assert "174/190" not in (ROOT / "README.md").read_text()
     svg = (DOCS / "hgx-b200.svg").read_text()  # the README's picture, drawn by `xmlfix --dot`
     assert "NCCL: 190/190 pairs as on the host" in svg and "nvidia&#45;smi: 178/190 pairs" in svg
     operator = (DOCS / "OPERATOR.md").read_text()
@@ -150,8 +152,10 @@ def test_capture_warns_when_config_space_is_cut_at_64_bytes(tmp_path):
     said = re.sub(r"\d+ function", "N function", warn[0])
     documented = [re.sub(r"\d+ function", "N function", x) for x in operator.splitlines() if "cut at 64 bytes" in x]
     assert "that is enough" not in operator and "CAP_SYS_ADMIN" in operator and said in documented
-    readme = (ROOT / "README.md").read_text()
-    assert "docs/OPERATOR.md`, step 1" in readme and "take it as root" not in readme
+    step1 = "OPERATOR.md#1-capture-the-nodes-pci-tree"  # test_readme_top checks the anchor resolves
+    for doc in (ROOT / "README.md", DOCS / "CLI.md"):  # where `pcitopo capture` is shown
+        text = doc.read_text()
+        assert "pcitopo capture" in text and step1 in text and "take it as root" not in text, doc
 
 
 # -- the guest tool, one file, standard library, Python >= 3.8 -------------------------
@@ -333,11 +337,11 @@ def test_explain_fits_100_columns(host, domain, extra):
     assert len(widest) <= 100, (len(widest), widest)
 
 
-# -- the README's sriov-4k figure is make bench's -------------------------------------
+# -- the documented sriov-4k figure is make bench's -----------------------------------
 
-def test_readme_quotes_make_bench_for_topo_vfs_json():
+def test_the_cli_reference_quotes_make_bench_for_topo_vfs_json():
     """The README said "about 3 s and 82 MiB"; a newcomer measured 3.8-6.0 s and
-    136 MiB. `make bench` measures it (row 8) and the README quotes that run, with the machine."""
+    136 MiB. `make bench` measures it (row 8) and docs/CLI.md quotes that run, with the machine."""
     perf = "".join(p.read_text() for p in sorted((ROOT / "bench").glob("perf*.py")))  # perf.py and its modules
     assert '"topo", "--vfs", "--json"' in perf and "sriov-4k" in perf
     results = (ROOT / "bench" / "RESULTS.md").read_text()
@@ -346,11 +350,11 @@ def test_readme_quotes_make_bench_for_topo_vfs_json():
     machine = re.search(r"^- machine: ([^,]+), (\d+) CPUs", results, re.M)
     assert wall and rss and machine, "run make bench"
     seconds = float(wall.group(1)) / (1000 if wall.group(2) == "ms" else 1)
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    reference = " ".join((DOCS / "CLI.md").read_text().split())
     quote = f"in {seconds:.1f} s and {float(rss.group(1)):.0f} MiB resident"
-    assert quote in readme, quote
-    assert f"{machine.group(2)}-core {machine.group(1)}" in readme
-    assert "about 3 s and 82 MiB" not in readme
+    assert quote in reference, quote
+    assert f"{machine.group(2)}-core {machine.group(1)}" in reference
+    assert "about 3 s and 82 MiB" not in reference
 
 
 # -- RDMA device names, NCCL_IB_HCA --------------------------------------------------
