@@ -462,7 +462,7 @@ import json, os, sys, threading
 # Import everything first: module loading opens files of the Python installation, which is
 # not what the claims are about.
 import grpc
-from pcitopo.cli import server as srv
+from pcitopo.serve import server as srv
 from pcitopo.serve.hooks import JsonLog
 from pcitopo.serve.core import handle_define_domain
 from pcitopo.serve.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
