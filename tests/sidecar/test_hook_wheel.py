@@ -25,10 +25,10 @@ import grpc
 import pytest
 
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json
-from pcitopo.serve.hookproto import info_pb2
-from pcitopo.serve.hookproto import info_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha3_pb2
-from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+from testkit.hookproto import info_pb2
+from testkit.hookproto import info_pb2_grpc
+from testkit.hookproto import v1alpha3_pb2
+from testkit.hookproto import v1alpha3_pb2_grpc
 
 CONTAINERFILE = REPO / "Containerfile"
 KUBEVIRT_HOOKS = "/var/run/kubevirt-hooks"
@@ -211,8 +211,8 @@ def test_the_wheel_requires_the_runtimes_the_generated_code_checks_for(wheel):
     with zipfile.ZipFile(wheel) as z:
         meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     reqs = {m.group(1).lower(): m.group(2) for m in re.finditer(r"^Requires-Dist: ([\w.-]+)\s*([^;\n]*)$", meta, re.M)}
-    gen_grpc = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", (REPO / "src/pcitopo/serve/hookproto/info_pb2_grpc.py").read_text()).group(1)
-    gen_pb = _version(re.search(r"Protobuf Python Version: ([\d.]+)", (REPO / "src/pcitopo/serve/hookproto/info_pb2.py").read_text()).group(1))
+    gen_grpc = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", (REPO / "testkit/hookproto/info_pb2_grpc.py").read_text()).group(1)
+    gen_pb = _version(re.search(r"Protobuf Python Version: ([\d.]+)", (REPO / "testkit/hookproto/info_pb2.py").read_text()).group(1))
     grpc_min = [_version(s[2:]) for s in reqs["grpcio"].split(",") if s.strip().startswith(">=")]
     pb_spec = [s.strip() for s in reqs["protobuf"].split(",")]
     pb_min = [_version(s[2:]) for s in pb_spec if s.startswith(">=")]
