@@ -289,8 +289,8 @@ class Server(PrivateServer):
         plain connect() so gRPC's client reconnect backoff is not what gets measured."""
         import grpc
 
-        from pcitopo.serve.hookproto import info_pb2
-        from pcitopo.serve.hookproto import info_pb2_grpc
+        from testkit.hookproto import info_pb2
+        from testkit.hookproto import info_pb2_grpc
 
         deadline = time.monotonic() + timeout
         while not self.socket.exists():
@@ -323,8 +323,8 @@ def define_new_connection(target: str, domain: bytes, vmi: bytes, timeout: float
     """One OnDefineDomain (v1alpha3) on a fresh connection, as virt-launcher makes every call."""
     import grpc
 
-    from pcitopo.serve.hookproto import v1alpha3_pb2
-    from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+    from testkit.hookproto import v1alpha3_pb2
+    from testkit.hookproto import v1alpha3_pb2_grpc
 
     with grpc.insecure_channel(target) as ch:
         return v1alpha3_pb2_grpc.CallbacksStub(ch).OnDefineDomain(

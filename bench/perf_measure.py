@@ -169,8 +169,8 @@ def in_a_row(s: Server, inp: Inputs, args: argparse.Namespace, rows: dict[str, S
     connection reused."""
     import grpc
 
-    from pcitopo.serve.hookproto import v1alpha3_pb2
-    from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+    from testkit.hookproto import v1alpha3_pb2
+    from testkit.hookproto import v1alpha3_pb2_grpc
 
     n, calls = args.samples, args.calls
     cpu0 = cpu_seconds(s.pid)

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Generate the Python gRPC code for KubeVirt's hook API from the .proto files in this folder.
 
-The .proto files live at ``proto/pcitopo/sidecar/hookproto/*.proto`` so that protoc, run with
-``-I proto``, writes modules whose imports already name their installed package (``from
-pcitopo.serve.hookproto import info_pb2``; the folder ``sidecar/`` installs as
-``pcitopo.cli``, see pyproject.toml): protoc writes them below ``pcitopo/sidecar/hookproto/``
-of a temporary folder, and they are copied into ``sidecar/hookproto/`` exactly as grpcio-tools
-prints them, with no post-processing, and ``tests/sidecar/test_hook_proto.py`` regenerates it into a temporary folder and
-compares byte for byte.
+The generated code belongs to the test kit: the clients in tests/ and bench/ speak to the server
+through it, while the server reads and writes the messages itself (``pcitopo.serve.wire``), so
+neither this code nor protobuf's runtime is in the package or the image.
+
+The .proto files live at ``proto/testkit/hookproto/*.proto`` so that protoc, run with
+``-I proto``, writes modules whose imports already name their home (``from testkit.hookproto
+import info_pb2``): protoc writes them below ``testkit/hookproto/`` of a temporary folder, and
+they are copied into ``testkit/hookproto/`` exactly as grpcio-tools prints them, with no
+post-processing; ``tests/sidecar/test_hook_proto.py`` regenerates them into a temporary folder
+and compares byte for byte.
 
 Usage: python proto/generate.py [OUT_ROOT]    (default: the repository root)
 
@@ -24,8 +27,8 @@ from pathlib import Path
 
 PROTO_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_ROOT.parent
-PACKAGE_DIR = "src/pcitopo/serve/hookproto"  # where the generated modules are committed
-PROTO_PACKAGE_DIR = "pcitopo/serve/hookproto"  # where the .proto files are, below proto/
+PACKAGE_DIR = "testkit/hookproto"  # where the generated modules are committed
+PROTO_PACKAGE_DIR = "testkit/hookproto"  # where the .proto files are, below proto/
 PROTOS = ("info.proto", "v1alpha1.proto", "v1alpha2.proto", "v1alpha3.proto", "plugins_v1alpha1.proto")
 # The grpcio-tools release the committed code was generated with.
 GENERATOR = "1.85.1"

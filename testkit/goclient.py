@@ -1,7 +1,7 @@
 """Build the grpc-go clients (tests/sidecar/goclient/main.go for the hook sidecar,
 tests/sidecar/goclient/plugin/main.go for the Plugin) with Debian's Go packages.
 
-The Go stubs are generated from proto/pcitopo/sidecar/hookproto/*.proto (wire-identical to KubeVirt's
+The Go stubs are generated from proto/testkit/hookproto/*.proto (wire-identical to KubeVirt's
 pkg/hooks/info and pkg/hooks/v1alpha1..3 .proto files) by protoc with Debian's protoc-gen-go and
 protoc-gen-go-grpc, and compiled in GOPATH mode against Debian's golang-google-grpc-dev and
 golang-google-protobuf-dev (no module proxy is needed or reachable). The binary is cached under
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from testkit import REPO
 
-PROTO_DIR = REPO / "proto" / "pcitopo" / "serve" / "hookproto"
+PROTO_DIR = REPO / "proto" / "testkit" / "hookproto"
 # program -> its source: the hook sidecar's client (virt-launcher's hook manager) and the Plugin's
 # (virt-launcher's domain-hook client and virt-handler's node-hook client).
 PROGRAMS = {

@@ -21,14 +21,14 @@ from typing import Sequence
 import grpc
 from lxml import etree
 
-from pcitopo.serve.hookproto import info_pb2
-from pcitopo.serve.hookproto import info_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha1_pb2
-from pcitopo.serve.hookproto import v1alpha1_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha2_pb2
-from pcitopo.serve.hookproto import v1alpha2_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha3_pb2
-from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+from testkit.hookproto import info_pb2
+from testkit.hookproto import info_pb2_grpc
+from testkit.hookproto import v1alpha1_pb2
+from testkit.hookproto import v1alpha1_pb2_grpc
+from testkit.hookproto import v1alpha2_pb2
+from testkit.hookproto import v1alpha2_pb2_grpc
+from testkit.hookproto import v1alpha3_pb2
+from testkit.hookproto import v1alpha3_pb2_grpc
 
 from . import REPO
 from .kubevirt_releases import Release

@@ -39,10 +39,10 @@ from lxml import etree
 from pcitopo.libvirt.lenient import with_hostdev_modes
 
 from pcitopo.serve.options import PREFIX
-from pcitopo.serve.hookproto import info_pb2
-from pcitopo.serve.hookproto import info_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha3_pb2
-from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+from testkit.hookproto import info_pb2
+from testkit.hookproto import info_pb2_grpc
+from testkit.hookproto import v1alpha3_pb2
+from testkit.hookproto import v1alpha3_pb2_grpc
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
 from testkit.server_proc import PrivateServer
 from pcitopo.synth import load_topo_file
@@ -465,7 +465,7 @@ import grpc
 from pcitopo.serve import server as srv
 from pcitopo.serve.hooks import JsonLog
 from pcitopo.serve.core import handle_define_domain
-from pcitopo.serve.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
+from testkit.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
 from pcitopo.host.sysfs import open_host
 import pcitopo.guest.rewrite, pcitopo.guest.view, pcitopo.views.report, encodings.idna
 

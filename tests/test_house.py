@@ -1,9 +1,10 @@
-"""House rules that can be checked mechanically: in the package (src/pcitopo/, generated code
-aside), the test kit (testkit/) and the benchmarks (bench/), no function longer than 60 lines, no
-module longer than 450, no folder of more than 12 modules; the package's top holds only its
-``__init__``, errors and the programs' plumbing, the rest in rooms whose imports go one way
-(ORDER); no two modules share a basename; no import cycle among the project's modules; nothing
-edits ``sys.path`` outside a conftest.py; no file refers to documents outside the repository."""
+"""House rules that can be checked mechanically: in the package (src/pcitopo/), the test kit
+(testkit/, its generated code aside) and the benchmarks (bench/), no function longer than 60
+lines, no module longer than 450, no folder of more than 12 modules; the package's top holds
+only its ``__init__``, errors and the programs' plumbing, the rest in rooms whose imports go one
+way (ORDER); no two modules share a basename; no import cycle among the project's modules;
+nothing edits ``sys.path`` outside a conftest.py; no file refers to documents outside the
+repository."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 450
 MAX_FOLDER_MODULES = 12
-GENERATED = ("hookproto",)
+GENERATED = ("hookproto",)  # testkit/hookproto: grpcio-tools output (proto/generate.py)
 
 
 def long_functions(source: str, name: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:

@@ -14,12 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from pcitopo.serve.hookproto import info_pb2
-from pcitopo.serve.hookproto import info_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha1_pb2
-from pcitopo.serve.hookproto import v1alpha1_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha3_pb2
-from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+from testkit.hookproto import info_pb2
+from testkit.hookproto import info_pb2_grpc
+from testkit.hookproto import v1alpha1_pb2
+from testkit.hookproto import v1alpha1_pb2_grpc
+from testkit.hookproto import v1alpha3_pb2
+from testkit.hookproto import v1alpha3_pb2_grpc
 from testkit import FIXTURES
 from testkit.server_proc import PrivateServer
 from testkit.strategies import fixture_world

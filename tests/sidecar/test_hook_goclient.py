@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.goclient import PACKAGES, hookclient_or_skip
+from testkit.goclient import PACKAGES, PROTO_DIR, hookclient_or_skip
 from testkit.hookkit import ServerProcess, fixture_domain, fixture_sysfs, serve_argv, vmi_json, wait_for_socket, xmlfix
 
 VERSIONS = ("v1alpha1", "v1alpha2", "v1alpha3")
@@ -57,7 +57,7 @@ def test_stubs_are_generated_for_kubevirts_service_names(hookclient):
                    "/kubevirt.hooks.v1alpha2.Callbacks/OnDefineDomain", "/kubevirt.hooks.v1alpha3.Callbacks/OnDefineDomain",
                    "/kubevirt.hooks.v1alpha3.Callbacks/Shutdown"):
         assert f'"{method}"' in text, method
-    assert set(PACKAGES) == {p.name for p in (Path(__file__).resolve().parents[2] / "proto/pcitopo/sidecar/hookproto").glob("*.proto")}
+    assert PROTO_DIR.is_dir() and set(PACKAGES) == {p.name for p in PROTO_DIR.glob("*.proto")}
 
 
 def test_go_client_info_and_negotiation(hookclient, server):

@@ -12,10 +12,10 @@ import grpc
 import pytest
 
 from testkit.hookkit import BIN, ServerProcess, VirtLauncher, fixture_domain, fixture_sysfs, serve_argv, wait_for_socket
-from pcitopo.serve.hookproto import info_pb2
-from pcitopo.serve.hookproto import info_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha3_pb2
-from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+from testkit.hookproto import info_pb2
+from testkit.hookproto import info_pb2_grpc
+from testkit.hookproto import v1alpha3_pb2
+from testkit.hookproto import v1alpha3_pb2_grpc
 from pcitopo.serve.wire import MAX_MESSAGE_BYTES, MAX_REPLY_BYTES
 from pcitopo import __version__
 

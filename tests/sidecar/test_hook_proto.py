@@ -95,7 +95,7 @@ _TYPE = {
 
 
 def _file_proto(stem: str) -> descriptor_pb2.FileDescriptorProto:
-    mod = importlib.import_module(f"pcitopo.serve.hookproto.{stem}_pb2")
+    mod = importlib.import_module(f"testkit.hookproto.{stem}_pb2")
     fdp = descriptor_pb2.FileDescriptorProto()
     fdp.ParseFromString(mod.DESCRIPTOR.serialized_pb)
     return fdp
@@ -133,7 +133,7 @@ def test_method_paths_are_the_ones_virt_launcher_calls():
     """The full gRPC paths, as in the generated stubs' channel.unary_unary calls."""
     paths = set()
     for stem in WIRE:
-        text = (REPO / "src" / "pcitopo" / "serve" / "hookproto" / f"{stem}_pb2_grpc.py").read_text()
+        text = (REPO / "testkit" / "hookproto" / f"{stem}_pb2_grpc.py").read_text()
         paths |= {line.strip().strip("',") for line in text.splitlines() if line.strip().startswith("'/kubevirt.")}
     assert paths == {
         "/kubevirt.hooks.info.Info/Info",
@@ -179,7 +179,7 @@ def test_committed_code_is_exactly_fresh_grpcio_tools_output(tmp_path):
     )
     r = subprocess.run([sys.executable, str(REPO / "proto" / "generate.py"), str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    committed_dir = REPO / "src" / "pcitopo" / "serve" / "hookproto"
+    committed_dir = REPO / "testkit" / "hookproto"
     expected = {Path(rel).name for rel in generate.generated_files()}
     on_disk = {p.name for p in committed_dir.glob("*_pb2*.py")}
     assert on_disk == expected, "stray or missing generated modules"

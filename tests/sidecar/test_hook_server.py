@@ -28,14 +28,14 @@ from testkit.hookkit import (
     wait_for_socket,
 )
 from pcitopo.serve.options import PREFIX
-from pcitopo.serve.hookproto import info_pb2
-from pcitopo.serve.hookproto import info_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha1_pb2
-from pcitopo.serve.hookproto import v1alpha1_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha2_pb2
-from pcitopo.serve.hookproto import v1alpha2_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha3_pb2
-from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+from testkit.hookproto import info_pb2
+from testkit.hookproto import info_pb2_grpc
+from testkit.hookproto import v1alpha1_pb2
+from testkit.hookproto import v1alpha1_pb2_grpc
+from testkit.hookproto import v1alpha2_pb2
+from testkit.hookproto import v1alpha2_pb2_grpc
+from testkit.hookproto import v1alpha3_pb2
+from testkit.hookproto import v1alpha3_pb2_grpc
 from pcitopo.serve.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
 from pcitopo.serve.wire import MAX_MESSAGE_BYTES
 from pcitopo.libvirt.lenient import with_hostdev_modes
@@ -137,7 +137,7 @@ def test_socket_permissions_let_the_compute_container_in_and_nobody_else(start):
 # becomes the given uid/gid for good before touching the socket.
 INFO_AS_CLIENT = r"""
 import sys, time, os, grpc
-from pcitopo.serve.hookproto import info_pb2, info_pb2_grpc
+from testkit.hookproto import info_pb2, info_pb2_grpc
 path, uid = sys.argv[1], int(sys.argv[2])
 if uid >= 0:
     os.setgroups([])

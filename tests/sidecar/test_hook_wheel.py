@@ -25,10 +25,10 @@ import grpc
 import pytest
 
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json
-from pcitopo.serve.hookproto import info_pb2
-from pcitopo.serve.hookproto import info_pb2_grpc
-from pcitopo.serve.hookproto import v1alpha3_pb2
-from pcitopo.serve.hookproto import v1alpha3_pb2_grpc
+from testkit.hookproto import info_pb2
+from testkit.hookproto import info_pb2_grpc
+from testkit.hookproto import v1alpha3_pb2
+from testkit.hookproto import v1alpha3_pb2_grpc
 
 CONTAINERFILE = REPO / "Containerfile"
 KUBEVIRT_HOOKS = "/var/run/kubevirt-hooks"
@@ -143,15 +143,16 @@ def wheel(tmp_path_factory, containerfile):
     return whl
 
 
-def test_the_wheel_carries_the_generated_code_and_the_console_scripts(wheel):
+def test_the_wheel_carries_the_server_and_the_console_scripts_and_no_generated_code(wheel):
+    """The server speaks the hook API through pcitopo.serve.wire: grpcio-tools' output is the
+    test kit's (testkit/hookproto) and no ``*_pb2*`` module ships."""
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         dist = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         entry_points = z.read(f"{dist}/entry_points.txt").decode()
-    for stem in ("info", "v1alpha1", "v1alpha2", "v1alpha3"):
-        assert f"pcitopo/sidecar/hookproto/{stem}_pb2.py" in names and f"pcitopo/sidecar/hookproto/{stem}_pb2_grpc.py" in names
-    assert {"pcitopo/sidecar/server.py", "pcitopo/sidecar/shim.py", "pcitopo/sidecar/core.py", "pcitopo/sidecar/config.py",
-            "pcitopo/topology/guest/rewrite.py"} <= names
+    assert {"pcitopo/serve/server.py", "pcitopo/serve/shim.py", "pcitopo/serve/core.py", "pcitopo/serve/wire.py",
+            "pcitopo/serve/options.py", "pcitopo/guest/rewrite.py"} <= names
+    assert not [n for n in names if "_pb2" in n or "hookproto" in n]
     for line in ("pcitopo = pcitopo.cli.main:pcitopo_main", "onDefineDomain = pcitopo.serve.shim:main",
                  "xmlfix = pcitopo.cli.main:xmlfix_main"):
         assert line in entry_points
@@ -205,21 +206,54 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
-def test_the_wheel_requires_the_runtimes_the_generated_code_checks_for(wheel):
-    """The generated modules refuse to import under an older grpcio or another protobuf major
-    (they check at import): the wheel's requirements must not let pip pick one."""
+def _requires(meta: str, extra: str | None = None) -> dict[str, str]:
+    """Requirement name -> its version specifier, of the runtime (``extra`` None) or of one extra."""
+    out = {}
+    for m in re.finditer(r"^Requires-Dist: ([\w.-]+)\s*([^;\n]*)(?:;\s*(.*))?$", meta, re.M):
+        marker = m.group(3) or ""
+        if (extra is None and not marker) or (extra is not None and f'extra == "{extra}"' in marker):
+            out[m.group(1).lower()] = m.group(2).strip()
+    return out
+
+
+def test_the_wheel_requires_grpcio_and_not_protobuf(wheel):
+    """The package never imports protobuf (the server reads and writes the messages itself), so
+    installing it does not pull protobuf in; only the test extras do, for the test kit's clients."""
     with zipfile.ZipFile(wheel) as z:
         meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
-    reqs = {m.group(1).lower(): m.group(2) for m in re.finditer(r"^Requires-Dist: ([\w.-]+)\s*([^;\n]*)$", meta, re.M)}
-    gen_grpc = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", (REPO / "src/pcitopo/serve/hookproto/info_pb2_grpc.py").read_text()).group(1)
-    gen_pb = _version(re.search(r"Protobuf Python Version: ([\d.]+)", (REPO / "src/pcitopo/serve/hookproto/info_pb2.py").read_text()).group(1))
-    grpc_min = [_version(s[2:]) for s in reqs["grpcio"].split(",") if s.strip().startswith(">=")]
-    pb_spec = [s.strip() for s in reqs["protobuf"].split(",")]
+    runtime, test = _requires(meta), _requires(meta, "test")
+    assert "grpcio" in runtime and "protobuf" not in runtime, runtime
+    assert "protobuf" in test, test
+
+
+def test_the_requirements_satisfy_the_runtimes_the_generated_code_checks_for(wheel):
+    """The test kit's generated modules refuse to import under an older grpcio or another
+    protobuf major (they check at import): the requirements of a development install (the
+    package's grpcio, the test extras' protobuf) must not let pip pick one."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    runtime, test = _requires(meta), _requires(meta, "test")
+    gen_grpc = re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", (REPO / "testkit/hookproto/info_pb2_grpc.py").read_text()).group(1)
+    gen_pb = _version(re.search(r"Protobuf Python Version: ([\d.]+)", (REPO / "testkit/hookproto/info_pb2.py").read_text()).group(1))
+    grpc_min = [_version(s[2:]) for s in runtime["grpcio"].split(",") if s.strip().startswith(">=")]
+    pb_spec = [s.strip() for s in test["protobuf"].split(",")]
     pb_min = [_version(s[2:]) for s in pb_spec if s.startswith(">=")]
     pb_max = [_version(s[1:]) for s in pb_spec if s.startswith("<") and not s.startswith("<=")]
-    assert grpc_min and grpc_min[0] >= _version(gen_grpc), f"grpcio requirement {reqs['grpcio']!r} allows < {gen_grpc}"
-    assert pb_min and pb_min[0] >= gen_pb, f"protobuf requirement {reqs['protobuf']!r} allows < {'.'.join(map(str, gen_pb))}"
-    assert pb_max and pb_max[0] <= (gen_pb[0] + 1,), f"protobuf requirement {reqs['protobuf']!r} allows another major"
+    assert grpc_min and grpc_min[0] >= _version(gen_grpc), f"grpcio requirement {runtime['grpcio']!r} allows < {gen_grpc}"
+    assert pb_min and pb_min[0] >= gen_pb, f"protobuf requirement {test['protobuf']!r} allows < {'.'.join(map(str, gen_pb))}"
+    assert pb_max and pb_max[0] <= (gen_pb[0] + 1,), f"protobuf requirement {test['protobuf']!r} allows another major"
+
+
+PROGRAM_MODULES = ("pcitopo.serve.server", "pcitopo.serve.shim", "pcitopo.cli.main")
+LOADED = f"import sys, {', '.join(PROGRAM_MODULES)}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'google'))"
+
+
+def test_the_programs_never_load_protobuf():
+    """Here protobuf is installed (the test extras), so importing the server, the shim and the
+    commands would find it: none of them loads it."""
+    r = subprocess.run([sys.executable, "-c", LOADED], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
 
 
 def _requirement_closure(names: list[str]) -> set[str]:
@@ -240,13 +274,16 @@ def _requirement_closure(names: list[str]) -> set[str]:
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory, wheel):
     """A fresh virtual environment with our wheel installed and, offline, the wheel's runtime
-    dependencies linked in from this environment (their files only: never our own package)."""
+    dependencies (its Requires-Dist and theirs, no extras) linked in from this environment
+    (their files only: never our own package)."""
     root = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
     py = root / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    deps = _requirement_closure(["grpcio", "protobuf", "lxml", "pydantic", "pyudev", "pyyaml"]) - {"pcitopo"}
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    deps = _requirement_closure(sorted(_requires(meta))) - {"pcitopo"}
     linked = 0
     for key in sorted(deps):
         dist = md.distribution(key)
@@ -338,6 +375,16 @@ def test_the_entrypoint_from_the_installed_wheel_serves_kubevirt(containerfile, 
     assert next(r for r in records if r["event"] == "serving")["socket"] == f"{KUBEVIRT_HOOKS}/pcitopo.sock"
     # Read-only root filesystem friendly: running wrote nothing into the installation.
     assert tree_listing(venv) == before
+
+
+def test_the_installed_programs_import_without_protobuf(venv):
+    """The fresh environment holds the wheel's runtime requirements only, so protobuf is not
+    there at all: the server, the shim and the commands import all the same."""
+    code = f"import importlib.util; print(importlib.util.find_spec('google') is None); {LOADED}"
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True,
+                       env=clean_env({}, venv), cwd="/", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "[]"]
 
 
 def test_the_installed_shim_and_xmlfix_agree(venv, tmp_path):

@@ -1,5 +1,5 @@
 """Pcitopo's Plugin hooks against an independent grpc-go client built from
-proto/pcitopo/sidecar/hookproto/plugins_v1alpha1.proto (tests/sidecar/goclient/plugin), called as
+proto/testkit/hookproto/plugins_v1alpha1.proto (tests/sidecar/goclient/plugin), called as
 KubeVirt v1.9 calls them: MutateDomain on the domain hook's socket under
 /var/run/kubevirt-plugin/<plugin>/ (virt-launcher), ExecuteNodeHook on the node hook's socket
 (virt-handler). The server is the real `pcitopo serve` process; the three chained defines put

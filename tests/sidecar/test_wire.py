@@ -10,9 +10,9 @@ import random
 from google.protobuf.message import DecodeError
 
 from pcitopo.serve import wire
-from pcitopo.serve.hookproto import info_pb2
-from pcitopo.serve.hookproto import v1alpha2_pb2
-from pcitopo.serve.hookproto import v1alpha3_pb2
+from testkit.hookproto import info_pb2
+from testkit.hookproto import v1alpha2_pb2
+from testkit.hookproto import v1alpha3_pb2
 
 
 def test_info_result_is_protobufs_bytes():

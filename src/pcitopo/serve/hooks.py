@@ -36,7 +36,7 @@ from pcitopo.model.tree import Bdf, Topology
 
 from pcitopo.serve import wire
 from pcitopo.program import one_line
-from pcitopo.serve.hookproto import INFO_NAME, ON_DEFINE_DOMAIN, SHUTDOWN, VERSIONS
+from pcitopo.serve.wire import INFO_NAME, ON_DEFINE_DOMAIN, SHUTDOWN, VERSIONS
 
 
 # -- logging ---------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from pcitopo.host.sources import default_sysfs
 
 from pcitopo.serve import wire
 from pcitopo.program import EXIT_OK, Parser
-from pcitopo.serve.hookproto import VERSIONS
+from pcitopo.serve.wire import VERSIONS
 from pcitopo.serve.hooks import CallFailed, HostCache, Hooks, JsonLog, elapsed_ms
 from pcitopo.serve.plugin.sockets import DEFAULT_PLUGIN, NODE_HOOK_SOCKET
 

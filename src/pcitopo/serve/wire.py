@@ -3,18 +3,24 @@
 Every hook message is flat: bytes/string fields, plus ``InfoResult``'s repeated ``HookPoint``.
 This module reads and writes them in the proto3 wire format protobuf would produce (tag varint,
 length varint, bytes; empty fields omitted), instead of through protobuf's runtime, which would
-cost the sidecar ~3 MiB of resident memory and ~30 ms of start-up (bench/perf.py). The generated
-code in ``sidecar/hookproto`` stays the reference: clients and tests speak to the server only
-through it, and ``tests/sidecar/test_wire.py`` checks these bytes against protobuf's.
+cost the sidecar ~3 MiB of resident memory and ~30 ms of start-up (bench/perf.py); the package
+neither imports nor requires protobuf. The code grpcio-tools generates from our .proto files
+stays the reference, in the test kit (``testkit/hookproto``): clients and tests speak to the
+server through it, and ``tests/sidecar/test_wire.py`` checks these bytes against protobuf's.
 
 The names, field numbers and method paths are KubeVirt's (``pkg/hooks/info/api_info.proto``,
-``pkg/hooks/v1alpha{1,2,3}/api_v1alpha*.proto``; our copies in ``proto/pcitopo/sidecar/hookproto``);
+``pkg/hooks/v1alpha{1,2,3}/api_v1alpha*.proto``; our copies in ``proto/testkit/hookproto``);
 docs/SOURCES.md, "KubeVirt hook API", says where each fact comes from.
 """
 
 from __future__ import annotations
 
-from pcitopo.serve.hookproto import INFO_NAME, ON_DEFINE_DOMAIN, SHUTDOWN, VERSIONS
+# The version strings virt-launcher negotiates, newest first (it picks the newest it knows).
+VERSIONS = ("v1alpha3", "v1alpha2", "v1alpha1")
+INFO_NAME = "pcitopo"
+# The hook points we subscribe to, as virt-launcher spells them (KubeVirt pkg/hooks/info/info.go).
+ON_DEFINE_DOMAIN = "OnDefineDomain"
+SHUTDOWN = "Shutdown"
 
 # Service -> its methods, as virt-launcher calls them (/<service>/<method>).
 SERVICES = {
@@ -24,7 +30,7 @@ SERVICES = {
     "kubevirt.hooks.v1alpha3.Callbacks": ("OnDefineDomain", "PreCloudInitIso", "Shutdown"),
 }
 
-# Field numbers (proto/pcitopo/sidecar/hookproto/*.proto).
+# Field numbers (proto/testkit/hookproto/*.proto).
 DOMAIN_XML, VMI = 1, 2  # OnDefineDomainParams; OnDefineDomainResult.domainXML = 1
 CLOUD_INIT_NOCLOUD_SOURCE, CLOUD_INIT_DATA = 1, 3  # PreCloudInitIsoParams/Result
 INFO_RESULT_NAME, INFO_RESULT_HOOK_POINTS, INFO_RESULT_VERSIONS = 1, 3, 4  # InfoResult
@@ -171,7 +177,7 @@ INFO_RESULT = encode_fields(
 )
 
 
-# -- KubeVirt Plugins (VEP 190): proto/pcitopo/sidecar/hookproto/plugins_v1alpha1.proto --------
+# -- KubeVirt Plugins (VEP 190): proto/testkit/hookproto/plugins_v1alpha1.proto ----------------
 
 PLUGIN_PACKAGE = "kubevirt.hooks.plugins.v1alpha1"
 DOMAIN_HOOK_SERVICE = f"{PLUGIN_PACKAGE}.DomainHookService"

@@ -1,5 +1,5 @@
 // pluginclient: an independent client for pcitopo's KubeVirt Plugin hooks (VEP 190), built with
-// grpc-go from proto/pcitopo/sidecar/hookproto/plugins_v1alpha1.proto (wire-identical to
+// grpc-go from proto/testkit/hookproto/plugins_v1alpha1.proto (wire-identical to
 // KubeVirt's pkg/hooks/plugins/v1alpha1/api.proto). It calls the way KubeVirt v1.9 does:
 //   - mutate: virt-launcher's domain-hook sidecar client (pkg/virt-launcher/virtwrap/plugins):
 //     the bare socket path, a unix dialer, insecure, a blocking dial bounded by 2 s, one call with

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from pcitopo.serve.hookproto import plugins_v1alpha1_pb2 as pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2
+from testkit.hookproto import plugins_v1alpha1_pb2 as testkit_dot_hookproto_dot_plugins__v1alpha1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pcitopo/serve/hookproto/plugins_v1alpha1_pb2_grpc.py depends on'
+        + ' but the generated code in testkit/hookproto/plugins_v1alpha1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class DomainHookServiceStub:
         """
         self.MutateDomain = channel.unary_unary(
                 '/kubevirt.hooks.plugins.v1alpha1.DomainHookService/MutateDomain',
-                request_serializer=pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainRequest.SerializeToString,
-                response_deserializer=pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainResponse.FromString,
+                request_serializer=testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainRequest.SerializeToString,
+                response_deserializer=testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainResponse.FromString,
                 _registered_method=True)
 
 
@@ -57,8 +57,8 @@ def add_DomainHookServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'MutateDomain': grpc.unary_unary_rpc_method_handler(
                     servicer.MutateDomain,
-                    request_deserializer=pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainRequest.FromString,
-                    response_serializer=pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainResponse.SerializeToString,
+                    request_deserializer=testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainRequest.FromString,
+                    response_serializer=testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,8 +86,8 @@ class DomainHookService:
             request,
             target,
             '/kubevirt.hooks.plugins.v1alpha1.DomainHookService/MutateDomain',
-            pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainRequest.SerializeToString,
-            pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainResponse.FromString,
+            testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainRequest.SerializeToString,
+            testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.MutateDomainResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -110,8 +110,8 @@ class NodeHookServiceStub:
         """
         self.ExecuteNodeHook = channel.unary_unary(
                 '/kubevirt.hooks.plugins.v1alpha1.NodeHookService/ExecuteNodeHook',
-                request_serializer=pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookRequest.SerializeToString,
-                response_deserializer=pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookResponse.FromString,
+                request_serializer=testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookRequest.SerializeToString,
+                response_deserializer=testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookResponse.FromString,
                 _registered_method=True)
 
 
@@ -131,8 +131,8 @@ def add_NodeHookServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ExecuteNodeHook': grpc.unary_unary_rpc_method_handler(
                     servicer.ExecuteNodeHook,
-                    request_deserializer=pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookRequest.FromString,
-                    response_serializer=pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookResponse.SerializeToString,
+                    request_deserializer=testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookRequest.FromString,
+                    response_serializer=testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -160,8 +160,8 @@ class NodeHookService:
             request,
             target,
             '/kubevirt.hooks.plugins.v1alpha1.NodeHookService/ExecuteNodeHook',
-            pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookRequest.SerializeToString,
-            pcitopo_dot_serve_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookResponse.FromString,
+            testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookRequest.SerializeToString,
+            testkit_dot_hookproto_dot_plugins__v1alpha1__pb2.ExecuteNodeHookResponse.FromString,
             options,
             channel_credentials,
             insecure,

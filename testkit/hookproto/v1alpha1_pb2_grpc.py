@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from pcitopo.serve.hookproto import info_pb2 as pcitopo_dot_serve_dot_hookproto_dot_info__pb2
+from testkit.hookproto import v1alpha1_pb2 as testkit_dot_hookproto_dot_v1alpha1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pcitopo/serve/hookproto/info_pb2_grpc.py depends on'
+        + ' but the generated code in testkit/hookproto/v1alpha1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class InfoStub:
+class CallbacksStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -34,43 +34,43 @@ class InfoStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Info = channel.unary_unary(
-                '/kubevirt.hooks.info.Info/Info',
-                request_serializer=pcitopo_dot_serve_dot_hookproto_dot_info__pb2.InfoParams.SerializeToString,
-                response_deserializer=pcitopo_dot_serve_dot_hookproto_dot_info__pb2.InfoResult.FromString,
+        self.OnDefineDomain = channel.unary_unary(
+                '/kubevirt.hooks.v1alpha1.Callbacks/OnDefineDomain',
+                request_serializer=testkit_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainParams.SerializeToString,
+                response_deserializer=testkit_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainResult.FromString,
                 _registered_method=True)
 
 
-class InfoServicer:
+class CallbacksServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Info(self, request, context):
+    def OnDefineDomain(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
 
-def add_InfoServicer_to_server(servicer, server):
+def add_CallbacksServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Info': grpc.unary_unary_rpc_method_handler(
-                    servicer.Info,
-                    request_deserializer=pcitopo_dot_serve_dot_hookproto_dot_info__pb2.InfoParams.FromString,
-                    response_serializer=pcitopo_dot_serve_dot_hookproto_dot_info__pb2.InfoResult.SerializeToString,
+            'OnDefineDomain': grpc.unary_unary_rpc_method_handler(
+                    servicer.OnDefineDomain,
+                    request_deserializer=testkit_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainParams.FromString,
+                    response_serializer=testkit_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'kubevirt.hooks.info.Info', rpc_method_handlers)
+            'kubevirt.hooks.v1alpha1.Callbacks', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('kubevirt.hooks.info.Info', rpc_method_handlers)
+    server.add_registered_method_handlers('kubevirt.hooks.v1alpha1.Callbacks', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Info:
+class Callbacks:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Info(request,
+    def OnDefineDomain(request,
             target,
             options=(),
             channel_credentials=None,
@@ -83,9 +83,9 @@ class Info:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/kubevirt.hooks.info.Info/Info',
-            pcitopo_dot_serve_dot_hookproto_dot_info__pb2.InfoParams.SerializeToString,
-            pcitopo_dot_serve_dot_hookproto_dot_info__pb2.InfoResult.FromString,
+            '/kubevirt.hooks.v1alpha1.Callbacks/OnDefineDomain',
+            testkit_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainParams.SerializeToString,
+            testkit_dot_hookproto_dot_v1alpha1__pb2.OnDefineDomainResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from pcitopo.serve.hookproto import v1alpha3_pb2 as pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2
+from testkit.hookproto import v1alpha3_pb2 as testkit_dot_hookproto_dot_v1alpha3__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in pcitopo/serve/hookproto/v1alpha3_pb2_grpc.py depends on'
+        + ' but the generated code in testkit/hookproto/v1alpha3_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class CallbacksStub:
         """
         self.OnDefineDomain = channel.unary_unary(
                 '/kubevirt.hooks.v1alpha3.Callbacks/OnDefineDomain',
-                request_serializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainParams.SerializeToString,
-                response_deserializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainResult.FromString,
+                request_serializer=testkit_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainParams.SerializeToString,
+                response_deserializer=testkit_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainResult.FromString,
                 _registered_method=True)
         self.PreCloudInitIso = channel.unary_unary(
                 '/kubevirt.hooks.v1alpha3.Callbacks/PreCloudInitIso',
-                request_serializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoParams.SerializeToString,
-                response_deserializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoResult.FromString,
+                request_serializer=testkit_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoParams.SerializeToString,
+                response_deserializer=testkit_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoResult.FromString,
                 _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/kubevirt.hooks.v1alpha3.Callbacks/Shutdown',
-                request_serializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.ShutdownParams.SerializeToString,
-                response_deserializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.ShutdownResult.FromString,
+                request_serializer=testkit_dot_hookproto_dot_v1alpha3__pb2.ShutdownParams.SerializeToString,
+                response_deserializer=testkit_dot_hookproto_dot_v1alpha3__pb2.ShutdownResult.FromString,
                 _registered_method=True)
 
 
@@ -77,18 +77,18 @@ def add_CallbacksServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'OnDefineDomain': grpc.unary_unary_rpc_method_handler(
                     servicer.OnDefineDomain,
-                    request_deserializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainParams.FromString,
-                    response_serializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainResult.SerializeToString,
+                    request_deserializer=testkit_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainParams.FromString,
+                    response_serializer=testkit_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainResult.SerializeToString,
             ),
             'PreCloudInitIso': grpc.unary_unary_rpc_method_handler(
                     servicer.PreCloudInitIso,
-                    request_deserializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoParams.FromString,
-                    response_serializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoResult.SerializeToString,
+                    request_deserializer=testkit_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoParams.FromString,
+                    response_serializer=testkit_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoResult.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
-                    request_deserializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.ShutdownParams.FromString,
-                    response_serializer=pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.ShutdownResult.SerializeToString,
+                    request_deserializer=testkit_dot_hookproto_dot_v1alpha3__pb2.ShutdownParams.FromString,
+                    response_serializer=testkit_dot_hookproto_dot_v1alpha3__pb2.ShutdownResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -116,8 +116,8 @@ class Callbacks:
             request,
             target,
             '/kubevirt.hooks.v1alpha3.Callbacks/OnDefineDomain',
-            pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainParams.SerializeToString,
-            pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainResult.FromString,
+            testkit_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainParams.SerializeToString,
+            testkit_dot_hookproto_dot_v1alpha3__pb2.OnDefineDomainResult.FromString,
             options,
             channel_credentials,
             insecure,
@@ -143,8 +143,8 @@ class Callbacks:
             request,
             target,
             '/kubevirt.hooks.v1alpha3.Callbacks/PreCloudInitIso',
-            pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoParams.SerializeToString,
-            pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoResult.FromString,
+            testkit_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoParams.SerializeToString,
+            testkit_dot_hookproto_dot_v1alpha3__pb2.PreCloudInitIsoResult.FromString,
             options,
             channel_credentials,
             insecure,
@@ -170,8 +170,8 @@ class Callbacks:
             request,
             target,
             '/kubevirt.hooks.v1alpha3.Callbacks/Shutdown',
-            pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.ShutdownParams.SerializeToString,
-            pcitopo_dot_serve_dot_hookproto_dot_v1alpha3__pb2.ShutdownResult.FromString,
+            testkit_dot_hookproto_dot_v1alpha3__pb2.ShutdownParams.SerializeToString,
+            testkit_dot_hookproto_dot_v1alpha3__pb2.ShutdownResult.FromString,
             options,
             channel_credentials,
             insecure,
