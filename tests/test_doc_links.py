@@ -18,12 +18,13 @@ PAGES = sorted({ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "tests" / "e2e
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
-# a path of this checkout (or of a folder the package left: topology/, sidecar/). Other projects'
+# a path of this checkout (or of a folder the package left: topology/, sidecar/, kubevirt/). Other projects'
 # paths that docs/SOURCES.md quotes (NCCL's src/graph/, QEMU's docs/*.txt, KubeVirt's tests/*.go)
 # share some first folders, so those folders count only with the kinds of file this checkout keeps.
 REPO_PATH = re.compile(r"^(?:(?:src/pcitopo|testkit|bench|fixtures|deploy|proto|topology|sidecar)/[\w./-]*"
                        r"|scripts/[\w./-]+\.(?:sh|py)|tests/[\w/-]+(?:\.py|/)|tests/[\w/-]*README\.md"
-                       r"|docs/[\w-]+\.(?:md|svg)|docs/kustomize-pinned/[\w./-]*)$")
+                       r"|docs/[\w-]+\.(?:md|svg)|docs/kustomize-pinned/[\w./-]*"
+                       r"|kubevirt/(?:launcher|kubelet)/[\w./-]*|kubevirt/\w+\.py)$")
 PLACEHOLDER = re.compile(r"[*<>{}…]|\.\.\.|NAME|/$(?<=NAME/)")
 
 
@@ -85,15 +86,17 @@ def repo_paths(text: str) -> list[str]:
 
 
 def test_the_path_finder_sees_old_and_new_paths():
-    text = "`src/pcitopo/guest/plan.py` `sidecar/xmlfix.py`, `make bench` and `bench/perf.py --quick`, `fixtures/<host>/`"
-    assert repo_paths(text) == ["src/pcitopo/guest/plan.py", "sidecar/xmlfix.py", "bench/perf.py"]
+    text = ("`src/pcitopo/guest/plan.py` `sidecar/xmlfix.py`, `make bench` and `bench/perf.py --quick`, `fixtures/<host>/`"
+            " `kubevirt/launcher/` `kubevirt/kubevirt` `src/graph/paths.cc` `docs/pcie.txt`")
+    assert repo_paths(text) == ["src/pcitopo/guest/plan.py", "sidecar/xmlfix.py", "bench/perf.py", "kubevirt/launcher/"]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_backticked_repository_paths_exist(page):
     text = page.read_text()
-    if page.name == "CHANGELOG.md":  # released entries keep the paths they had; the top section is now
-        text = text[:text.index("\n## [", text.index("## [Unreleased]") + 1)] if "## [Unreleased]" in text else ""
+    if page.name == "CHANGELOG.md":  # released entries keep the paths they had; the policy and the
+        versions = [m.start() for m in re.finditer(r"^## \d", text, re.M)]  # newest entry are now
+        text = text[:versions[1]] if len(versions) > 1 else text
     missing = sorted({p for p in repo_paths(text) if not (ROOT / p).exists()})
     assert missing == [], f"{rel(page)}: {missing}"
 
