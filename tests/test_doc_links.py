@@ -173,3 +173,36 @@ def test_section_references_name_a_heading():
             if not any(want in slug(h) for h in titles(page)):  # references may abbreviate
                 wrong.append(f"{rel(src)}: {page_name}, \"{title}\"")
     assert wrong == []
+
+
+# -- `pcitopo.room.module.name`: what the docs call by its import path, the package has ----------
+
+DOTTED = re.compile(r"`(pcitopo(?:\.[A-Za-z_]\w*)+)")
+
+
+def resolves(name: str) -> bool:
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_the_resolver_tells_a_moved_module():
+    assert resolves("pcitopo.guest.rewrite.rewrite_domain") and resolves("pcitopo.SLOTS")
+    assert not resolves("pcitopo.sidecar.hooks") and not resolves("pcitopo.guest.predict")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_import_paths_in_the_docs_resolve(page):
+    names = {n for n in DOTTED.findall(page.read_text()) if not n.startswith("pcitopo.kubevirt.io")}
+    assert sorted(n for n in names if not resolves(n)) == [], rel(page)
