@@ -135,7 +135,7 @@ def test_architecture_rules_name_what_their_files_define():
 
 # -- "PAGE.md, "Heading"": the heading exists (a prefix of it, as the references abbreviate) -----
 
-SECTION_REF = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[A-Z]+)\.md,? \"([^\"]+)\"")
+SECTION_REF = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[A-Z]+)\.md`?,? \"([^\"]+)\"")
 
 
 def section_refs(text: str) -> list[tuple[str, str]]:
@@ -144,8 +144,8 @@ def section_refs(text: str) -> list[tuple[str, str]]:
 
 
 def test_the_reference_reader_sees_both_spellings():
-    text = 'see docs/DEPLOY.md, "Guest NUMA cells" and (SOURCES.md "Deploy")'
-    assert section_refs(text) == [("docs/DEPLOY.md", "Guest NUMA cells"), ("SOURCES.md", "Deploy")]
+    text = 'see docs/DEPLOY.md, "Guest NUMA cells" and (SOURCES.md "Deploy"), `docs/VM.md`, "Options"'
+    assert section_refs(text) == [("docs/DEPLOY.md", "Guest NUMA cells"), ("SOURCES.md", "Deploy"), ("docs/VM.md", "Options")]
     assert section_refs('fixtures/README.md, "The .topo\n# format"') == [("fixtures/README.md", "The .topo format")]
 
 
