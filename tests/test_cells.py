@@ -242,6 +242,10 @@ def test_cells_deploy_md_quotes_the_check_output(cases, name):
 # -- pcitopo doctor: the node's kubelet CPU manager ------------------------------------------------
 
 KUBELET = ROOT / "tests" / "data" / "kubelet"
+
+
+def docs_text() -> str:
+    return "\n".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
 POD = "7d6c3f0e-2b1a-4c55-9e0f-5a7b8c9d0e1f"
 
 
@@ -264,7 +268,7 @@ def test_cells_doctor_reports_the_packed_kubelet(capsys):
         "set: a pod's CPUs fill whole NUMA nodes first), topology manager policy best-effort",
         f"kubelet: pod {POD} container compute: 65 exclusive CPUs on host NUMA nodes 0,1",
     ]
-    assert "\n".join(kubelet_lines(out)) in (ROOT / "docs" / "DEPLOY.md").read_text()  # quoted as printed
+    assert "\n".join(kubelet_lines(out)) in docs_text()  # the docs quote it as printed
     _, nfd = doctor(capsys, "--kubelet-dir", str(KUBELET / "packed"), "--nfd")
     assert "pcitopo.kubevirt.io/kubelet-cpu-manager-policy=static" in nfd.splitlines()
     assert "pcitopo.kubevirt.io/kubelet-distribute-cpus-across-numa=false" in nfd.splitlines()
@@ -279,7 +283,7 @@ def test_cells_doctor_reports_the_spread_kubelet(capsys):
     _, out = doctor(capsys, "--kubelet-dir", str(KUBELET / "spread"))
     assert kubelet_lines(out)[0] == ("kubelet: CPU manager policy static (cpu_manager_state), options "
                                      "distribute-cpus-across-numa=true, topology manager policy best-effort")
-    assert "\n".join(kubelet_lines(out)) in (ROOT / "docs" / "DEPLOY.md").read_text()  # quoted as printed
+    assert "\n".join(kubelet_lines(out)) in docs_text()  # the docs quote it as printed
 
 
 def test_cells_doctor_says_when_it_cannot_read_the_kubelet(capsys, tmp_path):
@@ -288,7 +292,7 @@ def test_cells_doctor_says_when_it_cannot_read_the_kubelet(capsys, tmp_path):
     assert kubelet_lines(out) == [
         f"kubelet: cannot read the CPU manager's settings: {tmp_path}/cpu_manager_state (absent); "
         f"{tmp_path}/config.yaml (absent); policy and options unknown (the doctor DaemonSet: add the doctor-kubelet "
-        "component of your distribution, docs/DEPLOY.md; by hand: --kubelet-dir, and --kubelet-config if the "
+        "component of your distribution, docs/OPERATOR.md; by hand: --kubelet-dir, and --kubelet-config if the "
         "kubelet's --config is elsewhere)"]
     (tmp_path / "cpu_manager_state").write_text("{not json")
     (tmp_path / "kubelet.yaml").write_text("cpuManagerPolicy: static\n")

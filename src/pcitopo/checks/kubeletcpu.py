@@ -65,7 +65,7 @@ class KubeletFacts:
         """What the doctor prints, one line each."""
         if self.state_policy is None and self.config_policy is None and self.options is None:
             return [f"kubelet: cannot read the CPU manager's settings: {'; '.join(self.unread)}; policy and options "
-                    "unknown (the doctor DaemonSet: add the doctor-kubelet component of your distribution, docs/DEPLOY.md; "
+                    "unknown (the doctor DaemonSet: add the doctor-kubelet component of your distribution, docs/OPERATOR.md; "
                     "by hand: --kubelet-dir, and --kubelet-config if the kubelet's --config is elsewhere)"]
         out = [f"kubelet: CPU manager policy {self._policy_text()}, options {self._options_text()}, "
                f"topology manager policy {self.topology_policy or 'none (the default)' if self.options is not None else 'unknown'}"

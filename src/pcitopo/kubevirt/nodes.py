@@ -2,7 +2,7 @@
 rule ``pcitopo preflight`` counts with and the DaemonSets' node affinity is written from.
 
 A GPU node is one with a GPU, as the labellers and device plugins that run on GPU clusters say it
-(docs/SOURCES.md, "GPU node labels" and "GPU resources"):
+(docs/SOURCES.md, "A shared cluster on any distribution"):
 
 - a label one of them sets (:data:`GPU_NODE_TERMS`, one node selector term each);
 - or an allocatable GPU resource: ``nvidia.com/gpu`` and ``nvidia.com/mig-*`` (NVIDIA's device

@@ -6,7 +6,7 @@ VM: on ``spec.template.metadata.annotations``), for example::
     pcitopo.kubevirt.io/on-error: "passthrough"
 
 The options are the fields of :class:`HookOptions`, declared there and nowhere else
-(docs/DEPLOY.md lists them; a test keeps the list in step). ``mode: off`` hands the domain
+(docs/VM.md, "Options", lists them; a test keeps the list in step). ``mode: off`` hands the domain
 back unchanged (the sidecar can stay attached to a VM template while a user opts one VM out).
 ``on-error: passthrough`` boots the VM with KubeVirt's own placement when the topology cannot
 be mirrored, and logs why; the default ``fail`` stops the VM start with our one-line reason,
@@ -75,8 +75,8 @@ class HookOptions(BaseModel):
 
     A field's alias is its annotation name after :data:`PREFIX` (derived from the field name,
     ``_`` -> ``-``); its type is a ``Literal`` of the allowed values; its default and
-    description are what docs/DEPLOY.md shows. Adding an option is adding a field here; tests
-    then ask for its row in docs/DEPLOY.md and for docs/SECURITY.md's review of it
+    description are what docs/VM.md shows. Adding an option is adding a field here; tests
+    then ask for its row in docs/VM.md and for docs/SECURITY.md's review of it
     (``tests/sidecar/test_hook_docs.py``, ``tests/test_hostile.py``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, alias_generator=_annotation_suffix)
