@@ -1,4 +1,4 @@
-"""The defines of one boot: the product's model (:mod:`pcitopo.kubevirt.launcher.defines`), and
+"""Around the defines of one boot (the product's model, :mod:`pcitopo.kubevirt.launcher.defines`),
 what only tests and the benchmark use: :func:`free_hotplug_ports` (what the VM is left with:
 empty pcie-root-ports on pcie-root that are not ``hotplug='off'``) and :class:`RealLibvirt`
 (the real ``virsh define`` where libvirt is installed)."""
@@ -12,9 +12,6 @@ from pathlib import Path
 
 from lxml import etree
 
-from pcitopo.kubevirt.launcher.defines import (  # noqa: F401
-    LARGE_MEMORY, MAX_PCI_BUS_INDEX, Boot, append_root_ports, boot_defines, devices_from_readback,
-    disable_hotplug_on_occupied, pci_address_count, port_count_v1, port_count_v2, vmi_interfaces, with_placeholders)
 from pcitopo.libvirt.domain import ROOT_PORT, parse_int
 
 

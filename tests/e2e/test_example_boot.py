@@ -18,8 +18,8 @@ import pytest
 
 from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.model.tree import Role
-from testkit.kubevirt_define import boot_defines, vmi_interfaces
-from testkit.kubevirt_releases import Release
+from pcitopo.kubevirt.launcher.defines import boot_defines, vmi_interfaces
+from pcitopo.kubevirt.launcher.release_groups import Release
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
 
 from .golden_check import check_booted

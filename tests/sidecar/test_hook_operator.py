@@ -11,7 +11,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from testkit.hookkit import BIN, ServerProcess, VirtLauncher, fixture_domain, fixture_sysfs, serve_argv, wait_for_socket
+from testkit.hookkit import VirtLauncher, fixture_domain, fixture_sysfs
+from testkit.server_proc import BIN, ServerProcess, serve_argv, wait_for_socket
 from pcitopo.serve.hookproto import info_pb2
 from pcitopo.serve.hookproto import info_pb2_grpc
 from pcitopo.serve.hookproto import v1alpha3_pb2
