@@ -45,7 +45,7 @@ def libvirt_placement(sim: bool):
         yield libvirt_define, "simulated libvirt (pcitopo/kubevirt/launcher/libvirt_sim.py)"
         return
     os.environ.setdefault("PCITOPO_CACHE", str(REPO / ".cache" / "e2e"))
-    from tests.e2e.libvirtd import PrivateLibvirtd
+    from testkit.e2e.libvirtd import PrivateLibvirtd
     from testkit.stack import DEBIAN12
 
     with PrivateLibvirtd(stack=DEBIAN12) as daemon:

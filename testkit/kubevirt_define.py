@@ -39,7 +39,7 @@ def real_libvirt_available() -> bool:
 
 class RealLibvirt:
     """``virsh define`` + ``dumpxml --inactive`` (+ ``undefine``) on a private daemon
-    (``tests/e2e/libvirtd.py`` ``PrivateLibvirtd``). libvirt 9.0 refuses more than 255 vCPUs
+    (``testkit/e2e/libvirtd.py`` ``PrivateLibvirtd``). libvirt 9.0 refuses more than 255 vCPUs
     without an IOMMU in extended interrupt mode; libvirt 10 and later add that IOMMU at define
     (``qemuDomainDefAddDefaultDevices``), so for 9.0 it is added here, as they would."""
 

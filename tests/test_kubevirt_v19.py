@@ -142,7 +142,7 @@ def real_define():
     if not real_libvirt_available():
         pytest.skip("libvirt is not installed (scripts/setup-debian.sh)")
     os.environ.setdefault("PCITOPO_CACHE", str(REPO / ".cache" / "e2e"))
-    from tests.e2e.libvirtd import PrivateLibvirtd
+    from testkit.e2e.libvirtd import PrivateLibvirtd
     from testkit.stack import DEBIAN12
 
     with PrivateLibvirtd(stack=DEBIAN12) as daemon:
