@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 from harness import (  # bench/harness.py: the script's own folder is first on sys.path
-    BIN,
     Server,
     child_env,
     define_new_connection,
@@ -35,6 +34,7 @@ from harness import (  # bench/harness.py: the script's own folder is first on s
     run_wall,
     sample,
 )
+from testkit.server_proc import BIN
 from perf import MIB_LIMIT as BUDGET_MIB, ensure_bytecode, materialise
 
 from pcitopo.serve.options import annotation

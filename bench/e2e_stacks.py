@@ -20,12 +20,15 @@ import statistics
 import sys
 
 from testkit import REPO
+from testkit.e2e.guestboot import boot
+from testkit.e2e.libvirtd import PrivateLibvirtd
+from testkit.e2e.mmio_boot import KEEP_CPU, OVMF, large_bar_standins
 from testkit.stack import DEBIAN12, debian13
 
 
 def _e2e_package() -> None:
-    """Load tests/e2e as the package ``e2e`` by its path (the harness lives with the tests; its
-    modules import each other relatively), without touching sys.path."""
+    """Load tests/e2e as the package ``e2e`` by its path (the smoke domain lives with its data in
+    the smoke test), without touching sys.path."""
     if "e2e" in sys.modules:
         return
     init = REPO / "tests" / "e2e" / "__init__.py"
@@ -37,10 +40,6 @@ def _e2e_package() -> None:
 
 
 _e2e_package()
-boot = importlib.import_module("e2e.guestboot").boot
-PrivateLibvirtd = importlib.import_module("e2e.libvirtd").PrivateLibvirtd
-_mmio_boot = importlib.import_module("e2e.mmio_boot")
-KEEP_CPU, OVMF, large_bar_standins = _mmio_boot.KEEP_CPU, _mmio_boot.OVMF, _mmio_boot.large_bar_standins
 smoke_domain = importlib.import_module("e2e.test_boot_smoke").smoke_domain
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from testkit import REPO
-from testkit.server_proc import BIN, PrivateServer  # noqa: F401  (BIN: bench/perf_measure.py's console scripts)
+from testkit.server_proc import PrivateServer
 
 # Where the code under test (src/pcitopo/) comes from: this checkout, or another tree
 # (``bench/perf.py --tree DIR``, e.g. an older commit for a before/after comparison). Child

@@ -16,11 +16,12 @@ import sys
 
 from pcitopo.guest.rewrite import rewrite_domain
 from testkit import REPO
-from testkit.kubevirt_converter import UPSTREAM_MACHINE
-from testkit.kubevirt_define import RealLibvirt, vmi_interfaces, boot_defines, free_hotplug_ports, real_libvirt_available
-from testkit.kubevirt_releases import Release
+from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
+from testkit.kubevirt_define import RealLibvirt, free_hotplug_ports, real_libvirt_available
+from pcitopo.kubevirt.launcher.defines import vmi_interfaces, boot_defines
+from pcitopo.kubevirt.launcher.release_groups import Release
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
-from testkit.libvirt_sim import libvirt_define
+from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define
 
 RELEASES = (Release.V1_9, Release.MAIN)
 
@@ -41,10 +42,10 @@ def measure(define, machine: str = UPSTREAM_MACHINE) -> list[tuple[str, Release,
 def libvirt_placement(sim: bool):
     """The define function and its label: a private libvirtd's, or the simulation's."""
     if sim or not real_libvirt_available():
-        yield libvirt_define, "simulated libvirt (testkit/libvirt_sim.py)"
+        yield libvirt_define, "simulated libvirt (pcitopo/kubevirt/launcher/libvirt_sim.py)"
         return
     os.environ.setdefault("PCITOPO_CACHE", str(REPO / ".cache" / "e2e"))
-    from tests.e2e.libvirtd import PrivateLibvirtd
+    from testkit.e2e.libvirtd import PrivateLibvirtd
     from testkit.stack import DEBIAN12
 
     with PrivateLibvirtd(stack=DEBIAN12) as daemon:

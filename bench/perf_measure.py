@@ -11,7 +11,6 @@ import time
 from typing import Callable
 
 from harness import (  # bench/harness.py: the script's own folder is first on sys.path
-    BIN,
     CODE,
     PeakSampler,
     Server,
@@ -28,6 +27,7 @@ from harness import (  # bench/harness.py: the script's own folder is first on s
     sample,
     timed,
 )
+from testkit.server_proc import BIN
 from perf_inputs import CONCURRENCY, OUR_ANNOTATIONS, ROOT, Inputs, allocations, ensure_bytecode, load_inputs, read_bytes
 
 

@@ -4,7 +4,6 @@
   :mod:`pcitopo.synth` (`pcitopo capture --from-topo`);
 - :mod:`testkit.kubevirt_sim`: what KubeVirt and libvirt do to a domain around the hook (the
   first call's shape is the product's, ``pcitopo.kubevirt.launcher``: one model of KubeVirt);
-- :mod:`testkit.kubevirt_releases`: KubeVirt's re-parse between hook calls, per release;
 - :mod:`testkit.kubevirt_vmi`: the deploy/ examples and their nodes, and the product's
   prediction (``pcitopo domain``) as the tests call it;
 - :mod:`testkit.strategies`: Hypothesis strategies over generated hosts and domains;

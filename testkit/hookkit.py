@@ -30,10 +30,11 @@ from testkit.hookproto import v1alpha2_pb2_grpc
 from testkit.hookproto import v1alpha3_pb2
 from testkit.hookproto import v1alpha3_pb2_grpc
 
+from pcitopo.kubevirt.launcher.release_groups import Release
+
 from . import REPO
-from .kubevirt_releases import Release
-from .kubevirt_sim import kubevirt_reparse, libvirt_define, next_call_input  # noqa: F401  (one simulation for every tier)
-from .server_proc import BIN, ServerProcess, serve_argv, wait_for_socket  # noqa: F401  (the sidecar tests' one import)
+from .kubevirt_sim import next_call_input
+from .server_proc import BIN
 
 PYTHON = sys.executable
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"

@@ -1,8 +1,8 @@
 """KubeVirt's DRA metadata files (KEP-5304) as kubelet writes them and virt-launcher reads them
 back, for tests that run that path (``pkg/dra/utils.go``: ``{base}/resourceclaimtemplates/{claim}/
 {request}/{driver}-metadata.json``, apiVersion ``metadata.resource.k8s.io/v1alpha1``,
-``pkg/dra/metadata/types.go``), and the converter's names re-exported from the product
-(:mod:`pcitopo.kubevirt.launcher.converter`, the one model of what the converter writes).
+``pkg/dra/metadata/types.go``); what the converter writes is the product's one model of it,
+:mod:`pcitopo.kubevirt.launcher.converter`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from pcitopo.kubevirt.launcher.converter import (MAX_HOTPLUG_RATIO, MAX_HOTPLUG_VCPUS, UPSTREAM_MACHINE,  # noqa: F401
-                                                  emulator_pin, extra_virtio_disks, hugepages_per_cell,
-                                                  is_dra as _is_dra, max_sockets, vcpu_hotplug)
 from pcitopo.kubevirt.launcher.allocation import device_requests
-from pcitopo.kubevirt.launcher.skeleton import RHEL_MACHINE  # noqa: F401
+from pcitopo.kubevirt.launcher.converter import is_dra as _is_dra
 from pcitopo.model.tree import Bdf
 
 # pkg/dra/utils.go, pkg/dra/metadata/types.go (KEP-5304).

@@ -1,4 +1,4 @@
-"""The defines of one boot: the product's model (:mod:`pcitopo.kubevirt.launcher.defines`), and
+"""Around the defines of one boot (the product's model, :mod:`pcitopo.kubevirt.launcher.defines`),
 what only tests and the benchmark use: :func:`free_hotplug_ports` (what the VM is left with:
 empty pcie-root-ports on pcie-root that are not ``hotplug='off'``) and :class:`RealLibvirt`
 (the real ``virsh define`` where libvirt is installed)."""
@@ -12,9 +12,6 @@ from pathlib import Path
 
 from lxml import etree
 
-from pcitopo.kubevirt.launcher.defines import (  # noqa: F401
-    LARGE_MEMORY, MAX_PCI_BUS_INDEX, Boot, append_root_ports, boot_defines, devices_from_readback,
-    disable_hotplug_on_occupied, pci_address_count, port_count_v1, port_count_v2, vmi_interfaces, with_placeholders)
 from pcitopo.libvirt.domain import ROOT_PORT, parse_int
 
 
@@ -42,7 +39,7 @@ def real_libvirt_available() -> bool:
 
 class RealLibvirt:
     """``virsh define`` + ``dumpxml --inactive`` (+ ``undefine``) on a private daemon
-    (``tests/e2e/libvirtd.py`` ``PrivateLibvirtd``). libvirt 9.0 refuses more than 255 vCPUs
+    (``testkit/e2e/libvirtd.py`` ``PrivateLibvirtd``). libvirt 9.0 refuses more than 255 vCPUs
     without an IOMMU in extended interrupt mode; libvirt 10 and later add that IOMMU at define
     (``qemuDomainDefAddDefaultDevices``), so for 9.0 it is added here, as they would."""
 

@@ -13,7 +13,7 @@ test scaffolding around it).
   has none, the primary video at 00:01.0, hostdev ``mode``/``<driver>`` and source addresses
   without ``type``).
 - :func:`kubevirt_reparse`: KubeVirt's lossy re-parse between hook calls, per release
-  (:mod:`testkit.kubevirt_releases`: which fields each release's Go struct has).
+  (:mod:`pcitopo.kubevirt.launcher.reparse`: which fields each release's Go struct has).
 - :func:`hook_calls`: the 1–3 calls of one boot through one release's re-parse.
 """
 
@@ -27,11 +27,12 @@ from lxml import etree
 from pcitopo.libvirt.domain import ROOT_PORT, parse_cpuset, parse_int
 from pcitopo.model.tree import Bdf, Role, Topology
 
-from pcitopo.kubevirt.launcher.skeleton import (GuestCell, Hostdev, LauncherSpec, OVMF_VARS, QEMU_NS,  # noqa: F401
-                                                 KUBEVIRT_NS, launcher_domain, with_efi as launcher_efi)
-
-from .kubevirt_releases import Release, reparse
-from .libvirt_sim import PORT_MODEL_NAMES, _sub, libvirt_define, to_kubevirt_bytes  # noqa: F401  (re-exported)
+from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define
+from pcitopo.kubevirt.launcher.release_groups import Release
+from pcitopo.kubevirt.launcher.reparse import reparse
+from pcitopo.kubevirt.launcher.skeleton import (GuestCell, Hostdev, LauncherSpec, OVMF_VARS, QEMU_NS,
+                                                 launcher_domain, with_efi as launcher_efi)
+from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes
 
 
 @dataclass(frozen=True)

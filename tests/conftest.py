@@ -22,7 +22,7 @@ def topo():
 def pytest_collection_modifyitems(config, items):
     """The arm64 image (marker ``image_slow``, about 10 CPU-minutes under qemu-user on a cold
     container store) runs only in the slow tier: ``PCITOPO_E2E_SLOW=1`` (``make test-slow``),
-    the same exact switch as the slow boots (tests/e2e/paths.py, ``slow_tier_on``)."""
+    the same exact switch as the slow boots (testkit/e2e/paths.py, ``slow_tier_on``)."""
     if os.environ.get("PCITOPO_E2E_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="arm64 image under qemu-user: run with PCITOPO_E2E_SLOW=1 (make test-slow)")

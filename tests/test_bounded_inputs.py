@@ -1,7 +1,7 @@
 """Every input a command reads is bounded: hostile files made here (a YAML alias bomb, /dev/zero
-as a cluster dump, a capture tarball of 1.5 million entries, one of huge PAX names and link
-targets, 100k-deep YAML and JSON) each end in one line on stderr and exit 2, within 5 s and
-200 MB of memory (the child's own peak RSS, from wait4)."""
+as a cluster dump, a cluster dump file one byte over its bound, a capture tarball of 1.5 million
+entries, one of huge PAX names and link targets, 100k-deep YAML and JSON) each end in one line
+on stderr and exit 2, within 5 s and 200 MB of memory (the child's own peak RSS, from wait4)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,20 @@ def test_a_yaml_alias_bomb_is_refused(command, tmp_path):
 def test_dev_zero_as_a_cluster_dump_is_refused():
     assert_refused_cheaply([str(BIN / "pcitopo"), "preflight", "--target", "kubevirt-v1.9.0", "/dev/zero"],
                            "cluster dump /dev/zero is larger than")
+
+
+@pytest.mark.parametrize("command", [["pcitopo", "preflight", "--target", "kubevirt-v1.9.0"],
+                                     ["xmlfix", "--explain", "--sysfs", str(H100), str(H100 / "domain.xml"), "--cluster"]],
+                         ids=["preflight", "xmlfix"])
+def test_a_cluster_dump_one_byte_over_the_bound_is_refused(command, tmp_path):
+    """A regular file (sparse: nothing is written) one byte larger than a dump may be."""
+    from pcitopo.kubevirt.cluster import MAX_DUMP_BYTES
+
+    big = tmp_path / "cluster.yaml"
+    with open(big, "wb") as f:
+        f.truncate(MAX_DUMP_BYTES + 1)
+    assert_refused_cheaply([str(BIN / command[0]), *command[1:], str(big)],
+                           f"cluster dump {big} is larger than {MAX_DUMP_BYTES} bytes")
 
 
 @pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000],

@@ -1,5 +1,5 @@
 """Part 3: every KubeVirt release's re-parse between hook calls (v1.6–1.7, v1.8–1.9,
-main; testkit/kubevirt_releases.py, docs/SOURCES.md), three calls through each, and the hook
+main; src/pcitopo/kubevirt/launcher/reparse.py, docs/SOURCES.md), three calls through each, and the hook
 restoring what each release drops."""
 
 from __future__ import annotations
@@ -8,17 +8,19 @@ import pytest
 from lxml import etree
 
 from testkit import REPO as ROOT
-from testkit.hookkit import ServerProcess, VirtLauncher, fixture_sysfs, placement, serve_argv, vmi_json
-from testkit.kubevirt_releases import QEMU_NS, RELEASES, Release
+from testkit.hookkit import VirtLauncher, fixture_sysfs, placement, vmi_json
+from testkit.server_proc import ServerProcess, serve_argv
+from pcitopo.kubevirt.launcher.skeleton import QEMU_NS
+from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
 from testkit.kubevirt_sim import (
     DomainSpec,
     gpus_and_nics,
     hook_calls,
     kubevirt_domain,
     kubevirt_reparse,
-    libvirt_define,
     next_call_input,
 )
+from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define
 from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.host.sysfs import open_host
 

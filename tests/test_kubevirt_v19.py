@@ -16,18 +16,16 @@ from pcitopo.model.tree import Role
 from pcitopo.views.explain import explain_text
 from testkit import REPO
 from testkit.hookkit import placement
-from testkit.kubevirt_converter import RHEL_MACHINE, UPSTREAM_MACHINE
+from pcitopo.kubevirt.launcher.skeleton import RHEL_MACHINE
+from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
 from testkit.kubevirt_define import (
     RealLibvirt,
-    append_root_ports,
-    boot_defines,
     free_hotplug_ports,
-    port_count_v2,
     real_libvirt_available,
-    vmi_interfaces,
 )
-from testkit.kubevirt_define import pci_address_count as port_count_v2_devices
-from testkit.kubevirt_releases import Release
+from pcitopo.kubevirt.launcher.defines import append_root_ports, boot_defines, port_count_v2, vmi_interfaces
+from pcitopo.kubevirt.launcher.defines import pci_address_count as port_count_v2_devices
+from pcitopo.kubevirt.launcher.release_groups import Release
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
 from pcitopo.synth import host_from_topo
@@ -144,7 +142,7 @@ def real_define():
     if not real_libvirt_available():
         pytest.skip("libvirt is not installed (scripts/setup-debian.sh)")
     os.environ.setdefault("PCITOPO_CACHE", str(REPO / ".cache" / "e2e"))
-    from tests.e2e.libvirtd import PrivateLibvirtd
+    from testkit.e2e.libvirtd import PrivateLibvirtd
     from testkit.stack import DEBIAN12
 
     with PrivateLibvirtd(stack=DEBIAN12) as daemon:

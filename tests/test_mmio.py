@@ -12,7 +12,7 @@ import pytest
 from lxml import etree
 
 from testkit import REPO as ROOT
-from testkit.kubevirt_releases import RELEASES
+from pcitopo.kubevirt.launcher.release_groups import RELEASES
 from testkit.kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
 from pcitopo.serve.core import handle_define_domain
 from pcitopo.guest.cliques import CLIQUE_PROPERTY

@@ -12,7 +12,7 @@ from lxml import etree
 from testkit import REPO as ROOT
 from testkit import fixture_script
 from testkit.hookkit import placement
-from testkit.kubevirt_releases import RELEASES, Release
+from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
 from testkit.kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
 from testkit.stack import StackMissing, debian13
 from pcitopo.errors import DomainError, PlanError

@@ -20,7 +20,7 @@ from pcitopo.host import files
 from pcitopo.host.files import TMP_SUFFIX, write_atomic
 from pcitopo.errors import ConfigError
 from testkit import FIXTURES
-from testkit.hookkit import serve_argv
+from testkit.server_proc import serve_argv
 
 VICTIM_TEXT = "root-owned file a link points to\n"
 NCCL_TOPOLOGY = b"""<system version="1">

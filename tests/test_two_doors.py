@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from pcitopo.kubevirt.releases import DOOR_NOTES, DOOR_ROWS
-from testkit.hookkit import BIN, REPO, fixture_sysfs
+from testkit.hookkit import REPO, fixture_sysfs
+from testkit.server_proc import BIN
 
 DEPLOY_MD = (REPO / "docs" / "DEPLOY.md").read_text()
 

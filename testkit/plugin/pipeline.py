@@ -4,7 +4,7 @@
 
 One define:
 1. the legacy hooks (``hooks.kubevirt.io/hookSidecars``) get KubeVirt's domain; the last reply
-   is read into ``api.DomainSpec`` (the release's lossy re-parse, :mod:`testkit.kubevirt_releases`);
+   is read into ``api.DomainSpec`` (the release's lossy re-parse, :mod:`pcitopo.kubevirt.launcher.reparse`);
 2. with no Plugin CR in the cluster, the legacy reply string is defined as sent;
 3. with any Plugin CR (matching or not), ``translate.ToLibvirtDomain`` reads the struct into
    libvirtxml's ``Domain`` (where a hostdev without ``mode`` fails: kubevirt#18861), each
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from testkit.kubevirt_releases import Release
+from pcitopo.kubevirt.launcher.release_groups import Release
 from testkit.kubevirt_sim import kubevirt_reparse, next_call_input
 
 from .libvirtxml import LibvirtxmlError, marshal, round_trip, unmarshal
@@ -86,7 +86,7 @@ def with_kubevirt_18866(xml: bytes) -> bytes:
     hostdevs (``createPCIHostDevice``); the rest as before."""
     from lxml import etree
 
-    from testkit.kubevirt_sim import to_kubevirt_bytes
+    from pcitopo.kubevirt.launcher.xmlstyle import to_kubevirt_bytes
 
     root = etree.fromstring(xml)
     for hd in root.iter("hostdev"):

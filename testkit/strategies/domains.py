@@ -14,17 +14,16 @@ from lxml import etree
 from pcitopo.libvirt.domain import ROOT_PORT, parse_int
 from pcitopo.model.tree import Bdf
 
-from ..kubevirt_releases import RELEASES, Release
+from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
 from ..kubevirt_sim import (
     DomainSpec,
-    _sub,
     kubevirt_domain,
     kubevirt_numa_preplace,
     kubevirt_reparse,
-    libvirt_define,
     next_call_input,
-    to_kubevirt_bytes,
 )
+from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes
+from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define
 from .hosts import World, worlds
 
 # -- libvirt/KubeVirt simulation extensions -----------------------------------------------------

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from .guestboot import GuestSilent, boot
-from .guesttree import GuestAddr, bus_overlaps
+from testkit.e2e.guestboot import GuestSilent, boot
+from testkit.e2e.guesttree import GuestAddr, bus_overlaps
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

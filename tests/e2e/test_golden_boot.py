@@ -28,11 +28,11 @@ from pcitopo.model.tree import Topology
 from pcitopo.guest.rewrite import RewriteResult, rewrite_domain
 from pcitopo.host.sysfs import open_host
 
-from .golden_check import check_booted
-from .nccl_check import check_nccl
-from .guestboot import GuestResult, boot
-from .paths import REPO_ROOT
-from .terminal import show_past_capture
+from testkit.e2e.golden_check import check_booted
+from testkit.e2e.nccl_check import check_nccl
+from testkit.e2e.guestboot import GuestResult, boot
+from testkit.e2e.paths import REPO_ROOT
+from testkit.e2e.terminal import show_past_capture
 
 
 # seconds per boot; a loaded machine (many boots at once) may need more: PCITOPO_E2E_BOOT_TIMEOUT

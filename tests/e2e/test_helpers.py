@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from .guestboot import QEMU_NS, TCG_WRAPPER, make_bootable
-from .guesttree import (
+from testkit.e2e.bootable import QEMU_NS, make_bootable
+from testkit.e2e.guestboot import TCG_WRAPPER
+from testkit.e2e.guesttree import (
     GuestAddr,
     PrintoutError,
     guest_bdf_of,
@@ -205,7 +206,7 @@ def test_sysfs_tree_is_read_by_the_project_reader(tmp_path):
 
 def test_structural_mapping():
     p = parse_printout(SERIAL)
-    from .guesttree import StandIn
+    from testkit.e2e.guesttree import StandIn
 
     s = StandIn("ua-gpu-a", "0000:18:00.0", "gpu", "video", "virtio")
     assert map_guest_bdfs(p, DOMAIN, {GuestAddr(2, 0, 0): s}) == {"0000:21:00.0": s}

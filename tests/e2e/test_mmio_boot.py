@@ -27,8 +27,9 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
-from .guestboot import BootError, boot
-from .mmio_boot import (
+from testkit.e2e.bootable import BootError
+from testkit.e2e.guestboot import boot
+from testkit.e2e.mmio_boot import (
     CASES,
     KEEP_CPU,
     OVMF,
@@ -41,7 +42,7 @@ from .mmio_boot import (
     stack_versions,
     strip_mmio_settings,
 )
-from .terminal import show_past_capture
+from testkit.e2e.terminal import show_past_capture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -153,7 +154,7 @@ def test_libvirt_hands_the_settings_to_qemu(libvirtd, tmp_path):
     L40S, which needs no MMIO setting; the stand-in boots cannot carry the clique)."""
     import re
 
-    from .mmio_boot import native_settings_domain, switch_host
+    from testkit.e2e.mmio_boot import native_settings_domain, switch_host
 
     def argv(host) -> tuple[str, object]:
         xml, report, name = native_settings_domain(host)

@@ -15,7 +15,7 @@ import pytest
 
 from testkit.stack import DEBIAN12, StackMissing, StackVersions, _upstream, debian13
 
-from .libvirtd import PrivateLibvirtd, _pid_alive
+from testkit.e2e.libvirtd import PrivateLibvirtd, _pid_alive
 
 
 def test_upstream_part_of_debian_versions():
@@ -84,7 +84,7 @@ def test_daemon_runs_from_the_root_and_leaves_nothing(e2e_ready, tmp_path):
 
 def test_a_qemu_abort_is_told_from_a_guest_failure():
     """guestboot boots once more only when QEMU itself aborted (seen once with QEMU 10.0's TCG)."""
-    from .guestboot import _qemu_abort
+    from testkit.e2e.guestboot import _qemu_abort
 
     log = ("2026-12-03 14:25:31.817+0000: Domain id=4 is tainted: high-privileges\n"
            "qemu-system-x86_64: system/physmem.c:2671: iotlb_to_section: Assertion "

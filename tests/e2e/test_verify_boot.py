@@ -19,8 +19,8 @@ import pytest
 
 from pcitopo.nccl.topoxml import FWCFG_NAME
 
-from .guestboot import boot
-from .paths import REPO_ROOT
+from testkit.e2e.guestboot import boot
+from testkit.e2e.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60 + float(os.environ.get("PCITOPO_E2E_BOOT_TIMEOUT") or 240))]
 

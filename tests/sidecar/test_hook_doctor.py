@@ -10,7 +10,8 @@ import pytest
 from pcitopo.serve.options import DEFAULT_OPTIONS, PREFIX, options_from_annotations
 from pcitopo.serve.core import handle_define_domain
 from testkit import REPO
-from testkit.hookkit import BIN, fixture_domain, fixture_sysfs, vmi_json
+from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
+from testkit.server_proc import BIN
 from pcitopo.checks.doctor import DoctorError
 from pcitopo.model.tree import Topology
 from pcitopo.host.sysfs import SysfsReader, open_host

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from testkit.goclient import PACKAGES, PROTO_DIR, hookclient_or_skip
-from testkit.hookkit import ServerProcess, fixture_domain, fixture_sysfs, serve_argv, vmi_json, wait_for_socket, xmlfix
+from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json, xmlfix
+from testkit.server_proc import ServerProcess, serve_argv, wait_for_socket
 
 VERSIONS = ("v1alpha1", "v1alpha2", "v1alpha3")
 

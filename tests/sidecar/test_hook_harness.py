@@ -12,16 +12,14 @@ import pytest
 
 from testkit.hookkit import (
     REPO,
-    ServerProcess,
     VirtLauncher,
     fixture_domain,
     fixture_sysfs,
     placement,
-    serve_argv,
     vmi_json,
-    wait_for_socket,
     xmlfix,
 )
+from testkit.server_proc import ServerProcess, serve_argv, wait_for_socket
 
 CASES = [
     ("hgx-b200", None),

@@ -18,7 +18,8 @@ import pytest
 
 from testkit import REPO
 from testkit.fabric_kit import domain_with_modules, fabric, module_map, vmi_with
-from testkit.hookkit import ServerProcess, VirtLauncher, fixture_sysfs, serve_argv, wait_for_socket, xmlfix
+from testkit.hookkit import VirtLauncher, fixture_sysfs, xmlfix
+from testkit.server_proc import ServerProcess, serve_argv, wait_for_socket
 
 
 @pytest.fixture

@@ -11,11 +11,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from testkit.hookkit import BIN, ServerProcess, VirtLauncher, fixture_domain, fixture_sysfs, serve_argv, wait_for_socket
-from testkit.hookproto import info_pb2
-from testkit.hookproto import info_pb2_grpc
-from testkit.hookproto import v1alpha3_pb2
-from testkit.hookproto import v1alpha3_pb2_grpc
+from testkit.hookkit import VirtLauncher, fixture_domain, fixture_sysfs
+from testkit.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
+from testkit.server_proc import BIN, ServerProcess, serve_argv, wait_for_socket
 from pcitopo.serve.wire import MAX_MESSAGE_BYTES, MAX_REPLY_BYTES
 from pcitopo import __version__
 

@@ -17,16 +17,13 @@ import grpc
 import pytest
 
 from testkit.hookkit import (
-    BIN,
     REPO,
-    ServerProcess,
     VirtLauncher,
     fixture_domain,
     fixture_sysfs,
-    serve_argv,
     vmi_json,
-    wait_for_socket,
 )
+from testkit.server_proc import BIN, ServerProcess, serve_argv, wait_for_socket
 from pcitopo.serve.options import PREFIX
 from testkit.hookproto import info_pb2
 from testkit.hookproto import info_pb2_grpc

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from testkit.hookkit import BIN, REPO, fixture_domain, fixture_sysfs, vmi_json
+from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json
+from testkit.server_proc import BIN
 from pcitopo.serve.options import PREFIX
 from pcitopo.libvirt.lenient import with_hostdev_modes
 

@@ -22,7 +22,7 @@ from lxml import etree
 
 from pcitopo.serve.hooks import CallFailed, HostCache, Hooks, JsonLog
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, placement, vmi_json, xmlfix
-from testkit.kubevirt_releases import Release
+from pcitopo.kubevirt.launcher.release_groups import Release
 from testkit.plugin.libvirtxml import LibvirtxmlError, round_trip
 from testkit.plugin.pipeline import as_libvirtxml, boot, with_kubevirt_18866
 

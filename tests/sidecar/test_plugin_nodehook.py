@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from testkit.goclient import hookclient_or_skip
-from testkit.hookkit import fixture_domain, fixture_sysfs, serve_argv, vmi_json
-from testkit.server_proc import ServerProcess
+from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
+from testkit.server_proc import ServerProcess, serve_argv
 
 NODE = "gpu-node-7"
 REQUIRE = {"pcitopo.kubevirt.io/doctor": "require"}

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from testkit.goclient import hookclient_or_skip
-from testkit.hookkit import BIN, fixture_domain, fixture_sysfs, serve_argv, vmi_json
-from testkit.server_proc import ServerProcess
+from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
+from testkit.server_proc import BIN, ServerProcess, serve_argv
 
 GPU7 = "0000:db:00.0"  # below 0000:d9:01.0, ACS RR cleared (fixtures/hgx-h100-faults/README.md)
 GPU0 = "0000:18:00.0"  # nothing fails on or above it

@@ -26,6 +26,8 @@ from pcitopo.errors import ConfigError
 from pcitopo.program import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_program
 
 GUEST_PROG = "pcitopo-guest"
+# NCCL's topology files are a few KB (at most 256 nodes, nccl/topoxml.py): 1 MiB is generous.
+MAX_TOPO_BYTES = 1024 * 1024
 
 
 # -- verify: the guest against xmlfix --json -------------------------------------------------
@@ -73,20 +75,17 @@ def verify_command(args: argparse.Namespace, prog: str) -> int:
 def _nccl_topo_file(given: str | None):
     """(path, parsed file) of the NCCL topology file NCCL would read in this guest: ``given``
     (``none``: no file), else ``$NCCL_TOPO_FILE`` or NCCL's default path when it exists."""
+    from pcitopo.host.files import read_bounded
     from pcitopo.nccl.topoxml import DEFAULT_TOPO_FILE, NcclXmlError, parse
 
     if given == "none":
         return None, None
     path = given or os.environ.get("NCCL_TOPO_FILE") or DEFAULT_TOPO_FILE
+    if given is None and not os.path.exists(path):  # NCCL reads no file then either
+        return None, None
+    data = read_bounded(path, MAX_TOPO_BYTES, "NCCL topology file")
     try:
-        with open(path, "rb") as fh:
-            return path, parse(fh.read(1024 * 1024))
-    except FileNotFoundError:
-        if given is None:
-            return None, None
-        raise ConfigError(f"cannot read {path}: no such file") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+        return path, parse(data)
     except NcclXmlError as e:
         raise ConfigError(f"{path}: NCCL would not load it: {e}") from None
 

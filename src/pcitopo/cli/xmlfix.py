@@ -31,7 +31,7 @@ from pcitopo.host.sources import default_sysfs
 
 from pcitopo.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser, print_json, VersionAction
 from pcitopo.kubevirt.doors import DOORS
-from pcitopo.kubevirt.releases import DOOR_ROWS, RELEASES, ReleaseUnknown
+from pcitopo.kubevirt.releases import DOOR_NOTES, DOOR_ROWS, RELEASES, ReleaseUnknown
 
 from pcitopo.cli.check import CheckReport, check_lines, check_report, prediction_doc
 
@@ -231,16 +231,25 @@ def _check_cluster_args(args: argparse.Namespace) -> None:
         raise ConfigError("only one of DOMAIN, --vmi and --cluster can be - (standard input)")
 
 
+def _door_text(door: str, why: str = "") -> str:
+    """``xmlfix --explain``'s door section: the door, why that one, then which door each release needs,
+    wrapped here where it is printed (the release table holds the facts, not their layout)."""
+    from pcitopo.views.report import wrap_text
+
+    rows = [f"- {r.releases}: {r.doors} (gates {r.gates}): {r.survives}" for r in DOOR_ROWS]
+    head = wrap_text(DOOR_NOTES[door]) + ("\n" + wrap_text(why) if why else "")
+    return head + "\n" + wrap_text("\n".join(["Which door, per KubeVirt release:", *rows])) + "\n"
+
+
 def _explain_door(args: argparse.Namespace, vmi: bytes | None) -> str:
     """--explain's door section: --door, or the VMI's door on the release judged as --check judges it."""
     import json
 
-    from pcitopo.kubevirt.doors import door_text
     from pcitopo.kubevirt.releases import DEFAULT_VERSION, judged_as, resolve
     from pcitopo.kubevirt.starts import explain_door
 
     if args.door:
-        return door_text(args.door)
+        return _door_text(args.door)
     try:
         doc = json.loads(vmi) if vmi is not None else None
     except ValueError:
@@ -259,7 +268,7 @@ def _explain_door(args: argparse.Namespace, vmi: bytes | None) -> str:
     except ReleaseUnknown as e:
         release, why = None, f"Door: the hook sidecar, as the release is unknown: {e.line}."
     door = explain_door(doc if isinstance(doc, dict) else None, release)
-    return door_text(door, why)
+    return _door_text(door, why)
 
 
 def _print_explanation(args: argparse.Namespace, outcome, host, fabric, vmi: bytes | None = None) -> None:

@@ -1,5 +1,8 @@
 """The files pcitopo is named on a command line: one bounded reader and one writer for every
-layer (the guest tool too, so standard library only and Python 3.8).
+layer (the guest tool too, so standard library only and Python 3.8). They live in host/, the
+lowest room that reads a file a user names: below it, program.py reads only git's HEAD for
+``--version`` and model/cpuinfo.py a prefix of the kernel's /proc/cpuinfo (as host/sources.py
+reads sysfs attributes), and every room above host may import them.
 
 - :func:`read_bounded`: a file or ``-`` (standard input), never more than a stated number of
   bytes in memory, so ``/dev/zero`` or a runaway pipe is one line, not a MemoryError.

@@ -1,6 +1,6 @@
 """Which door pcitopo comes through, per KubeVirt release, and what reaches libvirt through it:
 the door rows and notes are the release table's (src/pcitopo/kubevirt/releases.py ``DOOR_ROWS``, ``DOOR_NOTES``),
-for ``xmlfix --explain``, the serving log line and docs/DEPLOY.md ("Two doors").
+which ``xmlfix --explain`` (src/pcitopo/cli/xmlfix.py), the serving log line and docs/DEPLOY.md ("Two doors") render.
 
 Facts (kubevirt/kubevirt, user-guide; docs/SOURCES.md, "KubeVirt Plugins"):
 - hook sidecars (``hooks.kubevirt.io/hookSidecars``, gate ``Sidecar``): v1.6 on; the user guide
@@ -12,8 +12,6 @@ Facts (kubevirt/kubevirt, user-guide; docs/SOURCES.md, "KubeVirt Plugins"):
 """
 
 from __future__ import annotations
-
-from pcitopo.kubevirt.releases import DOOR_NOTES, DOOR_ROWS
 
 DOORS = ("plugin", "hook")
 # The label a VMI carries to be selected by the pcitopo Plugin's conditions (deploy/targets/kubevirt-main):
@@ -30,11 +28,3 @@ def plugin_selects(labels: dict | None) -> bool:
     """Whether the shipped Plugin's conditions select a VMI with these labels."""
     return (labels or {}).get(PLUGIN_LABEL) == PLUGIN_LABEL_VALUE
 
-
-def door_text(door: str, why: str = "") -> str:
-    """``xmlfix --explain``'s door section: the door, why that one, then which door each release needs."""
-    from pcitopo.views.report import wrap_text
-
-    rows = [f"- {r.releases}: {r.doors} (gates {r.gates}): {r.survives}" for r in DOOR_ROWS]
-    head = wrap_text(DOOR_NOTES[door]) + ("\n" + wrap_text(why) if why else "")
-    return head + "\n" + wrap_text("\n".join(["Which door, per KubeVirt release:", *rows])) + "\n"

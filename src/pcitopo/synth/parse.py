@@ -10,7 +10,7 @@ from typing import Sequence
 
 from pcitopo.errors import PcitopoError
 from pcitopo.libvirt.domain import parse_cpuset
-from pcitopo.model.tree import Bdf
+from pcitopo.model.tree import BDF_RE, Bdf
 
 from pcitopo.synth import doctorfiles as synth_doctor
 from pcitopo.synth.looks import LINK_FILES, OMITTABLE, PRESETS, SPEEDS, WIDTHS, Look
@@ -18,7 +18,6 @@ from pcitopo.synth.spec import BRIDGE_KINDS, KINDS, PARENTS, DeviceSpec, HostSpe
 
 _HEX = r"[0-9a-fA-F]"
 _RC_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{2}})$")
-_BDF_RE = re.compile(rf"^(?:({_HEX}{{4}}):)?({_HEX}{{2}}):({_HEX}{{2}})\.([0-7])$")
 _IDS_RE = re.compile(rf"^({_HEX}{{4}}):({_HEX}{{4}})$")
 
 _DEVICE_KEYS = {"preset", "ids", "sub", "class", "numa", "speed", "width", "cur-speed", "cur-width",
@@ -26,6 +25,13 @@ _DEVICE_KEYS = {"preset", "ids", "sub", "class", "numa", "speed", "width", "cur-
                 "fault", "override", "iommu-type"}  # the last three: pcitopo doctor (synth/doctor.py)
 _EP_KEYS = _DEVICE_KEYS | {"functions", "vfs", "rdma"}
 _RDMA_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _written_in_full(m: re.Match) -> bool:
+    """A .topo address is written as lspci prints it: two-digit bus and device, and a domain, if
+    given, of four digits (the model's pattern also takes shorter fields)."""
+    dom, bus, slot, _ = m.groups()
+    return len(bus) == 2 and len(slot) == 2 and (dom is None or len(dom) == 4)
 
 
 class _Parser:
@@ -163,8 +169,8 @@ class _Parser:
         if parent_kind not in PARENTS[kind]:
             raise self.fail(f"{where} cannot sit under {parent_kind} (only under {' or '.join(PARENTS[kind])})")
         domain = parent.domain if isinstance(parent, RootSpec) else parent.bdf.domain
-        m = _BDF_RE.match(tokens[1])
-        if not m:
+        m = BDF_RE.match(tokens[1])
+        if not m or not _written_in_full(m):
             raise self.fail(f"{tokens[1]!r} is not a PCI address (BB:DD.F or DDDD:BB:DD.F)")
         if m.group(1) is not None and int(m.group(1), 16) != domain:
             raise self.fail(f"{where} is in another PCI domain than its rc")

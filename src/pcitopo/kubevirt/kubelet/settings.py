@@ -82,13 +82,12 @@ def _from_reading(reading: Mapping[str, Any], path: str) -> KubeletSettings:
 
 
 def _read_file(path: str) -> KubeletSettings:
-    from pcitopo.checks.kubeletcpu import read_config
+    from pcitopo.checks.kubeletcpu import MAX_BYTES, read_config
+    from pcitopo.host.files import read_bounded
 
+    data = read_bounded(path, MAX_BYTES, "--kubelet-config")
     try:
-        with open(path, "rb") as fh:
-            doc = json.loads(fh.read(1024 * 1024))
-    except OSError as e:
-        raise ConfigError(f"--kubelet-config {path}: {e.strerror or e}") from None
+        doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         doc = None
     if isinstance(doc, dict) and "kubelet" in doc:

@@ -22,6 +22,8 @@ import time
 from typing import Collection, Mapping
 
 from pcitopo.checks.doctor import STATUSES, DoctorReport, Finding
+from pcitopo.errors import ConfigError
+from pcitopo.host.files import read_bounded
 
 DEFAULT_DOCTOR_REPORT = "/var/run/pcitopo/doctor.json"
 CONFIG_CHECKS = ("acs", "ats")
@@ -87,11 +89,10 @@ class DoctorFile:
         with self._lock:
             if key != self._seen:
                 try:
-                    with open(self.path, "rb") as f:
-                        data = f.read(MAX_BYTES + 1)
-                except OSError:
-                    return {}, f"the doctor's report {self.path} is unreadable"
-                self._seen, self._parsed = key, (_parse(data) if len(data) <= MAX_BYTES else None)
+                    data = read_bounded(self.path, MAX_BYTES, "the doctor's report")
+                except ConfigError as e:  # not remembered: a file made readable keeps its mtime
+                    return {}, e.reason
+                self._seen, self._parsed = key, _parse(data)
             parsed = self._parsed
         if parsed is None:
             return {}, f"the doctor's report {self.path} is not `pcitopo doctor --json` output"

@@ -22,12 +22,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from pcitopo.paths.classify import classify
 from pcitopo.errors import PcitopoError
 from pcitopo.model.tree import Bdf, Topology, root_complex_sort_key
 from pcitopo.views.report import label_devices, tree_text
-from pcitopo.guest.rewrite import RewriteResult
+from pcitopo.guest.rewrite import Report, RewriteResult
 from pcitopo.host.sysfs import open_host
 
 from .guestboot import GuestResult
@@ -101,6 +102,22 @@ def check_booted(
         return f"{labels.get(h, '?')} (host {h})"
 
     # 1. every stand-in is where the domain put it, and the firmware's bus ranges do not collide
+    _placement_problems(booted, problems)
+    # 2. our own reader on the guest's tree; guest BDF -> host BDF through the stand-ins
+    guest = open_host(booted.sysfs_tree(sysfs_dir))
+    h2g = _host_to_guest(report, booted, name, problems)
+    # 3. per device: placed, predicted BDF, role, NUMA node
+    _device_problems(report, guest, h2g, name, problems)
+    # 4. per pair: the class our classifier gives the booted guest = the promised guest class
+    pairs_checked = _pair_problems(report, guest, h2g, labels, problems)
+
+    check = GuestCheck(case, problems, h2g, labels, pairs_checked, len(host_bdfs), guest)
+    if problems:
+        check.diagnostics = diagnostics(result, booted, guest, h2g, labels)
+    return check
+
+
+def _placement_problems(booted: GuestResult, problems: list[Problem]) -> None:
     for s in booted.unmapped():
         problems.append(Problem(
             "missing", f"stand-in {s.alias} for host {s.source} ({s.kind}) is not at its guest "
@@ -109,8 +126,9 @@ def check_booted(
     for o in bus_overlaps(booted.printout):
         problems.append(Problem("overlap", o))
 
-    # 2. our own reader on the guest's tree; guest BDF -> host BDF through the stand-ins
-    guest = open_host(booted.sysfs_tree(sysfs_dir))
+
+def _host_to_guest(report: Report, booted: GuestResult, name: Callable[[Bdf], str],
+                   problems: list[Problem]) -> dict[Bdf, Bdf]:
     by_source = {s.source: Bdf.parse(g) for g, s in booted.bdf_map.items() if s.source}
     by_alias = {s.alias: (Bdf.parse(g), s) for g, s in booted.bdf_map.items()}
     h2g: dict[Bdf, Bdf] = {}
@@ -124,8 +142,11 @@ def check_booted(
             if d.alias and s.alias != d.alias:
                 problems.append(Problem("alias", f"{name(d.host)}: report alias {d.alias}, "
                                                  f"stand-in alias {s.alias}", (d.host,)))
+    return h2g
 
-    # 3. per device: placed, predicted BDF, role, NUMA node
+
+def _device_problems(report: Report, guest: Topology, h2g: dict[Bdf, Bdf], name: Callable[[Bdf], str],
+                     problems: list[Problem]) -> None:
     for d in report.placed:
         if d.guest is None:
             problems.append(Problem("unplaced", f"{name(d.host)}: the report gives it no guest BDF", (d.host,)))
@@ -160,7 +181,9 @@ def check_booted(
                         f"{want_node} (host node {d.host_node}, numa_map {dict(report.numa_map)})",
                 (d.host,)))
 
-    # 4. per pair: the class our classifier gives the booted guest = the promised guest class
+
+def _pair_problems(report: Report, guest: Topology, h2g: dict[Bdf, Bdf], labels: dict[Bdf, str],
+                   problems: list[Problem]) -> int:
     pairs_checked = 0
     for p in report.pairs:
         ga, gb = h2g.get(p.a), h2g.get(p.b)
@@ -183,11 +206,7 @@ def check_booted(
             problems.append(Problem(
                 "nvml", f"{where}: NVML promised {p.guest.nvml.value}, booted {got.nvml.value} "
                         f"(host {p.host.nvml.value})", (p.a, p.b)))
-
-    check = GuestCheck(case, problems, h2g, labels, pairs_checked, len(host_bdfs), guest)
-    if problems:
-        check.diagnostics = diagnostics(result, booted, guest, h2g, labels)
-    return check
+    return pairs_checked
 
 
 # -- diagnostics -------------------------------------------------------------------------------

@@ -95,20 +95,7 @@ class PrintoutError(RuntimeError):
 def parse_printout(serial_text: str) -> GuestPrintout:
     """Parse the init's printout out of a serial log (kernel noise, CRs and
     terminal escapes are ignored: every line of ours starts with ``@@``)."""
-    lines: list[str] = []
-    for raw in serial_text.replace("\r", "").split("\n"):
-        i = raw.find("@@")
-        if i >= 0:
-            lines.append(raw[i:])
-    try:
-        start = lines.index(BEGIN_MARKER)
-    except ValueError:
-        raise PrintoutError("no begin marker in the serial log") from None
-    try:
-        end = lines.index(END_MARKER, start)
-    except ValueError:
-        raise PrintoutError("no end marker in the serial log (guest did not finish)") from None
-    body = lines[start + 1 : end]
+    body = _our_lines(serial_text)
     functions: dict[str, GuestFunction] = {}
     nodes: dict[int, str] = {}
     lspci: list[str] = []
@@ -157,6 +144,24 @@ def parse_printout(serial_text: str) -> GuestPrintout:
         if len(fwcfg[name]) != size:
             raise PrintoutError(f"fw_cfg {name}: {len(fwcfg[name])} bytes printed, the guest read {size}")
     return GuestPrintout(functions, nodes, "\n".join(lspci), "\n".join(body), info, fwcfg)
+
+
+def _our_lines(serial_text: str) -> list[str]:
+    """The ``@@`` lines between the begin and end markers."""
+    lines: list[str] = []
+    for raw in serial_text.replace("\r", "").split("\n"):
+        i = raw.find("@@")
+        if i >= 0:
+            lines.append(raw[i:])
+    try:
+        start = lines.index(BEGIN_MARKER)
+    except ValueError:
+        raise PrintoutError("no begin marker in the serial log") from None
+    try:
+        end = lines.index(END_MARKER, start)
+    except ValueError:
+        raise PrintoutError("no end marker in the serial log (guest did not finish)") from None
+    return lines[start + 1 : end]
 
 
 def guest_sysfs_tree(printout: GuestPrintout, out_dir: str | os.PathLike) -> Path:

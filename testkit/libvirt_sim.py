@@ -1,8 +1,0 @@
-"""libvirt's additions at define: the product's simulation
-(:mod:`pcitopo.kubevirt.launcher.libvirt_sim`), named here for the tests that import it from the
-test kit; :mod:`testkit.kubevirt_define` runs the real libvirt where it is installed."""
-
-from __future__ import annotations
-
-from pcitopo.kubevirt.launcher.libvirt_sim import PORT_MODEL_NAMES, libvirt_define  # noqa: F401
-from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes  # noqa: F401
