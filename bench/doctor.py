@@ -35,7 +35,8 @@ from harness import (  # bench/harness.py: the script's own folder is first on s
     sample,
 )
 from testkit.server_proc import BIN
-from perf import MIB_LIMIT as BUDGET_MIB, ensure_bytecode, materialise
+from perf_inputs import ensure_bytecode, materialise
+from perf_table import MIB_LIMIT as BUDGET_MIB
 
 from pcitopo.serve.options import annotation
 from testkit import FIXTURES

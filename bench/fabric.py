@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness import Server, define_new_connection, mib, proc_status
 from testkit.server_proc import BIN
-from perf import ensure_bytecode, materialise
+from perf_inputs import ensure_bytecode, materialise
 
 from testkit.fabric_kit import domain_with_modules, fabric, vmi_with
 

@@ -43,3 +43,14 @@ def test_the_harness_measures_everything_in_smoke_mode(tmp_path):
                    "exec -> first answered Info", "RSS idle", "(3) <= 1.3x (1)", "(4) >= 20x (3)", "machine:"):
         assert needle in text, needle
 
+
+
+def test_every_bench_script_starts():
+    """Each script under bench/ imports what it names and answers --help: a script that cannot
+    import (a name moved to another module) fails here, not when someone needs its numbers."""
+    scripts = sorted(p for p in (REPO / "bench").glob("*.py") if p.read_text().count("argparse"))
+    assert len(scripts) >= 5
+    for script in scripts:
+        p = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert p.returncode == 0 and p.stdout.startswith("usage:"), f"{script.name}: {p.stderr[-1000:]}"
