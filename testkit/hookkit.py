@@ -36,7 +36,6 @@ from .kubevirt_sim import kubevirt_reparse, libvirt_define, next_call_input  # n
 from .server_proc import BIN, ServerProcess, serve_argv, wait_for_socket  # noqa: F401  (the sidecar tests' one import)
 
 PYTHON = sys.executable
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 
 
 # -- hosts and inputs -------------------------------------------------------------------------

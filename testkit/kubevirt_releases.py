@@ -6,4 +6,4 @@ from __future__ import annotations
 
 from pcitopo.kubevirt.launcher.release_groups import OVMF_DIR, RELEASES, Release  # noqa: F401
 from pcitopo.kubevirt.launcher.reparse import reparse  # noqa: F401
-from pcitopo.kubevirt.launcher.skeleton import QEMU_NS  # noqa: F401
+from pcitopo.libvirt.domain import QEMU_NS  # noqa: F401

@@ -24,10 +24,10 @@ from typing import Iterable, Sequence
 
 from lxml import etree
 
-from pcitopo.libvirt.domain import ROOT_PORT, parse_cpuset, parse_int
+from pcitopo.libvirt.domain import QEMU_NS, ROOT_PORT, parse_cpuset, parse_int
 from pcitopo.model.tree import Bdf, Role, Topology
 
-from pcitopo.kubevirt.launcher.skeleton import (GuestCell, Hostdev, LauncherSpec, OVMF_VARS, QEMU_NS,  # noqa: F401
+from pcitopo.kubevirt.launcher.skeleton import (GuestCell, Hostdev, LauncherSpec, OVMF_VARS,  # noqa: F401
                                                  KUBEVIRT_NS, launcher_domain, with_efi as launcher_efi)
 
 from .kubevirt_releases import Release, reparse

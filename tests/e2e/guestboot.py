@@ -21,6 +21,8 @@ from typing import Mapping, Sequence
 
 from lxml import etree
 
+from pcitopo.libvirt.domain import QEMU_NS
+
 from .guesttree import (
     GuestAddr,
     GuestPrintout,
@@ -34,7 +36,6 @@ from .initramfs import END_MARKER, build_initramfs
 from .libvirtd import LibvirtError, PrivateLibvirtd
 from .paths import cache_dir, find_kernel
 
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 Q = "{%s}" % QEMU_NS
 
 KERNEL_CMDLINE = "console=ttyS0 quiet loglevel=1 panic=-1"

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 from lxml import etree
 
-from pcitopo.libvirt.domain import parse_int
+from pcitopo.libvirt.domain import QEMU_NS, parse_int
 
 from pcitopo.kubevirt.launcher.release_groups import Release
-from pcitopo.kubevirt.launcher.skeleton import QEMU_NS
 
 
 def _keep_only(el: etree._Element, attributes: tuple[str, ...], children: tuple[str, ...]) -> None:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from lxml import etree
 
 from pcitopo.model.tree import Bdf
+from pcitopo.libvirt.domain import QEMU_NS
 
 from pcitopo.kubevirt.launcher.xmlstyle import sub, to_kubevirt_bytes
 
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 KUBEVIRT_NS = "http://kubevirt.io"
 GIB = 1024**3
 # The machine the struct starts with before the KubeVirt CR's machine type replaces it.
