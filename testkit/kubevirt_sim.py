@@ -31,7 +31,7 @@ from pcitopo.kubevirt.launcher.skeleton import (GuestCell, Hostdev, LauncherSpec
                                                  KUBEVIRT_NS, launcher_domain, with_efi as launcher_efi)
 
 from .kubevirt_releases import Release, reparse
-from .libvirt_sim import PORT_MODEL_NAMES, _sub, libvirt_define, to_kubevirt_bytes  # noqa: F401  (re-exported)
+from .libvirt_sim import _sub, libvirt_define, to_kubevirt_bytes  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)

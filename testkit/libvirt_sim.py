@@ -4,5 +4,5 @@ test kit; :mod:`testkit.kubevirt_define` runs the real libvirt where it is insta
 
 from __future__ import annotations
 
-from pcitopo.kubevirt.launcher.libvirt_sim import PORT_MODEL_NAMES, libvirt_define  # noqa: F401
+from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define  # noqa: F401
 from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes  # noqa: F401
