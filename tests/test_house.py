@@ -277,6 +277,36 @@ def test_no_reference_to_documents_outside_the_repository():
     assert hits == []
 
 
+# Command lines are parsed by the commands: cli/ and the programs' plumbing (program.py's Parser)
+# import argparse, the rooms below them take typed requests. serve/ has no parser of its own
+# (`pcitopo serve`'s options are cli/main.py's).
+ARGPARSE_OK = ("cli", "program.py")
+
+
+def argparse_importers(files: dict[str, str]) -> list[str]:
+    """The modules of ``files`` (path inside src/pcitopo -> source) that import argparse."""
+    out = []
+    for name, source in files.items():
+        for node in ast.walk(ast.parse(source, name)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) else []
+            if any(n and n.split(".")[0] == "argparse" for n in names):
+                out.append(name)
+                break
+    return out
+
+
+def test_the_measure_sees_an_argparse_import():
+    assert argparse_importers({"a.py": "import argparse\n", "b.py": "from argparse import Namespace\n",
+                               "c.py": "import json\n"}) == ["a.py", "b.py"]
+
+
+def test_only_the_commands_parse_command_lines():
+    files = {str(p.relative_to(PACKAGE)): p.read_text() for p in _product_files("src/pcitopo")}
+    assert "cli/main.py" in argparse_importers(files)  # the measure reads the package
+    assert [n for n in argparse_importers(files) if n.split("/")[0] not in ARGPARSE_OK] == []
+
+
 # Calls that spell XML (paths, tags): src/pcitopo/libvirt/'s business, not a computing module's.
 XML_CALLS = frozenset({"find", "findall", "iterfind", "findtext", "xpath", "Element", "SubElement"})
 
