@@ -1,8 +1,8 @@
 """libvirt's additions at define: the product's simulation
-(:mod:`pcitopo.kubevirt.launcher.libvirt_sim`), named here for the tests that import it from the
+(:mod:`pcitopo.libvirt.define_sim`), named here for the tests that import it from the
 test kit; :mod:`testkit.kubevirt_define` runs the real libvirt where it is installed."""
 
 from __future__ import annotations
 
-from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define  # noqa: F401
-from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes  # noqa: F401
+from pcitopo.libvirt.define_sim import libvirt_define  # noqa: F401
+from pcitopo.libvirt.marshal import sub as _sub, to_kubevirt_bytes  # noqa: F401

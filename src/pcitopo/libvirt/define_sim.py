@@ -1,6 +1,6 @@
 """libvirt's additions at define, as :func:`libvirt_define` simulates them (checked against libvirt
 9.0's ``virsh define`` + ``dumpxml --inactive``): what virt-launcher reads back between its
-defines (:mod:`.defines`, ``pcitopo domain --call N``). The test kit runs the real libvirt where
+defines (:mod:`pcitopo.kubevirt.launcher.defines`, ``pcitopo domain --call N``). The test kit runs the real libvirt where
 it is installed (testkit/kubevirt_define.py ``RealLibvirt``)."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ from __future__ import annotations
 from lxml import etree
 
 from pcitopo.libvirt.domain import QEMU_MODEL_NAME, ROOT_PORT, parse_int
-
-from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes
+from pcitopo.libvirt.marshal import sub as _sub, to_kubevirt_bytes
 
 
 # Unaddressed devices libvirt gives a root port of their own on pcie-root.
