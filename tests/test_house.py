@@ -3,7 +3,8 @@ aside), the test kit (testkit/) and the benchmarks (bench/), no function longer 
 module longer than 450, no folder of more than 12 modules; the package's top holds only its
 ``__init__``, errors and the programs' plumbing, the rest in rooms whose imports go one way
 (ORDER); no two modules share a basename; no import cycle among the project's modules; nothing
-edits ``sys.path`` outside a conftest.py; no file refers to documents outside the repository."""
+edits ``sys.path`` outside a conftest.py; no file refers to documents outside the repository;
+only the commands parse command lines; the MMIO budget and KubeVirt's model spell no XML."""
 
 from __future__ import annotations
 
