@@ -21,7 +21,7 @@ from testkit.kubevirt_define import RealLibvirt, free_hotplug_ports, real_libvir
 from pcitopo.kubevirt.launcher.defines import vmi_interfaces, boot_defines
 from pcitopo.kubevirt.launcher.release_groups import Release
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
-from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define
+from pcitopo.libvirt.define_sim import libvirt_define
 
 RELEASES = (Release.V1_9, Release.MAIN)
 
@@ -42,7 +42,7 @@ def measure(define, machine: str = UPSTREAM_MACHINE) -> list[tuple[str, Release,
 def libvirt_placement(sim: bool):
     """The define function and its label: a private libvirtd's, or the simulation's."""
     if sim or not real_libvirt_available():
-        yield libvirt_define, "simulated libvirt (pcitopo/kubevirt/launcher/libvirt_sim.py)"
+        yield libvirt_define, "simulated libvirt (pcitopo/libvirt/define_sim.py)"
         return
     os.environ.setdefault("PCITOPO_CACHE", str(REPO / ".cache" / "e2e"))
     from testkit.e2e.libvirtd import PrivateLibvirtd

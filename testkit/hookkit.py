@@ -37,7 +37,6 @@ from .kubevirt_sim import next_call_input
 from .server_proc import BIN
 
 PYTHON = sys.executable
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 
 
 # -- hosts and inputs -------------------------------------------------------------------------

@@ -237,22 +237,22 @@ def test_best_effort_merge_prefers_the_narrowest_agreeing_mask():
 def test_settings_from_a_kubelet_config_and_flags(tmp_path):
     """kubelet's numReservedCPUs is ceil(kubeReserved.cpu + systemReserved.cpu); the flags win
     over the file; what neither gives is DEPLOY.md's, said in one line."""
-    import argparse
+    from dataclasses import replace
 
-    from pcitopo.kubevirt.kubelet.settings import resolve
+    from pcitopo.kubevirt.kubelet.settings import KubeletRequest, resolve
 
     config = tmp_path / "config.yaml"
     config.write_text("kind: KubeletConfiguration\ncpuManagerPolicy: static\ncpuManagerPolicyOptions:\n"
                       "  full-pcpus-only: \"true\"\ntopologyManagerPolicy: restricted\n"
                       "kubeReserved: {cpu: 500m}\nsystemReserved: {cpu: \"1\"}\n")
-    args = argparse.Namespace(cpu_policy=None, topology_policy=None, reserved_cpus=None, kubelet_config=str(config))
+    args = KubeletRequest(kubelet_config=str(config))
     got = resolve(args)
     assert got.settings == KubeletSettings("restricted", distribute=False, full_pcpus_only=True, reserved_count=2)
     assert got.assumed is None
-    args.topology_policy, args.reserved_cpus = "best-effort", "0,112"
+    args = replace(args, topology_policy="best-effort", reserved_cpus="0,112")
     assert resolve(args).settings.topology_policy == "best-effort"
     assert resolve(args).settings.reserved_cpus == {0, 112}
-    bare = resolve(argparse.Namespace(cpu_policy=None, topology_policy=None, reserved_cpus=None, kubelet_config=None))
+    bare = resolve(KubeletRequest())
     assert bare.settings == KubeletSettings() and bare.assumed.startswith("kubelet assumed: cpuManagerPolicyOptions "
                                                                           "distribute-cpus-across-numa, topologyManagerPolicy best-effort, one core reserved")
 
@@ -261,15 +261,13 @@ def test_settings_from_a_kubelet_config_and_flags(tmp_path):
 def test_the_doctors_kubelet_data_hold_what_kubelet_gives(name, count):
     """tests/data/kubelet's checkpoints (read by `pcitopo doctor --kubelet-dir`) hold the CPUs the
     model gives the 8-GPU pod on hgx-b200 under their own config.yaml."""
-    import argparse
     import json
 
     from testkit import REPO
-    from pcitopo.kubevirt.kubelet.settings import resolve
+    from pcitopo.kubevirt.kubelet.settings import KubeletRequest, resolve
 
     folder = REPO / "tests" / "data" / "kubelet" / name
-    settings = resolve(argparse.Namespace(cpu_policy=None, topology_policy=None, reserved_cpus=None,
-                                          kubelet_config=str(folder / "config.yaml"))).settings
+    settings = resolve(KubeletRequest(kubelet_config=str(folder / "config.yaml"))).settings
     topo, gpus = _fixture("hgx-b200")
     state = json.loads((folder / "cpu_manager_state").read_text())
     held = cpus(next(iter(state["entries"].values()))["compute"])

@@ -10,7 +10,7 @@ from lxml import etree
 from testkit import REPO as ROOT
 from testkit.hookkit import VirtLauncher, fixture_sysfs, placement, vmi_json
 from testkit.server_proc import ServerProcess, serve_argv
-from pcitopo.kubevirt.launcher.skeleton import QEMU_NS
+from pcitopo.libvirt.domain import QEMU_NS
 from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
 from testkit.kubevirt_sim import (
     DomainSpec,
@@ -20,7 +20,7 @@ from testkit.kubevirt_sim import (
     kubevirt_reparse,
     next_call_input,
 )
-from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define
+from pcitopo.libvirt.define_sim import libvirt_define
 from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.host.sysfs import open_host
 

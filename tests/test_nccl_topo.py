@@ -13,7 +13,8 @@ import pytest
 from lxml import etree
 
 from pcitopo.serve.options import HookOptions, options_from_annotations
-from testkit.kubevirt_sim import hook_calls, kubevirt_reparse, libvirt_define
+from pcitopo.libvirt.define_sim import libvirt_define
+from testkit.kubevirt_sim import hook_calls, kubevirt_reparse
 from pcitopo.checks.verify import load_expectation, verify_guest
 from pcitopo.guest.verdict import prediction
 from pcitopo.guest.rewrite import rewrite_domain

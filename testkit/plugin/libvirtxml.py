@@ -28,7 +28,8 @@ import re
 
 from lxml import etree
 
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+from pcitopo.libvirt.domain import QEMU_NS
+
 _PCI_FORMAT = (("domain", "0x{:04x}"), ("bus", "0x{:02x}"), ("slot", "0x{:02x}"), ("function", "0x{:x}"))
 _DECIMAL_TARGET = ("chassisNr", "chassis", "busNr", "index")
 

@@ -86,7 +86,7 @@ def with_kubevirt_18866(xml: bytes) -> bytes:
     hostdevs (``createPCIHostDevice``); the rest as before."""
     from lxml import etree
 
-    from pcitopo.kubevirt.launcher.xmlstyle import to_kubevirt_bytes
+    from pcitopo.libvirt.marshal import to_kubevirt_bytes
 
     root = etree.fromstring(xml)
     for hd in root.iter("hostdev"):

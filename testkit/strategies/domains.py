@@ -22,8 +22,8 @@ from ..kubevirt_sim import (
     kubevirt_reparse,
     next_call_input,
 )
-from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes
-from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define
+from pcitopo.libvirt.marshal import sub as _sub, to_kubevirt_bytes
+from pcitopo.libvirt.define_sim import libvirt_define
 from .hosts import World, worlds
 
 # -- libvirt/KubeVirt simulation extensions -----------------------------------------------------

@@ -92,11 +92,19 @@ def _nccl_topo_file(given: str | None):
 
 
 def install_command(argv: Sequence[str], prog: str) -> int:
-    """``install-nccl-topo`` parses its own options (``--from``, ``--dest``): the guest tool
-    hands it the rest of the command line as ``pcitopo guest install-nccl-topo`` does."""
-    from pcitopo.nccl.install import main as install_nccl_topo
+    """``install-nccl-topo`` parses its own options (``--from``, ``--dest``) with a plain
+    argparse parser: the guest tool hands it the rest of the command line as ``pcitopo guest
+    install-nccl-topo`` does, and its exit statuses are its own (0, 1 nothing offered, 2)."""
+    from pcitopo.nccl.install import install_from
+    from pcitopo.nccl.topoxml import DEFAULT_TOPO_FILE, fwcfg_raw_path
 
-    return install_nccl_topo(list(argv), prog=prog)
+    p = argparse.ArgumentParser(prog=prog, description="copy the NCCL topology file the host passed through "
+                                "fw_cfg to " + DEFAULT_TOPO_FILE)
+    p.add_argument("--from", dest="source", metavar="RAW",
+                   help="the fw_cfg blob (default: " + fwcfg_raw_path() + ")")
+    p.add_argument("--dest", default=DEFAULT_TOPO_FILE, help="where NCCL reads it (default: %(default)s)")
+    args = p.parse_args(list(argv))
+    return install_from(args.source, args.dest, prog)
 
 
 def add_install_args(p: argparse.ArgumentParser) -> None:

@@ -184,6 +184,7 @@ def _hook_input(pred, call: int, hook: str, host) -> tuple[bytes, str]:
 
 
 def _cmd_domain(args: argparse.Namespace) -> int:
+    from pcitopo.cli.prediction import prediction_request
     from pcitopo.kubevirt.launcher.request import predicted_domain
     from pcitopo.host.sysfs import open_host
 
@@ -196,7 +197,7 @@ def _cmd_domain(args: argparse.Namespace) -> int:
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI")
     host = open_host(args.sysfs)
     try:
-        pred = predicted_domain(args, manifest, args.vmi, host)
+        pred = predicted_domain(prediction_request(args), manifest, args.vmi, host)
     except ReleaseUnknown as e:  # no domain for a release nobody read: unknown, not a guess
         print(f"pcitopo domain: unknown: {e.line}", file=sys.stderr)
         return EXIT_UNKNOWN
@@ -242,7 +243,7 @@ def _domain_policy(vmi: dict, args: argparse.Namespace) -> int:
 
 
 def _add_domain_parser(sub, default_sysfs: str) -> None:
-    from pcitopo.kubevirt.launcher.request import add_prediction_args
+    from pcitopo.cli.prediction import add_prediction_args
 
     d = sub.add_parser("domain", help="the domain XML virt-launcher would hand the hook for a VM/VMI manifest on a node "
                        "(before anything is deployed)")

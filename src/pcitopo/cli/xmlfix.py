@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
     p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
-    from pcitopo.kubevirt.launcher.request import add_prediction_args
+    from pcitopo.cli.prediction import add_prediction_args
 
     add_prediction_args(p, shared=False)  # --devices, --cpu-policy: only without a domain argument
     return p
@@ -118,10 +118,11 @@ def _domain_input(args: argparse.Namespace, host, manifest: bytes | None) -> byt
         return read_bounded(args.domain, MAX_DOMAIN_BYTES, "domain", DomainError)
     if manifest is None:
         raise ConfigError("no domain: give DOMAIN.xml (or - for stdin), or --vmi FILE to predict the domain")
+    from pcitopo.cli.prediction import prediction_request
     from pcitopo.kubevirt.launcher.request import predicted_domain
 
     try:
-        pred = predicted_domain(args, manifest, args.vmi, host)
+        pred = predicted_domain(prediction_request(args), manifest, args.vmi, host)
     except ReleaseUnknown as e:
         print(f"xmlfix: {'check: ' if args.check else ''}unknown: {e.line}", file=sys.stderr)
         return None

@@ -207,16 +207,18 @@ def explain_door(vmi: Mapping[str, Any] | None, release: ReadRelease | None) -> 
 def domain_facts(domain_xml: bytes) -> tuple[bool | None, tuple[str, ...]]:
     """Whether a (rewritten) domain holds a PCI hostdev, and which of :data:`SETTINGS` it
     carries; (None, all of them) when it cannot be read."""
-    from lxml import etree
+    from pcitopo.libvirt.device_elements import has_controller_model_names, has_pci_hostdev
+    from pcitopo.libvirt.lenient import readable_root
+    from pcitopo.libvirt.machine import has_maxphysaddr
+    from pcitopo.libvirt.overrides import has_override
 
-    try:
-        root = etree.fromstring(domain_xml, etree.XMLParser(resolve_entities=False, no_network=True))
-    except (etree.XMLSyntaxError, ValueError):
+    root = readable_root(domain_xml)
+    if root is None:
         return None, SETTINGS
-    found = {"maxphysaddr": root.find("cpu/maxphysaddr") is not None,
-             "qemu:override": bool(root.xpath("//*[local-name()='override']")),
-             "controller model names": bool(root.xpath("devices/controller/model[@name]"))}
-    has_pci = bool(root.xpath("devices/hostdev[@type='pci']"))
+
+    found = {"maxphysaddr": has_maxphysaddr(root), "qemu:override": has_override(root),
+             "controller model names": has_controller_model_names(root)}
+    has_pci = has_pci_hostdev(root)
     return has_pci or None, tuple(s for s in SETTINGS if found[s]) or SETTINGS
 
 

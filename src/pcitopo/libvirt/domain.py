@@ -1,10 +1,9 @@
 """Typed views over the PCI side of a libvirt domain: controllers, hostdevs, guest addresses,
 NUMA cells and pins, and the devices libvirt will place itself.
 
-XPath strings and attribute spellings live in this room (``topology/libvirt/``) and nowhere
-else; the document itself (hardened parse, serialisation, indentation) is
-:mod:`pcitopo.libvirt.document`'s, the ``<os>``/``<memory>``/``<cpu>`` spellings
-:mod:`pcitopo.libvirt.machine`'s.
+XPath strings and attribute spellings live in this room (``pcitopo/libvirt/``) and nowhere else;
+the document itself (parse, serialisation, indentation) is :mod:`pcitopo.libvirt.document`'s,
+the ``<os>``/``<memory>``/``<cpu>`` spellings :mod:`pcitopo.libvirt.machine`'s.
 """
 
 from __future__ import annotations
@@ -35,8 +34,9 @@ UPSTREAM = "pcie-switch-upstream-port"
 DOWNSTREAM = "pcie-switch-downstream-port"
 PCIE_ROOT = "pcie-root"
 
-# libvirt model → QEMU device, written explicitly because KubeVirt's re-parse drops it.
-QEMU_MODEL_NAME = {PXB: "pxb-pcie", ROOT_PORT: "pcie-root-port", UPSTREAM: "x3130-upstream", DOWNSTREAM: "xio3130-downstream"}
+# libvirt model → QEMU device (libvirt's <model name> at define; ours write it, KubeVirt's re-parse drops it).
+QEMU_MODEL_NAME = {PXB: "pxb-pcie", ROOT_PORT: "pcie-root-port", UPSTREAM: "x3130-upstream", DOWNSTREAM: "xio3130-downstream",
+                   "pcie-to-pci-bridge": "pcie-pci-bridge"}
 
 
 def parse_int(text: str | None, what: str | Callable[[], str]) -> int:

@@ -2,7 +2,9 @@
 (address width, features), and a sketch domain built from scratch.
 
 The MMIO budget (:mod:`pcitopo.guest.mmio`) decides what these must say; the spellings it reads
-and writes, and libvirt's memory-unit table, live here. The PCI side of a domain (controllers,
+and writes, and libvirt's memory-unit table, live here, as do the ``<os>``, ``<cpu>``, ``<vcpu>``,
+``<cputune>`` and ``<memoryBacking>`` settings of virt-launcher's converter, whose values the
+model of it computes (src/pcitopo/kubevirt/launcher/). The PCI side of a domain (controllers,
 hostdevs, addresses) is :mod:`pcitopo.libvirt.domain`'s.
 """
 
@@ -115,6 +117,98 @@ def require_cpu_feature(cpu: etree._Element, name: str) -> None:
     el.set("name", name)
     feats = cpu.findall(CPU_FEATURE)
     append_child(cpu, el, after=feats[-1] if feats else cpu.find(MAXPHYSADDR))
+
+
+def has_maxphysaddr(root: etree._Element) -> bool:
+    return root.find(f"{CPU}/{MAXPHYSADDR}") is not None
+
+
+# -- what virt-launcher's converter sets (src/pcitopo/kubevirt/launcher/ decides the values) ---
+
+def set_machine_type(root: etree._Element, machine: str) -> None:
+    """``<os><type machine=>``."""
+    root.find("os/type").set("machine", machine)
+
+
+def add_pflash_loader(root: etree._Element, code: str, template: str, nvram: str) -> None:
+    """A read-only pflash ``<loader>`` (secure boot off) of ``code`` and its ``<nvram>`` from
+    ``template`` after ``<os><type>``, unless ``<os>`` has a loader already."""
+    os_el = root.find("os")
+    if os_el.find("loader") is not None:
+        return
+    loader = etree.Element("loader", readonly="yes", secure="no", type="pflash")
+    loader.text = code
+    nvram_el = etree.Element("nvram", template=template)
+    nvram_el.text = nvram
+    os_el.find("type").addnext(loader)
+    loader.addnext(nvram_el)
+
+
+def set_loader_secure(root: etree._Element, secure: bool) -> None:
+    """``<os><loader secure=>``."""
+    root.find("os/loader").set("secure", "yes" if secure else "no")
+
+
+def set_cpu_mode(root: etree._Element, mode: str, model: str | None = None) -> None:
+    """``<cpu mode=>``; with ``model``, a ``<model>`` of that name first in ``<cpu>``."""
+    cpu = root.find(CPU)
+    cpu.set("mode", mode)
+    if model is not None:
+        el = etree.Element("model")
+        el.text = model
+        cpu.insert(0, el)
+
+
+def set_cpu_topology(root: etree._Element, sockets: int, cores: int, threads: int) -> None:
+    """``<cpu><topology sockets= cores= threads=>``."""
+    root.find(f"{CPU}/topology").attrib.update({"sockets": str(sockets), "cores": str(cores), "threads": str(threads)})
+
+
+def set_vcpus(root: etree._Element, states: list[tuple[bool, bool]]) -> None:
+    """``<vcpu>`` is ``len(states)``, and ``<vcpus>`` after it has one ``<vcpu id= enabled=
+    hotpluggable=>`` per ``(enabled, hotpluggable)`` in ``states``."""
+    vcpu = root.find("vcpu")
+    vcpu.text = str(len(states))
+    vcpus = etree.Element("vcpus")
+    for i, (enabled, hotpluggable) in enumerate(states):
+        etree.SubElement(vcpus, "vcpu", id=str(i), enabled="yes" if enabled else "no",
+                         hotpluggable="yes" if hotpluggable else "no")
+    vcpu.addnext(vcpus)
+
+
+def add_emulator_pin(root: etree._Element, cpuset: str) -> None:
+    """``<cputune><emulatorpin cpuset=>``."""
+    etree.SubElement(root.find("cputune"), "emulatorpin", cpuset=cpuset)
+
+
+def set_memory(root: etree._Element, amount: int) -> None:
+    """``<memory>``'s amount, in the unit it has."""
+    root.find("memory").text = str(amount)
+
+
+def numa_cells(root: etree._Element) -> list[etree._Element]:
+    """The guest cells, ``<cpu><numa><cell>``, in order."""
+    return root.findall(f"{CPU}/numa/cell")
+
+
+def set_hugepages(root: etree._Element, size: int, unit: str, nodesets: list[str | None]) -> None:
+    """``<memoryBacking><hugepages>`` holding one ``<page size= unit=>`` per entry of
+    ``nodesets`` (with ``nodeset=`` unless None), the pages it had dropped."""
+    hp = root.find("memoryBacking/hugepages")
+    for page in list(hp):
+        hp.remove(page)
+    for nodeset in nodesets:
+        attrs = {"size": str(size), "unit": unit}
+        if nodeset is not None:
+            attrs["nodeset"] = nodeset
+        etree.SubElement(hp, "page", attrs)
+
+
+def add_memory_backing(root: etree._Element, source: str, allocation: str) -> None:
+    """``<source type=>`` and ``<allocation mode=>`` at the end of ``<memoryBacking>``."""
+    mb = root.find("memoryBacking")
+    etree.SubElement(mb, "source", type=source)
+    etree.SubElement(mb, "allocation", mode=allocation)
 
 
 # -- a sketch domain: every named device passed through (pcitopo topo --dot) -----------------

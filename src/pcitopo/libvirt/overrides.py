@@ -43,6 +43,12 @@ class Property:
     value: str
 
 
+def has_override(root: etree._Element) -> bool:
+    """Whether any element named ``override`` is in the domain, whatever its namespace (a
+    reading that lost the prefix counts)."""
+    return bool(root.xpath("//*[local-name()='override']"))
+
+
 def properties(root: etree._Element) -> dict[str, dict[str, Property]]:
     """alias → {property name → Property} for every override in the domain."""
     out: dict[str, dict[str, Property]] = {}

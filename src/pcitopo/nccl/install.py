@@ -7,11 +7,10 @@ Standard library only, Python 3.8 or newer (it runs in guests). Exit status: 0 i
 guest kernel lacks ``qemu_fw_cfg``); 2 the blob is not a file NCCL would load (nothing written).
 """
 
-import argparse
 import os
 import subprocess
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 from pcitopo.errors import OutputError
 from pcitopo.nccl.topoxml import DEFAULT_TOPO_FILE, FWCFG_DIR, FWCFG_NAME, NcclXmlError, decode_offered, fwcfg_raw_path, install
@@ -38,14 +37,10 @@ def install_offered(source: str, dest: str) -> List[str]:
     return ["installed {} ({} bytes) from fw_cfg {}".format(dest, len(data), FWCFG_NAME)]
 
 
-def main(argv: Optional[Sequence[str]] = None, prog: str = "install-nccl-topo") -> int:
-    p = argparse.ArgumentParser(prog=prog, description="copy the NCCL topology file the host passed through "
-                                "fw_cfg to " + DEFAULT_TOPO_FILE)
-    p.add_argument("--from", dest="source", metavar="RAW",
-                   help="the fw_cfg blob (default: " + fwcfg_raw_path() + ")")
-    p.add_argument("--dest", default=DEFAULT_TOPO_FILE, help="where NCCL reads it (default: %(default)s)")
-    args = p.parse_args(argv)
-    source = args.source
+def install_from(source: Optional[str], dest: str = DEFAULT_TOPO_FILE, prog: str = "install-nccl-topo") -> int:
+    """The command's work once its options are read (``pcitopo guest install-nccl-topo``'s parser
+    is the guest tool's): the blob at ``source`` (None: the fw_cfg entry, its module loaded) to
+    ``dest``, one line on stderr per outcome; the exit status."""
     if source is None:
         _load_module()
         source = fwcfg_raw_path()
@@ -54,7 +49,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = "install-nccl-topo") 
               "pcitopo hook's nccl-topo, or no qemu_fw_cfg module)".format(prog, source), file=sys.stderr)
         return EXIT_NONE
     try:
-        for line in install_offered(source, args.dest):
+        for line in install_offered(source, dest):
             print("{}: {}".format(prog, line), file=sys.stderr)
     except NcclXmlError as e:
         print("{}: {}: not installed: {}".format(prog, source, e), file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Which kubelet settings a prediction places the pod's CPUs with, and the options that give them.
+"""Which kubelet settings a prediction places the pod's CPUs with, from what the command line
+says of them (:class:`KubeletRequest`; the options are src/pcitopo/cli/prediction.py's).
 
 In order: the flags (``--topology-policy``, ``--cpu-policy``, ``--reserved-cpus``), else the
 node's kubelet configuration (``--kubelet-config``: the ``KubeletConfiguration`` file, or the
@@ -10,7 +11,6 @@ Whatever was not read is said in one line (:attr:`Resolved.assumed`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import dataclass, replace
@@ -25,15 +25,15 @@ from pcitopo.kubevirt.kubelet.topologymanager import POLICIES
 CPU_POLICY_CHOICES = ("distribute", "packed", "devices")
 
 
-def add_kubelet_args(p: argparse.ArgumentParser) -> None:
-    """The kubelet options of a prediction (``--cpu-policy`` is request.py's, shared with xmlfix)."""
-    p.add_argument("--topology-policy", metavar="POLICY", help="the node's kubelet topologyManagerPolicy: "
-                   f"{', '.join(POLICIES)} (default: the --kubelet-config's, else best-effort, docs/DEPLOY.md's)")
-    p.add_argument("--reserved-cpus", metavar="LIST", help="the node's kubelet reservedSystemCPUs (a cpuset list such as "
-                   "0,112); default: the --kubelet-config's reservation, else one core taken as kubelet takes it")
-    p.add_argument("--kubelet-config", metavar="FILE", help="the node's KubeletConfiguration (/var/lib/kubelet/config.yaml) "
-                   "or `pcitopo doctor --kubelet-dir DIR --json`'s report: the CPU manager's policy, options, "
-                   "topology manager policy and reservation the pod's CPUs are placed with")
+@dataclass(frozen=True)
+class KubeletRequest:
+    """What the command line says of the node's kubelet (``--cpu-policy``, ``--topology-policy``,
+    ``--reserved-cpus``, ``--kubelet-config``; src/pcitopo/cli/prediction.py): None, not given."""
+
+    cpu_policy: str | None = None
+    topology_policy: str | None = None
+    reserved_cpus: str | None = None
+    kubelet_config: str | None = None
 
 
 @dataclass(frozen=True)
@@ -100,21 +100,21 @@ def _read_file(path: str) -> KubeletSettings:
     return _from_reading(facts.as_json(), path)
 
 
-def resolve(args: argparse.Namespace) -> Resolved:
+def resolve(args: KubeletRequest) -> Resolved:
     """The settings for ``args`` (flags, then ``--kubelet-config``, then docs/DEPLOY.md's)."""
-    cpu_policy = getattr(args, "cpu_policy", None)
+    cpu_policy = args.cpu_policy
     if cpu_policy is not None and cpu_policy not in CPU_POLICY_CHOICES:
         raise ConfigError(f"--cpu-policy {cpu_policy}: unknown (one of {', '.join(CPU_POLICY_CHOICES)})")
-    topology = getattr(args, "topology_policy", None)
+    topology = args.topology_policy
     if topology is not None and topology not in POLICIES:
         raise ConfigError(f"--topology-policy {topology}: unknown (one of {', '.join(POLICIES)})")
-    path = getattr(args, "kubelet_config", None)
+    path = args.kubelet_config
     settings = _read_file(path) if path else KubeletSettings()
     if cpu_policy in ("distribute", "packed"):
         settings = replace(settings, distribute=cpu_policy == "distribute")
     if topology:
         settings = replace(settings, topology_policy=topology)
-    reserved = getattr(args, "reserved_cpus", None)
+    reserved = args.reserved_cpus
     if reserved:
         settings = replace(settings, reserved_cpus=_cpuset(reserved, "--reserved-cpus"))
     missing = [what for what, given in (
@@ -126,4 +126,4 @@ def resolve(args: argparse.Namespace) -> Resolved:
     return Resolved(settings, cpu_policy == "devices", assumed)
 
 
-__all__ = ["CPU_POLICY_CHOICES", "Resolved", "add_kubelet_args", "resolve"]
+__all__ = ["CPU_POLICY_CHOICES", "KubeletRequest", "Resolved", "resolve"]

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from lxml import etree
-
 from pcitopo.errors import ConfigError
-
-from pcitopo.kubevirt.launcher.xmlstyle import sub
+from pcitopo.libvirt.device_elements import copy_disk_after, device_elements
+from pcitopo.libvirt.machine import (add_emulator_pin, add_memory_backing, numa_cells, set_cpu_mode, set_cpu_topology,
+                                     set_hugepages, set_memory, set_vcpus)
+from pcitopo.libvirt.marshal import Element
 
 UPSTREAM_MACHINE = "q35"
 # pkg/virt-config/virt-config.go DefaultMaxHotplugRatio; pkg/defaults/defaults.go maxVCPUs.
@@ -73,51 +73,42 @@ def max_sockets(cpu: Mapping[str, Any]) -> int:
     return most
 
 
-def vcpu_hotplug(root: etree._Element, cpu: Mapping[str, Any]) -> None:
+def vcpu_hotplug(root: Element, cpu: Mapping[str, Any]) -> None:
     """``converter/compute/cpu.go`` ``domainVCPUTopologyForHotplug``: ``<vcpu>`` is the maximum,
     ``<vcpus>`` enables the requested ones, the topology has maxSockets."""
     cores, threads = cpu.get("cores", 1), cpu.get("threads", 1)
     enabled = cpu.get("sockets", 1) * cores * threads
     sockets = max_sockets(cpu)
     total = sockets * cores * threads
-    root.find("cpu/topology").attrib.update({"sockets": str(sockets), "cores": str(cores), "threads": str(threads)})
-    root.find("vcpu").text = str(total)
-    vcpus = etree.Element("vcpus")
-    for i in range(total):
-        etree.SubElement(vcpus, "vcpu", id=str(i), enabled="yes" if i < enabled else "no",
-                         hotpluggable="yes" if i >= cores * threads else "no")
-    root.find("vcpu").addnext(vcpus)
+    set_cpu_topology(root, sockets, cores, threads)
+    set_vcpus(root, [(i < enabled, i >= cores * threads) for i in range(total)])
 
 
-def topology_as_manifest(root: etree._Element, cpu: Mapping[str, Any]) -> None:
+def topology_as_manifest(root: Element, cpu: Mapping[str, Any]) -> None:
     """``<topology>`` with the manifest's sockets, cores and threads (vcpu.go ``GetCPUTopology``)."""
     if cpu:
-        root.find("cpu/topology").attrib.update({k: str(cpu.get(k, 1)) for k in ("sockets", "cores", "threads")})
+        set_cpu_topology(root, cpu.get("sockets", 1), cpu.get("cores", 1), cpu.get("threads", 1))
 
 
-def cpu_model(root: etree._Element, name: str) -> None:
+def cpu_model(root: Element, name: str) -> None:
     """``converter/compute/cpu.go``: ``host-model`` and ``host-passthrough`` are modes; any other
     name is a ``custom`` CPU of that model."""
-    cpu = root.find("cpu")
     if name in ("host-model", "host-passthrough"):
-        cpu.set("mode", name)
-        return
-    cpu.set("mode", "custom")
-    model = etree.Element("model")
-    model.text = name
-    cpu.insert(0, model)
+        set_cpu_mode(root, name)
+    else:
+        set_cpu_mode(root, "custom", name)
 
 
-def emulator_pin(root: etree._Element, cpu: int) -> None:
+def emulator_pin(root: Element, cpu: int) -> None:
     """vcpu.go ``appendDomainEmulatorThreadPin``: the pod CPU left after the vCPUs' pins."""
-    sub(root.find("cputune"), "emulatorpin", cpuset=str(cpu))
+    add_emulator_pin(root, str(cpu))
 
 
-def guest_memory(root: etree._Element, total: int, page: int | None) -> None:
+def guest_memory(root: Element, total: int, page: int | None) -> None:
     """``<memory>`` and each cell's share: vcpu.go ``numaMapping`` divides the memory in whole
     pages, the first cells taking one more page each when the pages do not divide evenly."""
-    root.find("memory").text = str(total)
-    cells = root.findall("cpu/numa/cell")
+    set_memory(root, total)
+    cells = numa_cells(root)
     if not cells:
         return
     page = page or 1
@@ -127,34 +118,20 @@ def guest_memory(root: etree._Element, total: int, page: int | None) -> None:
         cell.set("memory", str(base + (page if i < mod else 0)))
 
 
-def hugepages_per_cell(root: etree._Element, page_bytes: int) -> None:
+def hugepages_per_cell(root: Element, page_bytes: int) -> None:
     """converter.go (memfd) and vcpu.go (passthrough): one page entry per guest cell, in bytes,
     ``<source type='memfd'/>`` and ``<allocation mode='immediate'/>``."""
-    mb = root.find("memoryBacking")
-    hp = mb.find("hugepages")
-    for page in list(hp):
-        hp.remove(page)
-    for cell in root.findall("cpu/numa/cell") or [None]:
-        attrs = {"size": str(page_bytes), "unit": "b"}
-        if cell is not None:
-            attrs["nodeset"] = cell.get("id")
-        etree.SubElement(hp, "page", attrs)
-    etree.SubElement(mb, "source", type="memfd")
-    etree.SubElement(mb, "allocation", mode="immediate")
+    set_hugepages(root, page_bytes, "b", [cell.get("id") for cell in numa_cells(root)] or [None])
+    add_memory_backing(root, "memfd", "immediate")
 
 
-def extra_virtio_disks(root: etree._Element, disks: list[Mapping[str, Any]]) -> None:
+def extra_virtio_disks(root: Element, disks: list[Mapping[str, Any]]) -> None:
     """Every manifest disk after the root disk, as the converter writes a virtio one (vdb, ...);
     a disk on another bus (sata, scsi) is no PCI device and is left out."""
-    first = root.find("devices/disk")
+    first = next(iter(device_elements(root, "disk")), None)
     anchor = first
     for n, d in enumerate(disks[1:], start=1):
         if (d.get("disk") or {}).get("bus") != "virtio":
             continue
-        el = etree.fromstring(etree.tostring(first))
-        el.tail = None
-        el.find("source").set("file", f"/var/run/kubevirt-ephemeral-disks/cloud-init-data/{d['name']}/noCloud.iso")
-        el.find("target").set("dev", f"vd{chr(ord('a') + n)}")
-        el.find("alias").set("name", f"ua-{d['name']}")
-        anchor.addnext(el)
-        anchor = el
+        anchor = copy_disk_after(anchor, first, f"/var/run/kubevirt-ephemeral-disks/cloud-init-data/{d['name']}/noCloud.iso",
+                                 f"vd{chr(ord('a') + n)}", f"ua-{d['name']}")

@@ -25,14 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lxml import etree
-
+from pcitopo.libvirt.define_sim import libvirt_define
+from pcitopo.libvirt.device_elements import (address_of, append_ethernet_interface, append_pci_controller,
+                                             device_elements, device_list, pci_controllers, take_devices, target_attr,
+                                             target_of)
 from pcitopo.libvirt.domain import ROOT_PORT, parse_int
+from pcitopo.libvirt.machine import memory_bytes
+from pcitopo.libvirt.marshal import Element, parse_plain, to_kubevirt_bytes
 
-from pcitopo.kubevirt.launcher.libvirt_sim import libvirt_define
 from pcitopo.kubevirt.launcher.release_groups import Release
 from pcitopo.kubevirt.launcher.reparse import reparse
-from pcitopo.kubevirt.launcher.xmlstyle import to_kubevirt_bytes
 
 Hook = Callable[[bytes], bytes]
 Define = Callable[[bytes], bytes]  # define, then the inactive XML libvirt reads back
@@ -44,32 +46,36 @@ PORTS_LARGE, MIN_FREE_LARGE, PORTS_SMALL, MIN_FREE_SMALL = 16, 6, 8, 3
 V1_SLOTS = 4  # calculateHotplugPortCountV1
 
 
-def pci_address_count(xml: bytes | etree._Element) -> int:
+def _address_type(el: Element) -> str | None:
+    a = address_of(el)
+    return None if a is None else a.get("type")
+
+
+def pci_address_count(xml: bytes | Element) -> int:
     """converter/pci-placement.go CountPCIDevices: every device iteratePCIAddresses visits
     (interfaces, virtio disks, PCI hostdevs, every controller but pci-root, pcie-root and
     pcie-expander-bus (the usb one of model none too), inputs on virtio, watchdogs, rng,
     memballoon; the video is not among them), each without an address or with a PCI one."""
-    root = etree.fromstring(xml) if isinstance(xml, bytes) else xml
-    devices = root.find("devices")
-    n = len(devices.findall("interface")) + len(devices.findall("hostdev[@type='pci']"))
-    n += sum(1 for d in devices.findall("disk") if d.find("target") is not None and d.find("target").get("bus") == "virtio")
-    n += sum(1 for c in devices.findall("controller") if c.get("model") not in ("pci-root", "pcie-root", "pcie-expander-bus")
-             and (c.find("address") is None or c.find("address").get("type") in (None, "", "pci")))
-    n += sum(1 for i in devices.findall("input") if i.get("bus") == "virtio")
-    n += len(devices.findall("watchdog")) + len(devices.findall("rng")) + len(devices.findall("memballoon"))
+    root = parse_plain(xml) if isinstance(xml, bytes) else xml
+    n = 0
+    for d in device_list(root):
+        if d.tag in ("interface", "watchdog", "rng", "memballoon"):
+            n += 1
+        elif d.tag == "hostdev":
+            n += d.get("type") == "pci"
+        elif d.tag == "disk":
+            n += target_attr(d, "bus") == "virtio"
+        elif d.tag == "controller":
+            n += d.get("model") not in ("pci-root", "pcie-root", "pcie-expander-bus") and _address_type(d) in (None, "", "pci")
+        elif d.tag == "input":
+            n += d.get("bus") == "virtio"
     return n
-
-
-def _memory_bytes(root: etree._Element) -> int:
-    mem = root.find("memory")
-    unit = {"b": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}[mem.get("unit", "KiB")]
-    return int(mem.text) * unit
 
 
 def port_count_v2(xml: bytes) -> int:
     """manager.go calculateHotplugPortCountV2 (v1.6–v1.7's calculateHotplugPortCount)."""
-    root = etree.fromstring(xml)
-    total, least = (PORTS_LARGE, MIN_FREE_LARGE) if _memory_bytes(root) > LARGE_MEMORY else (PORTS_SMALL, MIN_FREE_SMALL)
+    root = parse_plain(xml)
+    total, least = (PORTS_LARGE, MIN_FREE_LARGE) if memory_bytes(root) > LARGE_MEMORY else (PORTS_SMALL, MIN_FREE_SMALL)
     return max(total - pci_address_count(root), least)
 
 
@@ -85,39 +91,28 @@ def vmi_interfaces(vmi: dict) -> int:
 
 def with_placeholders(xml: bytes, count: int) -> bytes:
     """nichotplug.go AppendPlaceholderInterfacesToTheDomain."""
-    root = etree.fromstring(xml)
-    devices = root.find("devices")
+    root = parse_plain(xml)
     for i in range(count):
-        iface = etree.SubElement(devices, "interface", type="ethernet")
-        etree.SubElement(iface, "target", dev=f"placeholder-{i}", managed="no")
-        etree.SubElement(iface, "model", type="virtio-non-transitional")
-        etree.SubElement(iface, "alias", name=f"placeholder-{i}")
+        append_ethernet_interface(root, f"placeholder-{i}", "virtio-non-transitional", f"placeholder-{i}")
     return to_kubevirt_bytes(root)
 
 
 def devices_from_readback(spec: bytes, readback: bytes) -> bytes:
     """nichotplug.go: the read-back's devices, its interfaces swapped for the spec's."""
-    root, back = etree.fromstring(spec), etree.fromstring(readback)
-    devices = back.find("devices")
-    for iface in devices.findall("interface"):
-        devices.remove(iface)
-    for iface in root.find("devices").findall("interface"):
-        devices.append(iface)
-    root.replace(root.find("devices"), devices)
+    root = parse_plain(spec)
+    take_devices(root, parse_plain(readback), "interface")
     return to_kubevirt_bytes(root)
 
 
 def append_root_ports(xml: bytes, count: int) -> bytes:
     """manager.go appendPCIeRootPortControllers: bare root ports from the highest PCI controller
     index + 1, none above index 31."""
-    root = etree.fromstring(xml)
-    devices = root.find("devices")
-    pci = [c for c in devices.findall("controller") if c.get("type") == "pci"]
-    nxt = max((parse_int(c.get("index"), "index") for c in pci), default=0) + 1
+    root = parse_plain(xml)
+    nxt = max((parse_int(c.get("index"), "index") for c in pci_controllers(root)), default=0) + 1
     for i in range(count):
         if nxt + i > MAX_PCI_BUS_INDEX:
             break
-        devices.append(etree.Element("controller", type="pci", index=str(nxt + i), model=ROOT_PORT))
+        append_pci_controller(root, nxt + i, ROOT_PORT)
     return to_kubevirt_bytes(root)
 
 
@@ -125,22 +120,20 @@ def disable_hotplug_on_occupied(xml: bytes) -> bytes:
     """main's pci/hotplug.go DisableHotplugOnOccupiedRootPorts: ``hotplug='off'`` on root ports
     whose ``target busNr`` is the bus of a device other than an interface. libvirt writes no
     busNr on root ports, so on a real read-back this marks none."""
-    root = etree.fromstring(xml)
-    devices = root.find("devices")
+    root = parse_plain(xml)
     buses = set()
-    for el in devices:
-        if el.tag in ("interface", "controller") or not isinstance(el.tag, str):
+    for el in device_list(root):
+        if el.tag in ("interface", "controller"):
             continue
-        a = el.find("address")
-        if a is not None and a.get("type") == "pci":
-            buses.add(parse_int(a.get("bus"), "bus"))
-    for c in devices.findall("controller"):
-        if c.get("type") == "pci" and c.get("model") not in (ROOT_PORT, "pcie-root", "pci-root", "pcie-expander-bus"):
-            a = c.find("address")
+        if _address_type(el) == "pci":
+            buses.add(parse_int(address_of(el).get("bus"), "bus"))
+    for c in pci_controllers(root):
+        if c.get("model") not in (ROOT_PORT, "pcie-root", "pci-root", "pcie-expander-bus"):
+            a = address_of(c)
             if a is not None:
                 buses.add(parse_int(a.get("bus"), "bus"))
-    for c in devices.findall(f"controller[@model='{ROOT_PORT}']"):
-        t = c.find("target")
+    for c in device_elements(root, "controller"):
+        t = target_of(c) if c.get("model") == ROOT_PORT else None
         if t is not None and t.get("busNr") is not None and int(t.get("busNr")) in buses:
             t.set("hotplug", "off")
     return to_kubevirt_bytes(root)
@@ -182,7 +175,7 @@ def boot_defines(first: bytes, hook: Hook, release: Release, define: Define = li
         count = port_count_v2(spec)
         placeholders, extra = count, 0
     else:
-        n = len(etree.fromstring(spec).findall("devices/interface")) if interfaces is None else interfaces
+        n = len(device_elements(parse_plain(spec), "interface")) if interfaces is None else interfaces
         placeholders = port_count_v1(n)
         extra = max(0, port_count_v2(spec) - placeholders)
     if placeholders:

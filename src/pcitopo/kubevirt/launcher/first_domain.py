@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from lxml import etree
-
 from pcitopo.errors import ConfigError
 from pcitopo.model.tree import Bdf, Topology
+from pcitopo.libvirt.machine import set_loader_secure, set_machine_type
+from pcitopo.libvirt.marshal import parse_plain, to_kubevirt_bytes
 
 from pcitopo.kubevirt.launcher import converter as conv
 from pcitopo.kubevirt.launcher.allocation import DeviceRequest, allocate, check_given, converter_order, device_requests
@@ -27,7 +27,6 @@ from pcitopo.kubevirt.launcher.cpus import CpuPolicy, PodCpus, cell_shares, pod_
 from pcitopo.kubevirt.launcher.dumped import dra_device
 from pcitopo.kubevirt.launcher.release_groups import Release, ovmf_code
 from pcitopo.kubevirt.launcher.skeleton import GuestCell, Hostdev, LauncherSpec, launcher_domain, with_efi
-from pcitopo.kubevirt.launcher.xmlstyle import to_kubevirt_bytes
 
 
 @dataclass(frozen=True)
@@ -170,9 +169,9 @@ def predict(host: Topology, vmi: dict[str, Any], inputs: Inputs = Inputs()) -> P
     vcpus = cpu.get("sockets", 1) * cpu.get("cores", 1) * cpu.get("threads", 1)
     spec = LauncherSpec(vmi["metadata"].get("name") or "vmi", hostdevs, cells, vcpus=vcpus,
                         namespace=vmi["metadata"].get("namespace") or "default")
-    root = etree.fromstring(launcher_domain(spec))
+    root = parse_plain(launcher_domain(spec))
     conv.cpu_model(root, cpu.get("model") or inputs.cpu_model)
-    root.find("os/type").set("machine", (domain.get("machine") or {}).get("type") or inputs.machine)
+    set_machine_type(root, (domain.get("machine") or {}).get("type") or inputs.machine)
     conv.extra_virtio_disks(root, (domain.get("devices") or {}).get("disks") or [])
     conv.topology_as_manifest(root, cpu)
     memory = domain.get("memory") or {}
@@ -189,6 +188,6 @@ def predict(host: Topology, vmi: dict[str, Any], inputs: Inputs = Inputs()) -> P
     efi = ((domain.get("firmware") or {}).get("bootloader") or {}).get("efi")
     if efi is None:
         return Prediction(to_kubevirt_bytes(root), hostdevs, tuple(notes), sizing)
-    root = etree.fromstring(with_efi(to_kubevirt_bytes(root), ovmf_code(inputs.version)))
-    root.find("os/loader").set("secure", "no" if efi.get("secureBoot") is False else "yes")
+    root = parse_plain(with_efi(to_kubevirt_bytes(root), ovmf_code(inputs.version)))
+    set_loader_secure(root, efi.get("secureBoot") is not False)
     return Prediction(to_kubevirt_bytes(root), hostdevs, tuple(notes), sizing)

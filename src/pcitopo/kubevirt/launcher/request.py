@@ -1,45 +1,30 @@
 """What a domain prediction is asked with, and its answer: the manifest read as the
 VM or VMI it is (src/pcitopo/kubevirt/manifest.py's checks), the cluster dump (src/pcitopo/kubevirt/cluster.py), the release
-(``--kubevirt``, the dump's, else v1.9.0), and the options both commands take (``pcitopo domain``;
-``xmlfix --vmi`` without a domain argument): :func:`add_prediction_args`, :func:`predicted_domain`.
+(``--kubevirt``, the dump's, else v1.9.0), and what both commands ask (``pcitopo domain``;
+``xmlfix --vmi`` without a domain argument) as a :class:`PredictionRequest`: :func:`predicted_domain`.
 Every assumption is a line of :attr:`Predicted.notes`; bad input is one line (ConfigError).
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from pcitopo.errors import ConfigError
 
 from pcitopo.kubevirt.hostdevices import NameVerdict
+from pcitopo.kubevirt.kubelet.settings import KubeletRequest
 
 
-def add_prediction_args(p: argparse.ArgumentParser, shared: bool = True) -> None:
-    """The options a prediction takes (``pcitopo domain``; ``xmlfix --vmi`` without a domain,
-    whose own ``--kubevirt`` and ``--cluster`` serve it too: ``shared`` False)."""
-    if shared:
-        p.add_argument("--kubevirt", metavar="VERSION", help="the KubeVirt release whose virt-launcher builds the domain: "
-                       "v1.6.0 to v1.9.0 or main (default: the dump's observedKubeVirtVersion, else v1.9.0); a release "
-                       "pcitopo did not read is unknown (exit 4)")
-        p.add_argument("--assume-release", metavar="RELEASE", help="build the domain of this release pcitopo read for "
-                       "the one --kubevirt or the dump names (v1.9.0 for a v1.9.1, say)")
-        p.add_argument("--cluster", metavar="FILE", action="append",
-                       help="the cluster dump `pcitopo preflight` reads (`kubectl get kubevirt,plugins.plugin.kubevirt.io,"
-                       "namespaces,nodes,vmis,vms -A -o yaml`), with resourceclaims,resourceslices,"
-                       "virtualmachineclusterinstancetypes,virtualmachineclusterpreferences added for DRA and instance "
-                       "types (- for stdin): the release, the machine type, permittedHostDevices, DRA allocations, "
-                       "instance types; nothing in it is required")
-    p.add_argument("--devices", metavar="BDF,...", help="the functions kubelet hands the pod, in the order of the "
-                   "VMI's gpus, SR-IOV interfaces, hostDevices (a running launcher's PCI_RESOURCE_* values); "
-                   "default: picked as `pcitopo pairs` pairs them")
-    p.add_argument("--cpu-policy", metavar="POLICY", help="how kubelet's static CPU manager places the pod's CPUs: "
-                   "distribute (cpuManagerPolicyOptions distribute-cpus-across-numa, docs/DEPLOY.md's), packed (no "
-                   "options); default: the --kubelet-config's, else distribute; devices (spread over every NUMA node "
-                   "of the devices) is not kubelet's, a what-if")
-    from pcitopo.kubevirt.kubelet.settings import add_kubelet_args
+@dataclass(frozen=True)
+class PredictionRequest:
+    """What a prediction is asked with besides the manifest and the node (src/pcitopo/cli/prediction.py
+    reads it from ``pcitopo domain``'s or ``xmlfix --vmi``'s options); None or empty: not given."""
 
-    add_kubelet_args(p)
+    kubevirt: str | None = None  # --kubevirt: the release whose virt-launcher builds the domain
+    assume_release: str | None = None  # --assume-release: judge it as this read release
+    cluster: tuple[str, ...] = ()  # --cluster: the dump's paths (- for stdin)
+    devices: str | None = None  # --devices: BDF,... as kubelet hands them
+    kubelet: KubeletRequest = KubeletRequest()
 
 
 @dataclass(frozen=True)
@@ -63,14 +48,14 @@ class Predicted:
         return tuple(self.names.unknown) + self.gaps
 
 
-def _release(args: argparse.Namespace, dump):
+def _release(args: PredictionRequest, dump):
     """The release group, its name, and where it came from; a release pcitopo did not read raises
     :class:`~pcitopo.kubevirt.releases.ReleaseUnknown` unless ``--assume-release`` names one."""
     from pcitopo.kubevirt.releases import check_kubevirt, judged_as
     from pcitopo.kubevirt.launcher.release_groups import DEFAULT_VERSION, release_of, version_text
 
     cr = dump.kubevirt if dump is not None else None
-    assume = getattr(args, "assume_release", None)
+    assume = args.assume_release
     if args.kubevirt:
         version, why = check_kubevirt(args.kubevirt), "--kubevirt"
     elif cr is not None and cr.version:
@@ -83,9 +68,9 @@ def _release(args: argparse.Namespace, dump):
     return release_of(name), version_text(name), said or why
 
 
-def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host) -> Predicted:
+def predicted_domain(args: PredictionRequest, manifest: bytes, name: str, host) -> Predicted:
     """The prediction for the ``--vmi`` file ``name`` (its bytes: ``manifest``, read once by the
-    command, standard input included) on ``host`` with the options :func:`add_prediction_args` adds."""
+    command, standard input included) on ``host`` as ``args`` asks."""
     from pcitopo.kubevirt.launcher.allocation import parse_devices
     from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
     from pcitopo.kubevirt.kubelet.settings import resolve
@@ -95,11 +80,10 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
     from pcitopo.kubevirt.hostdevices import driver_gaps, names_on
 
     dump = None
-    cluster = getattr(args, "cluster", None)  # xmlfix may carry its own --cluster (one path or several)
-    if cluster:
+    if args.cluster:
         from pcitopo.kubevirt.cluster import read_dump
 
-        dump = read_dump(cluster if isinstance(cluster, (list, tuple)) else [cluster])
+        dump = read_dump(list(args.cluster))
     doc = _manifest(manifest, name)
     from pcitopo.kubevirt.manifest import as_vmi
 
@@ -109,7 +93,7 @@ def predicted_domain(args: argparse.Namespace, manifest: bytes, name: str, host)
     names = names_on(vmi, dump)
     if names.failed:  # before any function is picked: a name the cluster lacks is not a driver binding
         return Predicted(b"", version, (), vmi, release, names)
-    kubelet = resolve(args)
+    kubelet = resolve(args.kubelet)
     policy = CpuPolicy.DEVICES if kubelet.spread_over_devices else \
         CpuPolicy.DISTRIBUTE if kubelet.settings.distribute else CpuPolicy.PACKED
     model = ((cr.raw.get("spec") or {}).get("configuration") or {}).get("cpuModel") if cr else None

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lxml import etree
-
 from pcitopo.model.tree import Bdf
+from pcitopo.libvirt.domain import QEMU_NS
+from pcitopo.libvirt.machine import add_pflash_loader
+from pcitopo.libvirt.marshal import Element, parse_plain, root_element, sub, sub_ns, to_kubevirt_bytes
 
-from pcitopo.kubevirt.launcher.xmlstyle import sub, to_kubevirt_bytes
-
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 KUBEVIRT_NS = "http://kubevirt.io"
 GIB = 1024**3
 # The machine the struct starts with before the KubeVirt CR's machine type replaces it.
@@ -72,8 +70,7 @@ class LauncherSpec:
 
 def launcher_domain(spec: LauncherSpec) -> bytes:
     """The first call's domain for ``spec``, serialised as KubeVirt does."""
-    root = etree.Element("domain", nsmap={"qemu": QEMU_NS})
-    root.set("type", "kvm")
+    root = root_element("domain", nsmap={"qemu": QEMU_NS}, type="kvm")
     sub(root, "name", f"{spec.namespace}_{spec.name}")
     sub(root, "memory", str(spec.cell_memory * spec.cell_count), unit="b")
     os_el = sub(root, "os")
@@ -90,14 +87,13 @@ def launcher_domain(spec: LauncherSpec) -> bytes:
     sub(root, "vcpu", str(spec.vcpu_count), placement="static")
     sub(root, "iothreads", "1")
     meta = sub(root, "metadata")
-    kv = etree.SubElement(meta, f"{{{KUBEVIRT_NS}}}kubevirt", nsmap={None: KUBEVIRT_NS})
-    etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}uid").text = "0b9f0d4e-6f39-4d0b-9c5e-2f1b9a0d7c11"
-    gp = etree.SubElement(kv, f"{{{KUBEVIRT_NS}}}graceperiod")
-    etree.SubElement(gp, f"{{{KUBEVIRT_NS}}}deletionGracePeriodSeconds").text = "30"
+    kv = sub_ns(meta, KUBEVIRT_NS, "kubevirt", declare=True)
+    sub_ns(kv, KUBEVIRT_NS, "uid", "0b9f0d4e-6f39-4d0b-9c5e-2f1b9a0d7c11")
+    sub_ns(sub_ns(kv, KUBEVIRT_NS, "graceperiod"), KUBEVIRT_NS, "deletionGracePeriodSeconds", "30")
     return to_kubevirt_bytes(root)
 
 
-def _devices(devices: etree._Element, hostdevs: tuple[Hostdev, ...]) -> None:
+def _devices(devices: Element, hostdevs: tuple[Hostdev, ...]) -> None:
     iface = sub(devices, "interface", type="ethernet")
     sub(iface, "source")
     sub(iface, "target", dev="tap0", managed="no")
@@ -129,7 +125,7 @@ def _devices(devices: etree._Element, hostdevs: tuple[Hostdev, ...]) -> None:
         sub(el, "alias", name=hd.alias)
 
 
-def _cpu_and_numa(root: etree._Element, spec: LauncherSpec) -> None:
+def _cpu_and_numa(root: Element, spec: LauncherSpec) -> None:
     """``<cpu>`` with its topology and cells, ``<numatune>`` and ``<cputune>`` as
     ``numaMapping`` writes them: guest cells numbered in host node order, each cell's vCPUs
     the ones pinned to that node's CPUs."""
@@ -159,13 +155,6 @@ def with_efi(xml: bytes, code: str) -> bytes:
     """``<os>`` for ``firmware.bootloader.efi`` (secure boot off; ``pkg/virt-launcher/virtwrap/
     converter/converter.go`` with ``efi/efi.go``): the pflash loader ``code`` and the nvram from
     KubeVirt's vars template."""
-    root = etree.fromstring(xml)
-    os_el = root.find("os")
-    if os_el.find("loader") is None:
-        loader = etree.Element("loader", readonly="yes", secure="no", type="pflash")
-        loader.text = code
-        nvram = etree.Element("nvram", template=OVMF_VARS)
-        nvram.text = "/var/run/kubevirt-private/libvirt/qemu/nvram/default_VARS.fd"
-        os_el.find("type").addnext(loader)
-        loader.addnext(nvram)
+    root = parse_plain(xml)
+    add_pflash_loader(root, code, OVMF_VARS, "/var/run/kubevirt-private/libvirt/qemu/nvram/default_VARS.fd")
     return to_kubevirt_bytes(root)

@@ -1,22 +1,18 @@
 """libvirt's additions at define, as :func:`libvirt_define` simulates them (checked against libvirt
 9.0's ``virsh define`` + ``dumpxml --inactive``): what virt-launcher reads back between its
-defines (:mod:`.defines`, ``pcitopo domain --call N``). The test kit runs the real libvirt where
+defines (:mod:`pcitopo.kubevirt.launcher.defines`, ``pcitopo domain --call N``). The test kit runs the real libvirt where
 it is installed (testkit/kubevirt_define.py ``RealLibvirt``)."""
 
 from __future__ import annotations
 
 from lxml import etree
 
-from pcitopo.libvirt.domain import ROOT_PORT, parse_int
-
-from pcitopo.kubevirt.launcher.xmlstyle import sub as _sub, to_kubevirt_bytes
+from pcitopo.libvirt.domain import QEMU_MODEL_NAME, ROOT_PORT, parse_int
+from pcitopo.libvirt.marshal import sub as _sub, to_kubevirt_bytes
 
 
 # Unaddressed devices libvirt gives a root port of their own on pcie-root.
 _PCIE_TAGS = ("interface", "memballoon", "rng", "vsock")
-PORT_MODEL_NAMES = {"pcie-root-port": "pcie-root-port", "pcie-switch-downstream-port": "xio3130-downstream",
-                    "pcie-switch-upstream-port": "x3130-upstream", "pcie-expander-bus": "pxb-pcie",
-                    "pcie-to-pci-bridge": "pcie-pci-bridge"}
 
 
 def _needs_root_port(el: etree._Element) -> bool:
@@ -133,8 +129,8 @@ def _name_controllers(pci: list[etree._Element]) -> None:
     """Model names, chassis/port and ``pci.N`` aliases on controllers that lack them."""
     for c in pci:
         model = c.get("model")
-        if model in PORT_MODEL_NAMES and c.find("model") is None:
-            c.insert(0, etree.Element("model", name=PORT_MODEL_NAMES[model]))
+        if model in QEMU_MODEL_NAME and c.find("model") is None:
+            c.insert(0, etree.Element("model", name=QEMU_MODEL_NAME[model]))
         if model in (ROOT_PORT, "pcie-switch-downstream-port"):
             t = c.find("target")
             if t is None:
