@@ -15,8 +15,8 @@ from enum import StrEnum
 from lxml import etree
 
 from pcitopo.errors import DomainError
-from pcitopo.libvirt.document import append_child, declare_on_root, indent_subtree, indent_unit, parse_domain, remove_element, serialize
-from pcitopo.libvirt.domain import DOWNSTREAM, DomainView, HOSTDEV_MODE, GuestAddress, PCIE_ROOT, PXB, QEMU_NS, ROOT_PORT, UPSTREAM, pci_controller_element, read_guest_address, write_guest_address
+from pcitopo.libvirt.document import append_child, append_children, declare_on_root, indent_subtree, indent_unit, parse_domain, remove_element, serialize
+from pcitopo.libvirt.domain import DOWNSTREAM, DomainView, HOSTDEV_MODE, GuestAddress, PCIE_ROOT, PXB, QEMU_NS, ROOT_PORT, UPSTREAM, PciController, pci_controller_element, read_guest_address, write_guest_address
 from pcitopo.libvirt.fwcfg import encode
 from pcitopo.libvirt.fwcfg import set_entries as set_fwcfg_entries
 from pcitopo.libvirt.links import apply_links, oldest_qemu
@@ -30,7 +30,7 @@ from pcitopo.guest.buses import root_ports_added
 from pcitopo.guest.cells import MissingCells, missing_cells
 from pcitopo.guest.facts import ControllerFact, DomainFacts, GuestController, HostdevFact, HotplugPorts, Plan
 from pcitopo.guest.plan import plan
-from pcitopo.guest.view import GuestLayout, GuestView, guest_view, layout_of
+from pcitopo.guest.view import GuestLayout, GuestView, LayoutController, guest_view, layout_controller, layout_of
 
 # The MMIO budget and P2P cliques are decided in their own modules; the rewrite only applies them.
 from pcitopo.guest.cliques import CliquePlan
@@ -212,7 +212,16 @@ def _controller_element(c: GuestController) -> etree._Element:
     )
 
 
-def controller_elements(p: Plan, unit: str) -> tuple[etree._Element, ...]:
+@dataclass(frozen=True)
+class Written:
+    """The plan's controllers as written for a document indented by one unit, and each as the
+    guest layout reads it (read off these elements, which every call copies in as they are)."""
+
+    elements: tuple[etree._Element, ...]
+    layout: tuple[LayoutController, ...]
+
+
+def controller_elements(p: Plan, unit: str) -> Written:
     """The plan's controllers as written, indented for a document indented by ``unit``: built
     once per plan, copied into each call's domain."""
     out = []
@@ -220,11 +229,13 @@ def controller_elements(p: Plan, unit: str) -> tuple[etree._Element, ...]:
         el = _controller_element(c)
         indent_subtree(el, 2, unit)
         out.append(el)
-    return tuple(out)
+    return Written(tuple(out), tuple(layout_controller(PciController(el)) for el in out))
 
 
-def apply_plan(view: DomainView, p: Plan, elements: tuple[etree._Element, ...]) -> tuple[Counter, set[str]]:
-    """``elements``: :func:`controller_elements` of ``p`` for this document (copied in)."""
+def apply_plan(view: DomainView, p: Plan, written: Written) -> tuple[Counter, set[str], dict[etree._Element, LayoutController]]:
+    """``written``: :func:`controller_elements` of ``p`` for this document (copied in). Returns
+    the controllers created by model, the hostdev spellings normalised, and the copies made,
+    each with its layout (``layout_of``'s ``known``)."""
     devices = view.devices
     removed = set(p.removed)
     for c in view.pci_controllers():
@@ -242,12 +253,9 @@ def apply_plan(view: DomainView, p: Plan, elements: tuple[etree._Element, ...]) 
         else:
             append_child(devices, root, after=anchor)
         anchor = root
-    created: Counter = Counter()
-    for c, template in zip(p.controllers, elements):
-        el = copy.deepcopy(template)
-        append_child(devices, el, after=anchor)
-        anchor = el
-        created[c.model] += 1
+    created = Counter(c.model for c in p.controllers)
+    copies = {copy.deepcopy(template): read for template, read in zip(written.elements, written.layout)}
+    append_children(devices, copies, after=anchor)
     hostdevs = view.pci_hostdevs()
     # Formatted as libvirt formats them, so the output validates against libvirt's schema.
     normalised: set[str] = set()
@@ -255,7 +263,7 @@ def apply_plan(view: DomainView, p: Plan, elements: tuple[etree._Element, ...]) 
         hd = hostdevs[pl.key]
         write_guest_address(hd.el, pl.address, pl.multifunction)
         normalised.update(hd.format_as_libvirt())
-    return created, normalised
+    return created, normalised, copies
 
 
 # What follows from a host model and one allocation, kept per model for the last few
@@ -280,10 +288,10 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     facts = domain_facts(view)
     p = PLANS(host).get(facts, lambda: plan(host, facts))  # a pure function of the two
     unit = indent_unit(tree)
-    created, normalised = apply_plan(view, p, ELEMENTS(host).get((facts, unit), lambda: controller_elements(p, unit)))
+    created, normalised, copies = apply_plan(view, p, ELEMENTS(host).get((facts, unit), lambda: controller_elements(p, unit)))
     # The placed domain's PCI layout, read once: the MMIO budget and the guest tree both follow
     # from it (what comes after changes no controller, hostdev address or NUMA cell).
-    layout = layout_of(tree)
+    layout = layout_of(tree, copies)
     # what libvirt will still place is what it was before the plan (it moves only PCI controllers and hostdevs)
     added = root_ports_added(facts.unplaced_pcie, facts.unplaced_conventional, max((c.index for c in layout.controllers), default=0),
                              p.hotplug.free if p.hotplug is not None else 0)

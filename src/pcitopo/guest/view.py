@@ -12,7 +12,7 @@ from typing import Iterable, Mapping, NamedTuple
 
 from lxml import etree
 
-from pcitopo.libvirt.domain import DOWNSTREAM, PXB, ROOT_PORT, UPSTREAM, DomainView, GuestAddress, NumaCell
+from pcitopo.libvirt.domain import DOWNSTREAM, PXB, ROOT_PORT, UPSTREAM, DomainView, GuestAddress, NumaCell, PciController
 from pcitopo.model.keep import PerModel, Recent, recent
 from pcitopo.model.tree import Bdf, NumaNode, PciFunction, Topology
 
@@ -75,11 +75,18 @@ class _StaticLoader:
         return self._nodes
 
 
-def layout_of(tree: etree._ElementTree) -> GuestLayout:
+def layout_controller(c: PciController) -> LayoutController:
+    return LayoutController(c.index, c.model, c.address, c.bus_nr, c.node, c.alias)
+
+
+def layout_of(tree: etree._ElementTree, known: Mapping[etree._Element, LayoutController] | None = None) -> GuestLayout:
+    """The layout of the domain ``tree``. ``known``: controller elements of this tree read
+    already (the rewrite's, copied in from elements it read when it wrote them), by element."""
     view = DomainView(tree)
+    known = known or {}
     return GuestLayout(
         view.has_acpi(),
-        tuple(LayoutController(c.index, c.model, c.address, c.bus_nr, c.node, c.alias) for c in view.pci_controllers()),
+        tuple(known.get(c.el) or layout_controller(c) for c in view.pci_controllers()),
         tuple((h.address, h.source) for h in view.pci_hostdevs()),
         tuple(view.numa_cells()),
     )
