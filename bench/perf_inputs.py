@@ -1,6 +1,7 @@
 """What ``bench/perf.py`` measures on: the fixture hosts materialised as real directories, the
-hgx-b200 domain and its VMI JSON, the files and links the floor reads, the library's answer every
-call must match; and the settings the measurements and the table share."""
+hgx-b200 domain and its VMI JSON, the 24-device hgx-h100 domain, the files and links the floor
+reads, the library's answer every call must match; and the settings the measurements and the
+table share."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ PREFIX = "pcitopo.kubevirt.io/"
 # What a user who follows docs/DEPLOY.md puts on the VMI.
 OUR_ANNOTATIONS = {PREFIX + "mode": "mirror", PREFIX + "on-error": "fail"}
 CONCURRENCY = 64
+# The 24-device VM: fixtures/hgx-h100/domain.xml (8 GPUs, 8 compute ConnectX-7, both ports of
+# the 2 storage ConnectX-7: 20 hostdevs) plus the host's 4 NVSwitches (05:00.0-08:00.0, on
+# vfio-pci in the fixture), as a full-passthrough HGX H100 VM takes them.
+H100 = "hgx-h100"
+H100_NVSWITCHES = ("0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0")
 
 
 def ensure_bytecode() -> None:
@@ -106,6 +112,27 @@ def allocations(domain: bytes) -> list[bytes]:
     return out
 
 
+def with_hostdevs(domain: bytes, bdfs: tuple[str, ...], alias: str) -> bytes:
+    """The domain with one more PCI hostdev per BDF, written as its last hostdev is (KubeVirt's
+    shape), aliased ``ua-<alias><n>``."""
+    import copy
+
+    from lxml import etree
+
+    root = etree.fromstring(domain)
+    last = root.findall("devices/hostdev")[-1]
+    for n, bdf in enumerate(bdfs):
+        dom, bus, rest = bdf.split(":")
+        slot, fn = rest.split(".")
+        hd = copy.deepcopy(last)
+        a = hd.find("source/address")
+        a.set("domain", f"0x{dom}"), a.set("bus", f"0x{bus}"), a.set("slot", f"0x{slot}"), a.set("function", f"0x{fn}")
+        hd.find("alias").set("name", f"ua-{alias}{n}")
+        last.addnext(hd)
+        last = hd
+    return etree.tostring(root)
+
+
 def floor_paths(sysfs: Path, domain: bytes) -> tuple[list[str], list[str]]:
     """(files, links) the job cannot avoid: for every assigned device and every bridge above it,
     its bus/pci/devices link, each attribute file in its directory and each symlink there (driver,
@@ -152,11 +179,18 @@ class Inputs:
     files: list[str]  # what the floor reads (floor_paths)
     links: list[str]
     expected: bytes  # the library's answer for domain on hgx-b200: what every call must return
+    d24: bytes  # the 24-device domain on hgx-h100 (H100_NVSWITCHES)
+    vmi24: bytes
+    files24: list[str]
+    links24: list[str]
+    expected24: bytes
 
     def facts(self) -> dict[str, int]:
         """The sizes the table's header prints."""
         return {"domain_bytes": len(self.domain), "hostdevs": len(hostdev_bdfs(self.domain)), "vmi_bytes": len(self.vmi),
-                "floor_files": len(self.files), "floor_links": len(self.links)}
+                "floor_files": len(self.files), "floor_links": len(self.links),
+                "d24_bytes": len(self.d24), "d24_hostdevs": len(hostdev_bdfs(self.d24)), "vmi24_bytes": len(self.vmi24),
+                "floor24_files": len(self.files24), "floor24_links": len(self.links24)}
 
 
 def load_inputs() -> Inputs:
@@ -168,10 +202,15 @@ def load_inputs() -> Inputs:
     domain_path = ROOT / "fixtures" / HOST / "domain.xml"
     domain = domain_path.read_bytes()
     files, links = floor_paths(b200, domain)
+    h100 = materialise(H100)
+    h100_domain = (ROOT / "fixtures" / H100 / "domain.xml").read_bytes()
+    d24 = with_hostdevs(h100_domain, H100_NVSWITCHES, "nvswitch")
+    files24, links24 = floor_paths(h100, d24)
     return Inputs(
-        b200=str(b200), h100=str(materialise("hgx-h100")), s4k=str(materialise("sriov-4k")),
-        domain_path=domain_path, domain=domain,
-        h100_domain=(ROOT / "fixtures" / "hgx-h100" / "domain.xml").read_bytes(),
+        b200=str(b200), h100=str(h100), s4k=str(materialise("sriov-4k")),
+        domain_path=domain_path, domain=domain, h100_domain=h100_domain,
         vmi=vmi_json(domain, annotations=OUR_ANNOTATIONS), vmi_plain=vmi_json(domain),
         files=files, links=links, expected=rewrite_domain(domain, open_host(str(b200))).xml,
+        d24=d24, vmi24=vmi_json(d24, annotations=OUR_ANNOTATIONS), files24=files24, links24=links24,
+        expected24=rewrite_domain(d24, open_host(str(h100))).xml,
     )

@@ -33,8 +33,9 @@ from perf_inputs import CONCURRENCY, OUR_ANNOTATIONS, ROOT, Inputs, allocations,
 
 def measure(args: argparse.Namespace) -> dict:
     ensure_bytecode()
-    res: dict = {"machine": machine_facts(), "load_before": loadavg(), "args": vars(args).copy(), "code": str(CODE["root"])}
+    res: dict = {"machine": machine_facts(), "load_before": loadavg(), "args": vars(args).copy()}
     inp = load_inputs()
+    res["code"] = code_facts(inp.b200)
     res["inputs"] = inp.facts()
     rows: dict[str, Stat] = {}
     in_process(inp, args.samples, rows)
@@ -48,19 +49,37 @@ def measure(args: argparse.Namespace) -> dict:
     return res
 
 
-def floor_calls(inp: Inputs) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
+def code_facts(sysfs: str) -> dict:
+    """Which src/pcitopo/ is measured: the tree asked for, the package this process imported
+    (its folder and version) and the version a ``pcitopo serve`` child says it serves (its
+    ``serving`` log line): with ``--tree DIR``, DIR/src/pcitopo/ in both."""
+    import pcitopo
+
+    with Server(sysfs) as s:
+        s.first_info()
+        serving = [line for line in s.log_lines() if line.get("event") == "serving"]
+    return {"root": str(CODE["root"]), "imported": os.path.dirname(pcitopo.__file__), "version": pcitopo.__version__,
+            "server_version": serving[0].get("pcitopo_version") if serving else None}
+
+
+def floor_calls(inp: Inputs, domain: bytes | None = None, files: list[str] | None = None, links: list[str] | None = None
+                ) -> tuple[Callable[[], None], Callable[[], None], Callable[[], None]]:
     """(1) the floor: lxml parse + serialise of the domain, plain reads of its sysfs files and
-    links; and the two together."""
+    links; and the two together. (1h) the same for another domain and its files (the 24-device one)."""
     from lxml import etree
 
+    domain = inp.domain if domain is None else domain
+    files = inp.files if files is None else files
+    links = inp.links if links is None else links
+
     def lxml_floor() -> None:
-        etree.tostring(etree.fromstring(inp.domain))
+        etree.tostring(etree.fromstring(domain))
 
     def sysfs_floor() -> None:
-        for p in inp.files:
+        for p in files:
             with open(p, "rb") as fh:
                 fh.read()
-        for p in inp.links:
+        for p in links:
             os.readlink(p)
 
     def floor() -> None:
@@ -86,6 +105,8 @@ def in_process(inp: Inputs, n: int, rows: dict[str, Stat]) -> None:
     warm = HostCache(inp.b200)
     warm()
     rows["handler_warm"] = sample(lambda: handle_define_domain(inp.domain, inp.vmi, warm), n)
+    warm24 = HostCache(inp.h100)
+    rows["handler_warm24"] = sample(lambda: handle_define_domain(inp.d24, inp.vmi24, warm24), n)
     # a model kept without the server's HostCache (a library user, the in-process profile of the
     # hook): the per-allocation work, the doctor's findings included, is kept with the model
     kept = open_host(inp.b200)
@@ -113,14 +134,30 @@ def starts(inp: Inputs, count: int, rows: dict[str, Stat]) -> int:
 
 def one_server(inp: Inputs, args: argparse.Namespace, rows: dict[str, Stat]) -> dict:
     """(3) and (7b): one server through a VM boot, calls in rounds with (1) and (4), calls in a
-    row, one connection reused, then CONCURRENCY calls at once. Returns the memory figures."""
+    row, one connection reused, then CONCURRENCY calls at once; (3h) a second server, on
+    hgx-h100 with the 24-device VM, in the same rounds, then its calls in a row. Returns the
+    memory figures."""
     mem: dict = {}
-    with Server(inp.b200) as s:
+    with Server(inp.b200) as s, Server(inp.h100) as s24:
         boot(s, inp, rows, mem)
-        rounds(s, inp, args.samples, rows)
+        boot24(s24, inp)
+        rounds(s, s24, inp, args.samples, rows)
         in_a_row(s, inp, args, rows, mem)
+        cpu0 = cpu_seconds(s24.pid)
+        rows["socket24_seq"] = sample(lambda: define_new_connection(s24.target, inp.d24, inp.vmi24), args.calls, warmup=1)
+        mem["cpu_ms_per_call24"] = (cpu_seconds(s24.pid) - cpu0) / (args.calls + 1) * 1000
+        mem["after_calls24"] = proc_status(s24.pid)
+        mem["calls24"] = args.calls + args.samples + 5
         burst(s, inp, mem)
     return mem
+
+
+def boot24(s24: Server, inp: Inputs) -> None:
+    """The 24-device server's VM boot: Info, then 3 calls (the first must be the library's answer)."""
+    s24.first_info()
+    assert define_new_connection(s24.target, inp.d24, inp.vmi24) == inp.expected24, "the 24-device answer differs from the library's"
+    for _ in range(2):
+        define_new_connection(s24.target, inp.d24, inp.vmi24)
 
 
 def boot(s: Server, inp: Inputs, rows: dict[str, Stat], mem: dict) -> None:
@@ -141,9 +178,10 @@ def boot(s: Server, inp: Inputs, rows: dict[str, Stat], mem: dict) -> None:
     mem["boot_read_mib"] = read_bytes(s.pid) / 2**20
 
 
-def rounds(s: Server, inp: Inputs, n: int, rows: dict[str, Stat]) -> None:
-    """1, 3, 3n, 4 in rounds (floor, a call over the socket, one with a new allocation, a shim
-    process), so their ratios compare figures taken under the same background load."""
+def rounds(s: Server, s24: Server, inp: Inputs, n: int, rows: dict[str, Stat]) -> None:
+    """1, 3, 3n, 4, 1h, 3h in rounds (floor, a call over the socket, one with a new allocation, a
+    shim process, the 24-device floor and call), so their ratios compare figures taken under the
+    same background load."""
     from testkit.hookkit import vmi_json
 
     def one_call() -> None:
@@ -161,7 +199,9 @@ def rounds(s: Server, inp: Inputs, n: int, rows: dict[str, Stat]) -> None:
     shim_env = code_env(PCITOPO_SYSFS=inp.b200)
     shim_argv = [str(BIN / "onDefineDomain"), "--vmi", inp.vmi.decode(), "--domain", inp.domain.decode()]
     rows.update(interleaved({"floor": floor_calls(inp)[2], "socket": one_call, "socket_new": new_allocation,
-                             "shim": lambda: run_wall(shim_argv, shim_env)}, n))
+                             "shim": lambda: run_wall(shim_argv, shim_env),
+                             "floor24": floor_calls(inp, inp.d24, inp.files24, inp.links24)[2],
+                             "socket24": lambda: define_new_connection(s24.target, inp.d24, inp.vmi24)}, n))
 
 
 def in_a_row(s: Server, inp: Inputs, args: argparse.Namespace, rows: dict[str, Stat], mem: dict) -> None:

@@ -40,6 +40,18 @@ def test_golden_output_is_exact(hosts, name, case):
     assert out.xml == (d / "expected.xml").read_bytes(), f"run `make golden` and review the diff for {d}"
 
 
+@pytest.mark.parametrize("name,case", GOLDEN_CASES)
+def test_the_guest_tree_is_judged_on_the_output_as_read_afresh(hosts, name, case):
+    """The rewrite reads the placed domain's layout once, taking the controllers it copied in
+    as read off their templates: that layout is the output's, read from its bytes alone."""
+    from pcitopo.guest.view import layout_of
+    from pcitopo.libvirt.document import parse_domain
+
+    d = ROOT / "fixtures" / name / case
+    out = rewrite_domain((d / "domain.xml").read_bytes(), hosts[name])
+    assert out.guest.layout == layout_of(parse_domain(out.xml))
+
+
 def test_golden_inputs_follow_the_fixtures():
     """The committed inputs are what the generator builds from today's fixtures."""
     assert golden.main(["--check"]) == 0

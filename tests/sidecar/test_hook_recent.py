@@ -1,8 +1,8 @@
 """What the hook derives per allocation (the plan, the guest tree and its pair classes,
 the MMIO sizing with SeaBIOS's model, NCCL's file, the pair counts, the pairing verdict, the
-controllers as written) is
-remembered on the host model (``Topology.recent``) and reused by the next call with the same
-allocation: a VM boot's repeated OnDefineDomain calls, or another VM given the same devices.
+controllers as written, the doctor's findings) is kept per host model by the layer that derives
+it (src/pcitopo/model/keep.py) and reused by the next call with the same allocation: a VM
+boot's repeated OnDefineDomain calls, or another VM given the same devices.
 
 What these tests hold: a warm server answers every domain byte-identically to a cold rewrite,
 whatever the order and repetition of allocations (the reuse is keyed by all it reads); the
@@ -12,7 +12,9 @@ reuse happens; the memory stays bounded; and a rebind, an IOMMU group change or 
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -22,17 +24,28 @@ from lxml import etree
 
 from pcitopo.serve.core import handle_define_domain
 from pcitopo.serve.hooks import HostCache
-from pcitopo.checks.doctor import KEPT_ALLOCATIONS as DOCTOR_ENTRIES
+from pcitopo.checks.doctor import FINDINGS, KEPT_ALLOCATIONS as DOCTOR_ENTRIES
+from pcitopo.guest.mmio import SIZINGS
+from pcitopo.guest.rewrite import ELEMENTS, NCCL_FILES, PLANS, VERDICTS
+from pcitopo.guest.verdict import PAIR_COUNTS
+from pcitopo.guest.view import VIEWS
+from pcitopo.paths.pairing import VM_PAIRS
 from testkit.hookkit import REPO, fixture_domain, vmi_json
 from pcitopo.host.sources import PCI_DEVICES_DIR, MemoryTree
 from pcitopo.host.sysfs import open_host
-from pcitopo.model.tree import RECENT_KEEP
+from pcitopo.model.keep import ALLOCATIONS_KEPT
 
 HOST = "hgx-h100"
-KINDS = ("plan", "controller_elements", "guest_view", "verdicts", "mmio_budget", "nccl_file", "pair_counts", "vm_pairs",
-         "doctor")
-# each kind's bound: RECENT_KEEP, but the doctor's findings keep their own (src/pcitopo/checks/doctor.py)
-KEEP = {kind: DOCTOR_ENTRIES if kind == "doctor" else RECENT_KEEP for kind in KINDS}
+# what each layer keeps per host model and allocation
+KINDS = {"plan": PLANS, "controller_elements": ELEMENTS, "guest_view": VIEWS, "verdicts": VERDICTS, "mmio_budget": SIZINGS,
+         "nccl_file": NCCL_FILES, "pair_counts": PAIR_COUNTS, "vm_pairs": VM_PAIRS, "doctor": FINDINGS}
+# each kind's bound: ALLOCATIONS_KEPT, but the doctor's findings keep their own (src/pcitopo/checks/doctor.py)
+KEEP = {kind: DOCTOR_ENTRIES if kind == "doctor" else ALLOCATIONS_KEPT for kind in KINDS}
+
+
+def kept(topo) -> dict[str, int]:
+    """How many allocations each layer keeps for the model ``topo``: the kinds it has any for."""
+    return {kind: len(holder(topo)) for kind, holder in KINDS.items() if topo in holder}
 
 
 def with_hostdevs(domain: bytes, keep: list[int], memory_gib: int | None = None, cpu_mode: str | None = None) -> bytes:
@@ -110,9 +123,10 @@ def test_what_is_remembered_stays_bounded(sysfs):
     for n in range(1, max(KEEP.values()) + 5):
         domain = with_hostdevs(base, list(range(min(n, N_HOSTDEVS))) if n <= N_HOSTDEVS else [n % N_HOSTDEVS])
         handle_define_domain(domain, vmi_json(domain), cache)
-    kept = cache()._recent
-    assert set(kept) <= set(KINDS) and "guest_view" in kept
-    assert all(len(entries) <= KEEP[kind] for kind, entries in kept.items()), {k: len(v) for k, v in kept.items()}
+    sizes = kept(cache())
+    assert set(sizes) == set(KINDS), "every kind was kept for this model"
+    assert all(sizes[kind] <= KEEP[kind] for kind in KINDS), sizes
+    assert sizes["guest_view"] == KEEP["guest_view"] and sizes["doctor"] == KEEP["doctor"], "each holds as many as it may"
 
 
 def test_a_rebind_starts_the_derivations_anew(tmp_path):
@@ -134,6 +148,23 @@ def test_a_rebind_starts_the_derivations_anew(tmp_path):
     assert cache() is not old and not cache() is None
     assert after.result.guest is not before.result.guest
     assert after.result.report.mmio.seabios is not before.result.report.mmio.seabios
-    assert set(cache()._recent) >= {"plan", "guest_view", "verdicts"}
+    assert set(kept(cache())) >= {"plan", "guest_view", "verdicts"}
     want = cold(domain, str(root))
     assert after.xml == want.xml and after.summary == want.summary
+
+
+def test_a_model_no_longer_used_goes_with_what_was_kept_for_it(sysfs):
+    """What the layers keep is found by the model object, not held by it: a model dropped (the
+    host cache read the host again) is freed with everything kept for it, NCCL's tree over it
+    included."""
+    from pcitopo.nccl.price import nccl_tree
+
+    topo = open_host(sysfs)
+    domain = fixture_domain(HOST)
+    assert handle_define_domain(domain, vmi_json(domain), topo).outcome == "rewritten"
+    nccl_tree(topo)
+    assert set(kept(topo)) >= {"plan", "guest_view", "verdicts", "nccl_file"}
+    gone = weakref.ref(topo)
+    del topo
+    gc.collect()
+    assert gone() is None, [type(r).__name__ for r in gc.get_referrers(gone())]

@@ -21,6 +21,7 @@ from pcitopo.errors import DoctorError, SysfsError
 from pcitopo.host.configspace import ACS_CR, ACS_DT, ACS_RR, ATS_ENABLE, NEEDS_ROOT, ConfigSpace, ConfigUnknown, acs_flags
 from pcitopo.host.sources import LEFT_OUT, PCI_DEVICES_DIR, Source, Unreadable, is_whole, resolve
 from pcitopo.host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
+from pcitopo.model.keep import PerModel, Recent, recent
 from pcitopo.model.labels import Labeled, default_devices, host_labels, label_devices
 from pcitopo.model.tree import MELLANOX, Bdf, PciFunction, Role, Topology, is_bdf
 from pcitopo.paths.classify import Nccl, classify
@@ -394,17 +395,19 @@ def run_checks(topo: Topology, bdfs: Sequence[Bdf] | None = None, source: Source
 # Allocations whose findings a model keeps: a sidecar serves one VM (one allocation); a few more
 # cover a shared test server or a bench without letting memory grow.
 KEPT_ALLOCATIONS = 8
+# The findings per set of devices, for each host model (a new model starts with none).
+FINDINGS: PerModel[Recent[tuple[Bdf, ...], DoctorReport]] = recent(KEPT_ALLOCATIONS)
 
 
 def allocation_checks(topo: Topology, bdfs: Sequence[Bdf], recheck_drivers: bool = True) -> DoctorReport:
     """The checks for one VM's devices as the hook runs them at every define of a boot: computed
-    once per model and allocation (kept with the model's other per-allocation work,
-    ``Topology.recent``), so config space, IOMMU groups, links and BARs are read once. What can
+    once per model and allocation (:data:`FINDINGS`, like the other per-allocation work,
+    src/pcitopo/model/keep.py), so config space, IOMMU groups, links and BARs are read once. What can
     change between the defines of one boot is a rebind: each device's ``driver`` link is read
     again at every call, and a device whose driver is not the one its findings were made with is
     checked again (with its ``driver_override``). ``recheck_drivers`` False: the caller has just
     compared these devices' driver links with the model (``pcitopo.host.freshness``)."""
-    kept = topo.recent("doctor", tuple(bdfs), lambda: run_checks(topo, bdfs), keep=KEPT_ALLOCATIONS)
+    kept = FINDINGS(topo).get(tuple(bdfs), lambda: run_checks(topo, bdfs))
     source = getattr(topo.loader, "source", None)
     if source is None or not recheck_drivers:  # a model built in memory: nothing can be rebound under it
         return kept

@@ -32,21 +32,23 @@ through, and for SeaBIOS ``pref64-reserve`` on our root ports (by alias, via ``<
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 from lxml import etree
 
 from pcitopo.errors import FirmwareWarning, MmioError, PcitopoError
-from pcitopo.libvirt.domain import DOWNSTREAM, OUR_ALIAS_PREFIX, PciController, ROOT_PORT, UPSTREAM
+from pcitopo.libvirt.domain import DOWNSTREAM, OUR_ALIAS_PREFIX, ROOT_PORT, UPSTREAM
 from pcitopo.libvirt.machine import FEATURE_OFF_POLICIES, cpu_feature_policies, cpu_has_model, cpu_mode_of, ensure_cpu, firmware_of, guest_ram, require_cpu_feature, set_maxphysaddr
 from pcitopo.libvirt.overrides import Property, set_properties
 from pcitopo.model.bars import GiB, bits_for, device_bars, fmt_size, pow2ceil
 from pcitopo.model.cpuinfo import HostWidth, local_width
+from pcitopo.model.keep import recent
 from pcitopo.model.tree import Bdf, Topology
 from pcitopo.guest.seabios import MAX_TOP_BITS, PAD_SHIFT, Placement, Width, place, window_entry
 from pcitopo.guest.seabios import VERSION as SEABIOS_VERSION
 from pcitopo.guest.seabios import Bar as FwBar
 from pcitopo.guest.seabios import Bridge as FwBridge
+from pcitopo.guest.view import GuestLayout, LayoutController
 
 QEMU_DEFAULT_BITS = 40  # QEMU's phys-bits for CPU models other than host/max
 OVMF_DEFAULT_APERTURE = 32 * GiB  # OVMF's PcdPciMmio64Size when it cannot size the window itself
@@ -169,12 +171,10 @@ class Ctl(NamedTuple):
     ours: bool
 
 
-def snapshot(controllers: list[PciController]) -> dict[int, Ctl]:
-    out = {}
-    for c in controllers:
-        a = c.address
-        out[c.index] = Ctl(c.index, c.model, c.alias, a.bus if a is not None else None, c.ours)
-    return out
+def snapshot(controllers: Iterable[LayoutController]) -> dict[int, Ctl]:
+    """The budget's view of the placed domain's controllers (its layout, read once per call)."""
+    return {c.index: Ctl(c.index, c.model, c.alias, c.address.bus if c.address is not None else None,
+                         (c.alias or "").startswith(OUR_ALIAS_PREFIX)) for c in controllers}
 
 
 def _chain(ctrls: dict[int, Ctl], bus: int | None) -> list[Ctl]:
@@ -314,7 +314,7 @@ def _reserves(tree, ours: list[PortBudget], bits: int) -> dict[str, int]:
 
 
 def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int | None]],
-           controllers: list[PciController], host_bits: int | HostWidth | None, added_ports: int = 0) -> MmioBudget:
+           controllers: Iterable[LayoutController], host_bits: int | HostWidth | None, added_ports: int = 0) -> MmioBudget:
     """``added_ports``: root ports libvirt and KubeVirt add after the hook (empty slots to
     SeaBIOS, each padded like ours)."""
     ctrls = snapshot(controllers)
@@ -323,12 +323,16 @@ def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int |
                    host_bits_from=width.origin)
     # the sizing follows from these alone (SeaBIOS's model tries every width): one per allocation
     key = (tuple(ctrls.values()), tuple(hostdevs), added_ports, b.ram, b.cpu_mode, width.bits)
-    ports, b.other, notes, b.seabios = host.recent("mmio_budget", key, lambda: _sizing(host, ctrls, hostdevs, added_ports,
-                                                                                     b.ram, b.cpu_mode, width.bits))
+    ports, b.other, notes, b.seabios = SIZINGS(host).get(key, lambda: _sizing(host, ctrls, hostdevs, added_ports,
+                                                                              b.ram, b.cpu_mode, width.bits))
     b.ports, b.notes = list(ports), list(notes)
     b.unsized = tuple(bdf for bdf, _ in hostdevs if host.function(bdf).bars is None)
     b.ovmf_bits = ovmf_bits(b.total)
     return b
+
+
+# The sizing per host model, for the last few allocations.
+SIZINGS = recent()
 
 
 def _sizing(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf, int | None]], added_ports: int,
@@ -422,25 +426,23 @@ __all__ = ["FirmwareWarning", "MmioBudget", "MmioError", "PortBudget", "apply", 
 
 # -- the one call the rewrite makes ---------------------------------------------------------------
 
-def apply_mmio_settings(root: etree._Element, host: Topology, hostdevs: list, controllers: list[PciController],
+def apply_mmio_settings(root: etree._Element, host: Topology, layout: GuestLayout, hostdevs: Sequence[tuple[Bdf, str | None]],
                         *, mmio: bool, p2p_clique: bool, host_bits: int | HostWidth | None, added_ports: int = 0):
-    """Budget + settings (``mmio``) and P2P cliques (``p2p_clique``) on an already placed domain.
-    ``hostdevs``: the domain's ``PciHostdev`` views. Returns (MmioBudget | None, CliquePlan | None);
+    """Budget + settings (``mmio``) and P2P cliques (``p2p_clique``) on an already placed domain
+    (``layout``: its PCI layout, read once per call). ``hostdevs``: each PCI hostdev's host
+    source and alias, in the domain's order. Returns (MmioBudget | None, CliquePlan | None);
     raises MmioError when even the host's address width is too small."""
     from pcitopo.guest.cliques import apply_cliques, plan_cliques
 
     b = None
     if mmio:
-        placed = []
-        for hd in hostdevs:
-            a = hd.address
-            placed.append((hd.source, a.bus if a is not None else None))
-        b = budget(root, host, placed, controllers, host_bits, added_ports)
+        placed = [(source, a.bus if a is not None else None) for a, source in layout.hostdevs]
+        b = budget(root, host, placed, layout.controllers, host_bits, added_ports)
         check_host(b)
         seabios_warning(b)
         apply(root, b)
     cliques = None
     if p2p_clique:
-        cliques = plan_cliques(host, [(hd.source, hd.alias) for hd in hostdevs])
+        cliques = plan_cliques(host, list(hostdevs))
         apply_cliques(root, cliques)
     return b, cliques

@@ -15,13 +15,14 @@ from enum import StrEnum
 from lxml import etree
 
 from pcitopo.errors import DomainError
-from pcitopo.libvirt.document import append_child, declare_on_root, indent_subtree, indent_unit, parse_domain, remove_element, serialize
-from pcitopo.libvirt.domain import DOWNSTREAM, DomainView, HOSTDEV_MODE, GuestAddress, PCIE_ROOT, PXB, QEMU_NS, ROOT_PORT, UPSTREAM, pci_controller_element, read_guest_address, write_guest_address
+from pcitopo.libvirt.document import append_child, append_children, declare_on_root, indent_subtree, indent_unit, parse_domain, remove_element, serialize
+from pcitopo.libvirt.domain import DOWNSTREAM, DomainView, HOSTDEV_MODE, GuestAddress, PCIE_ROOT, PXB, QEMU_NS, ROOT_PORT, UPSTREAM, PciController, pci_controller_element, read_guest_address, write_guest_address
 from pcitopo.libvirt.fwcfg import encode
 from pcitopo.libvirt.fwcfg import set_entries as set_fwcfg_entries
 from pcitopo.libvirt.links import apply_links, oldest_qemu
 from pcitopo.libvirt.machine import memory_bytes
 from pcitopo.model.cpuinfo import HostWidth
+from pcitopo.model.keep import recent
 from pcitopo.model.tree import Bdf, Topology
 from pcitopo.paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 from pcitopo.nccl.topoxml import FWCFG_NAME
@@ -29,7 +30,7 @@ from pcitopo.guest.buses import root_ports_added
 from pcitopo.guest.cells import MissingCells, missing_cells
 from pcitopo.guest.facts import ControllerFact, DomainFacts, GuestController, HostdevFact, HotplugPorts, Plan
 from pcitopo.guest.plan import plan
-from pcitopo.guest.view import GuestView, guest_view
+from pcitopo.guest.view import GuestLayout, GuestView, LayoutController, guest_view, layout_controller, layout_of
 
 # The MMIO budget and P2P cliques are decided in their own modules; the rewrite only applies them.
 from pcitopo.guest.cliques import CliquePlan
@@ -211,7 +212,16 @@ def _controller_element(c: GuestController) -> etree._Element:
     )
 
 
-def controller_elements(p: Plan, unit: str) -> tuple[etree._Element, ...]:
+@dataclass(frozen=True)
+class Written:
+    """The plan's controllers as written for a document indented by one unit, and each as the
+    guest layout reads it (read off these elements, which every call copies in as they are)."""
+
+    elements: tuple[etree._Element, ...]
+    layout: tuple[LayoutController, ...]
+
+
+def controller_elements(p: Plan, unit: str) -> Written:
     """The plan's controllers as written, indented for a document indented by ``unit``: built
     once per plan, copied into each call's domain."""
     out = []
@@ -219,11 +229,13 @@ def controller_elements(p: Plan, unit: str) -> tuple[etree._Element, ...]:
         el = _controller_element(c)
         indent_subtree(el, 2, unit)
         out.append(el)
-    return tuple(out)
+    return Written(tuple(out), tuple(layout_controller(PciController(el)) for el in out))
 
 
-def apply_plan(view: DomainView, p: Plan, elements: tuple[etree._Element, ...]) -> tuple[Counter, set[str]]:
-    """``elements``: :func:`controller_elements` of ``p`` for this document (copied in)."""
+def apply_plan(view: DomainView, p: Plan, written: Written) -> tuple[Counter, set[str], dict[etree._Element, LayoutController]]:
+    """``written``: :func:`controller_elements` of ``p`` for this document (copied in). Returns
+    the controllers created by model, the hostdev spellings normalised, and the copies made,
+    each with its layout (``layout_of``'s ``known``)."""
     devices = view.devices
     removed = set(p.removed)
     for c in view.pci_controllers():
@@ -241,12 +253,9 @@ def apply_plan(view: DomainView, p: Plan, elements: tuple[etree._Element, ...]) 
         else:
             append_child(devices, root, after=anchor)
         anchor = root
-    created: Counter = Counter()
-    for c, template in zip(p.controllers, elements):
-        el = copy.deepcopy(template)
-        append_child(devices, el, after=anchor)
-        anchor = el
-        created[c.model] += 1
+    created = Counter(c.model for c in p.controllers)
+    copies = {copy.deepcopy(template): read for template, read in zip(written.elements, written.layout)}
+    append_children(devices, copies, after=anchor)
     hostdevs = view.pci_hostdevs()
     # Formatted as libvirt formats them, so the output validates against libvirt's schema.
     normalised: set[str] = set()
@@ -254,7 +263,16 @@ def apply_plan(view: DomainView, p: Plan, elements: tuple[etree._Element, ...]) 
         hd = hostdevs[pl.key]
         write_guest_address(hd.el, pl.address, pl.multifunction)
         normalised.update(hd.format_as_libvirt())
-    return created, normalised
+    return created, normalised, copies
+
+
+# What follows from a host model and one allocation, kept per model for the last few
+# allocations (src/pcitopo/model/keep.py): a VM boot's repeated defines, and equal allocations,
+# are answered from here. Each is keyed by all it reads besides the model.
+PLANS = recent()  # DomainFacts -> Plan
+ELEMENTS = recent()  # (DomainFacts, indent unit) -> the plan's controllers as written
+VERDICTS = recent()  # (GuestLayout, hostdevs, no cells, acpi) -> placed devices and judged pairs
+NCCL_FILES = recent()  # (GuestLayout, placed devices) -> NCCL's topology file
 
 
 def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_clique: bool = True,
@@ -268,16 +286,17 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     view = DomainView(tree)
     view.check_q35()
     facts = domain_facts(view)
-    p = host.recent("plan", facts, lambda: plan(host, facts))  # a pure function of the two
+    p = PLANS(host).get(facts, lambda: plan(host, facts))  # a pure function of the two
     unit = indent_unit(tree)
-    created, normalised = apply_plan(view, p, host.recent("controller_elements", (facts, unit),
-                                                          lambda: controller_elements(p, unit)))
-    # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
-    controllers = view.pci_controllers()
+    created, normalised, copies = apply_plan(view, p, ELEMENTS(host).get((facts, unit), lambda: controller_elements(p, unit)))
+    # The placed domain's PCI layout, read once: the MMIO budget and the guest tree both follow
+    # from it (what comes after changes no controller, hostdev address or NUMA cell).
+    layout = layout_of(tree, copies)
     # what libvirt will still place is what it was before the plan (it moves only PCI controllers and hostdevs)
-    added = root_ports_added(facts.unplaced_pcie, facts.unplaced_conventional, max((c.index for c in controllers), default=0),
+    added = root_ports_added(facts.unplaced_pcie, facts.unplaced_conventional, max((c.index for c in layout.controllers), default=0),
                              p.hotplug.free if p.hotplug is not None else 0)
-    budget, cliques = apply_mmio_settings(view.root, host, view.pci_hostdevs(), controllers, mmio=mmio,
+    # MMIO settings and P2P cliques go on the placed domain: they depend on where devices sit
+    budget, cliques = apply_mmio_settings(view.root, host, layout, [(hd.source, hd.alias) for hd in facts.hostdevs], mmio=mmio,
                                           p2p_clique=p2p_clique, host_bits=host_phys_bits, added_ports=added)
     link_ports = apply_links(view.root, {c.alias: c.link for c in p.controllers if link and c.link is not None})
     report = Report(
@@ -303,12 +322,11 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     if normalised:
         report.notes.append(f"hostdevs written as libvirt formats them (its schema has no room for what KubeVirt "
                             f"sent): dropped {', '.join(sorted(normalised))}")
-    guest = verify(tree, host, facts, report)
+    guest = verify(layout, host, facts, report)
     report.link_ports = link_ports
     placed = tuple(d.host for d in report.placed)
     # the file follows from the guest's layout and the placed devices alone: one per allocation
-    nccl = host.recent("nccl_file", (guest.layout, placed),
-                       lambda: write_nccl_file(host, guest.topology, guest.host_to_guest, placed))
+    nccl = NCCL_FILES(host).get((guest.layout, placed), lambda: write_nccl_file(host, guest.topology, guest.host_to_guest, placed))
     set_fwcfg_entries(view.root, lambda name: name == FWCFG_NAME, {FWCFG_NAME: encode(nccl.data)} if nccl_topo and nccl.data else {})
     report.nccl_topo_devices = nccl.devices if nccl_topo else 0
     report.notes += link_notes(link_ports, p.controllers if link else [], nccl if nccl_topo else None, created.get(UPSTREAM, 0))
@@ -339,15 +357,15 @@ def link_notes(link_ports: int, controllers: list[GuestController], nccl: NcclFi
     return out
 
 
-def verify(tree: etree._ElementTree, host: Topology, facts: DomainFacts, report: Report) -> GuestView:
-    """Derive the guest tree from the output alone and judge every pair of placed devices with
-    the same classifier as the host."""
-    guest = guest_view(tree, host)
+def verify(layout: GuestLayout, host: Topology, facts: DomainFacts, report: Report) -> GuestView:
+    """Derive the guest tree from the output alone (its ``layout``) and judge every pair of
+    placed devices with the same classifier as the host."""
+    guest = guest_view(layout, host)
     report.notes += guest.notes
     hostdevs = tuple((hd.source, hd.alias) for hd in facts.hostdevs)
     no_cells = not report.numa_map
-    placed, judged = host.recent("verdicts", (guest.layout, hostdevs, no_cells, facts.acpi),
-                                 lambda: _judge(host, guest, hostdevs, no_cells, facts.acpi))
+    placed, judged = VERDICTS(host).get((guest.layout, hostdevs, no_cells, facts.acpi),
+                                        lambda: _judge(host, guest, hostdevs, no_cells, facts.acpi))
     report.placed = list(placed)
     report.pairs += judged
     report.missing_cells = missing_cells(placed, report.numa_map, host.numa_nodes())

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pcitopo.host.sources import LEFT_OUT
+from pcitopo.model.keep import recent
 from pcitopo.model.labels import label_devices
 from pcitopo.model.tree import MELLANOX, Bdf, Role, Topology
 from pcitopo.paths.classify import NvlinkOracle
@@ -139,7 +140,11 @@ def pair_counts(result: RewriteResult, host: Topology, fabric=None) -> dict[str,
         return count()
     # without a fabric file the counts follow from the guest's layout and the placed devices
     # (their classes on both sides, the board table's NV#): one per allocation
-    return dict(host.recent("pair_counts", (layout, tuple(d.host for d in result.report.placed)), count))
+    return dict(PAIR_COUNTS(host).get((layout, tuple(d.host for d in result.report.placed)), count))
+
+
+# The counts without a fabric file, per host model, for the last few allocations.
+PAIR_COUNTS = recent()
 
 
 def _view_summary(views: list[PairView], view: str, title: str) -> str:

@@ -12,7 +12,8 @@ from typing import Iterable, Mapping, NamedTuple
 
 from lxml import etree
 
-from pcitopo.libvirt.domain import DOWNSTREAM, PXB, ROOT_PORT, UPSTREAM, DomainView, GuestAddress, NumaCell
+from pcitopo.libvirt.domain import DOWNSTREAM, PXB, ROOT_PORT, UPSTREAM, DomainView, GuestAddress, NumaCell, PciController
+from pcitopo.model.keep import PerModel, Recent, recent
 from pcitopo.model.tree import Bdf, NumaNode, PciFunction, Topology
 
 # What QEMU's emulated parts present in the guest (never Broadcom, so NCCL never flattens them).
@@ -32,13 +33,15 @@ class LayoutController(NamedTuple):
     address: GuestAddress | None
     bus_nr: int | None
     node: int | None
+    alias: str | None = None  # the MMIO budget's root ports are ours by their alias
 
 
 @dataclass(frozen=True)
 class GuestLayout:
     """All the guest's PCI tree follows from, read off a domain: its PCI controllers, the guest
     address and host source of each PCI hostdev, its NUMA cells and whether it has ACPI.
-    Hashable: the tree derived from a layout is remembered per host model (``Topology.recent``)."""
+    Read once per call off the placed domain (:func:`layout_of`); hashable: the tree derived
+    from a layout is kept per host model (:data:`VIEWS`)."""
 
     acpi: bool
     controllers: tuple[LayoutController, ...]
@@ -72,21 +75,31 @@ class _StaticLoader:
         return self._nodes
 
 
-def layout_of(tree: etree._ElementTree) -> GuestLayout:
+def layout_controller(c: PciController) -> LayoutController:
+    return LayoutController(c.index, c.model, c.address, c.bus_nr, c.node, c.alias)
+
+
+def layout_of(tree: etree._ElementTree, known: Mapping[etree._Element, LayoutController] | None = None) -> GuestLayout:
+    """The layout of the domain ``tree``. ``known``: controller elements of this tree read
+    already (the rewrite's, copied in from elements it read when it wrote them), by element."""
     view = DomainView(tree)
+    known = known or {}
     return GuestLayout(
         view.has_acpi(),
-        tuple(LayoutController(c.index, c.model, c.address, c.bus_nr, c.node) for c in view.pci_controllers()),
+        tuple(known.get(c.el) or layout_controller(c) for c in view.pci_controllers()),
         tuple((h.address, h.source) for h in view.pci_hostdevs()),
         tuple(view.numa_cells()),
     )
 
 
-def guest_view(tree: etree._ElementTree, host: Topology) -> GuestView:
-    """The guest's tree as the domain ``tree`` makes it (shared between calls with the same
-    layout on the same host model: not to be changed)."""
-    layout = layout_of(tree)
-    return host.recent("guest_view", layout, lambda: _derive(layout, host))
+# The guest tree of each layout, per host model, for the last few allocations.
+VIEWS: PerModel[Recent[GuestLayout, "GuestView"]] = recent()
+
+
+def guest_view(layout: GuestLayout, host: Topology) -> GuestView:
+    """The guest's tree as a domain of this ``layout`` makes it (shared between calls with the
+    same layout on the same host model: not to be changed)."""
+    return VIEWS(host).get(layout, lambda: _derive(layout, host))
 
 
 def _derive(layout: GuestLayout, host: Topology) -> GuestView:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
+from pcitopo.model.keep import PerModel
 from pcitopo.model.tree import Bdf, Topology
 from pcitopo.host.sources import PCI_DEVICES_DIR, resolve
 
@@ -42,6 +43,11 @@ def _link_name(target: str | None) -> str | None:
     return target.rstrip("/").rsplit("/", 1)[-1] if target else None
 
 
+# Each device's directory, through the reader's links, per host model: the bus/pci/devices link
+# of an existing device never moves.
+_DEVICE_DIRS: PerModel[dict[Bdf, str]] = PerModel(lambda topo: {})
+
+
 def changed_devices(topo: Topology, bdfs: Iterable[Bdf]) -> list[str]:
     """The devices among ``bdfs`` whose driver or IOMMU group in the source differs from the
     model's (a rebind, a group change), each with what changed; empty when the model is
@@ -58,7 +64,10 @@ def changed_devices(topo: Topology, bdfs: Iterable[Bdf]) -> list[str]:
         f = topo.find(bdf)
         if f is None:
             continue
-        base = topo.memo(("device_dir", f.bdf), lambda: resolve(links, f"{PCI_DEVICES_DIR}/{f.bdf}"))
+        dirs = _DEVICE_DIRS(topo)
+        base = dirs.get(f.bdf)
+        if base is None:
+            base = dirs[f.bdf] = resolve(links, f"{PCI_DEVICES_DIR}/{f.bdf}")
         driver = _link_name(source.readlink(f"{base}/driver"))
         group_name = _link_name(source.readlink(f"{base}/iommu_group"))
         group = int(group_name) if group_name and group_name.isdigit() else None

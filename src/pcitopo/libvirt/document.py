@@ -7,6 +7,8 @@ What the elements mean (controllers, hostdevs, addresses) is :mod:`pcitopo.libvi
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from lxml import etree
 
 from pcitopo.errors import DomainError
@@ -60,7 +62,19 @@ def serialize(tree: etree._ElementTree, original: bytes) -> bytes:
 
 def append_child(parent: etree._Element, child: etree._Element, after: etree._Element | None = None) -> None:
     """Insert keeping the document's indentation style (KubeVirt indents with tabs)."""
+    _insert(parent, child, after, *_indent_of(parent))
+
+
+def append_children(parent: etree._Element, children: Iterable[etree._Element], after: etree._Element | None = None) -> None:
+    """:func:`append_child` of each of ``children`` in turn, each after the one before (the
+    first after ``after``); the parent's indentation, which these inserts keep, read once."""
     indent, closing = _indent_of(parent)
+    for child in children:
+        _insert(parent, child, after, indent, closing)
+        after = child
+
+
+def _insert(parent: etree._Element, child: etree._Element, after: etree._Element | None, indent: str, closing: str) -> None:
     if after is None:
         after = parent[-1] if len(parent) else None
     if after is None:

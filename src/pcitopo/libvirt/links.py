@@ -16,6 +16,7 @@ QEMU's default.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Iterable, Mapping
 
 from lxml import etree
@@ -32,8 +33,11 @@ QEMU_WIDTHS = ("1", "2", "4", "8", "12", "16", "32")
 QEMU_SINCE = {"32": "9.0", "64": "9.0"}
 
 
-def link_properties(speed: str | None, width: str | None) -> list[Property]:
-    """The ``x-speed``/``x-width`` properties for a host link (sysfs spellings), those QEMU has."""
+@lru_cache(maxsize=64)
+def link_properties(speed: str | None, width: str | None) -> tuple[Property, ...]:
+    """The ``x-speed``/``x-width`` properties for a host link (sysfs spellings), those QEMU has.
+    A host has a handful of link spellings and the hook asks twice per root port per call:
+    each answered once."""
     out = []
     gt = ncclxml.gt_s(speed or "")
     if gt is not None and gt in QEMU_SPEEDS:
@@ -41,7 +45,7 @@ def link_properties(speed: str | None, width: str | None) -> list[Property]:
     w = str(ncclxml.strtol(width or ""))
     if w in QEMU_WIDTHS:
         out.append(Property(X_WIDTH, "string", w))
-    return out
+    return tuple(out)
 
 
 def owned(alias: str, name: str) -> bool:

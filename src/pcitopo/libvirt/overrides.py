@@ -87,23 +87,21 @@ def set_properties(
     if ov is None:
         ov = etree.Element(OVERRIDE, nsmap={"qemu": QEMU_NS})
         append_child(root, ov)
+    # Below <qemu:override> plain appends: indent_subtree gives every element there its
+    # indentation at the end.
+    devices: dict[str, etree._Element] = {}
+    for d in ov.iterfind(DEVICE):
+        devices.setdefault(d.get("alias"), d)  # the first device of an alias, as a search would find
     for alias in sorted(wanted):
-        dev = next((d for d in ov.iterfind(DEVICE) if d.get("alias") == alias), None)
+        dev = devices.get(alias)
         if dev is None:
-            dev = etree.Element(DEVICE)
-            dev.set("alias", alias)
-            append_child(ov, dev)
+            dev = devices[alias] = etree.SubElement(ov, DEVICE, alias=alias)
         fe = dev.find(FRONTEND)
         if fe is None:
-            fe = etree.Element(FRONTEND)
-            append_child(dev, fe)
+            fe = etree.SubElement(dev, FRONTEND)
         for prop in wanted[alias]:
             old = next((p for p in fe.iterfind(PROPERTY) if p.get("name") == prop.name), None)
             if old is not None:
-                remove_element(old)
-            el = etree.Element(PROPERTY)
-            el.set("name", prop.name)
-            el.set("type", prop.type)
-            el.set("value", prop.value)
-            append_child(fe, el)
+                fe.remove(old)
+            etree.SubElement(fe, PROPERTY, name=prop.name, type=prop.type, value=prop.value)
     indent_subtree(ov, 1, unit)

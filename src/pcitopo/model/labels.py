@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Iterable, Mapping
 
+from pcitopo.model.keep import PerModel
 from pcitopo.model.nvswitch_mgmt import management_reason
 from pcitopo.model.tree import Bdf, PciFunction, Role, Topology
 
@@ -55,8 +56,11 @@ def host_labels(topo: Topology) -> Mapping[Bdf, str]:
     """GPU0.., NIC0.. over all the host's GPUs and NICs (as ``pcitopo topo`` and ``partitions``
     number them), so a device's label does not depend on which others were named. Read once per
     host model (the hook's pairing check asks on every call)."""
-    return topo.memo(("host_labels",), lambda: MappingProxyType(
-        {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}))
+    return _HOST_LABELS(topo)
+
+
+_HOST_LABELS: PerModel[Mapping[Bdf, str]] = PerModel(lambda topo: MappingProxyType(
+    {lab.function.bdf: lab.label for lab in label_devices(topo, default_devices(topo))}))
 
 
 def host_label(label: str) -> str:

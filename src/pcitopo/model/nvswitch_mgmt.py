@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pcitopo.model.keep import PerModel
 from pcitopo.model.tree import PciFunction, Role, Topology
 
 CANDIDATE_IDS = frozenset({"15b3:1021"})
@@ -80,11 +81,13 @@ def vpd_says_switch_management(data: bytes) -> bool:
     return any(SW_MNG in f.value for f in fields)
 
 
+# Whether a host's GPUs are ones whose NVLink switches sit off PCI: one answer per host model.
+_OFFPCI_SWITCHES: PerModel[bool] = PerModel(
+    lambda topo: any(f.ids in SWITCH_OFF_PCI_GPUS and topo.role(f) == Role.GPU for f in topo.functions()))
+
+
 def _host_has_offpci_switches(topo: Topology) -> bool:
-    return topo.memo(
-        ("nvswitch_mgmt", "b200"),
-        lambda: any(f.ids in SWITCH_OFF_PCI_GPUS and topo.role(f) == Role.GPU for f in topo.functions()),
-    )
+    return _OFFPCI_SWITCHES(topo)
 
 
 def management_reason(topo: Topology, f: PciFunction) -> str | None:

@@ -8,7 +8,6 @@ caches what it has read, and it reads only what it is asked about plus that thin
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
 from functools import lru_cache
@@ -189,13 +188,6 @@ class FunctionLoader(Protocol):
     def numa_nodes(self) -> Mapping[int, NumaNode]: ...
 
 
-# Per-call inputs remembered per kind by Topology.recent: a sidecar serves one VM, so one
-# allocation, and one more for a VM whose devices change. `make bench` on hgx-b200 (its server
-# answers 50 calls cycling through 20 allocations among its 1,055): resident memory after them
-# 52.0 MiB with 2, 56.5 MiB with 8 (over the 56 MiB budget).
-RECENT_KEEP = 2
-
-
 class Topology:
     """A PCI tree, read lazily through a loader and cached."""
 
@@ -213,52 +205,31 @@ class Topology:
         self._numa: Mapping[int, NumaNode] | None = None
         self._roles: dict[Bdf, Role] = {}
         self._children: dict[Bdf | str, list[Bdf]] | None = None
-        self._memo: dict[tuple, object] = {}
-        self._recent: dict[str, OrderedDict] = {}
-
-    def memo(self, key: tuple, compute):
-        """Cache a derived fact (e.g. a device's NCCL path) for the life of this topology."""
-        try:
-            return self._memo[key]
-        except KeyError:
-            value = self._memo[key] = compute()
-            return value
-
-    def recent(self, kind: str, key, compute, keep: int = RECENT_KEEP):
-        """Cache what follows from this topology and a per-call input (``key``: a guest layout, a
-        set of placed devices; hashable, and all ``compute`` reads besides this topology), for
-        the ``keep`` most recent keys of each ``kind``: the hook answers a VM boot's repeated
-        calls and equal allocations from here, and a stream of different domains cannot grow
-        a model kept across calls. What it returns is shared: callers must not change it."""
-        cache = self._recent.get(kind)
-        if cache is None:
-            cache = self._recent[kind] = OrderedDict()
-        try:
-            cache.move_to_end(key)
-            return cache[key]
-        except KeyError:
-            value = cache[key] = compute()
-            if len(cache) > keep:
-                cache.popitem(last=False)
-            return value
+        # the model's own facts beyond functions (what the layers above derive from it they
+        # keep themselves: src/pcitopo/model/keep.py)
+        self._extra: dict[tuple[str, Bdf], object] = {}
+        self._width: HostWidth | None = None
 
     def extra(self, what: str, bdf: Bdf):
         """A fact only some loaders know (the sysfs reader: ``vpd``, ``class_dirs``; see
         src/pcitopo/model/nvswitch_mgmt.py), read once; None where the loader has no such reader."""
         read = getattr(self._loader, f"read_{what}", None)
-        return None if read is None else self.memo(("extra", what, bdf), lambda: read(bdf))
+        if read is None:
+            return None
+        try:
+            return self._extra[(what, bdf)]
+        except KeyError:
+            value = self._extra[(what, bdf)] = read(bdf)
+            return value
 
     def host_width(self) -> HostWidth:
         """The physical-address width of this host's CPU and where it came from
         (src/pcitopo/model/cpuinfo.py ``HostWidth``): the loader's (a capture records it), else this
         machine's /proc/cpuinfo. Read once per topology (the hook keeps one per process)."""
-        def compute():
+        if self._width is None:
             read = getattr(self._loader, "host_width", None)
-            if read is not None:
-                return read()
-            return local_width()
-
-        return self.memo(("host_width",), compute)
+            self._width = read() if read is not None else local_width()
+        return self._width
 
     @property
     def loader(self) -> FunctionLoader:

@@ -11,8 +11,10 @@ node (ports and VFs merge into function 0 / the PF).
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Sequence
 
+from pcitopo.model.keep import PerModel
 from pcitopo.model.tree import Bdf, PciFunction, Role, Topology, component_bdf
 from pcitopo.nccl import topoxml as ncclxml
 from pcitopo.nccl.pcitree import NcclTree, SysfsView
@@ -74,7 +76,13 @@ def nccl_tree(topo: Topology, system: ncclxml.XmlNode | None = None) -> NcclTree
     per topology, kept with it like its other derived facts (and shared across threads)."""
     if system is not None:
         return NcclTree(TopologySysfs(topo), system)
-    return topo.memo(("nccl_tree",), lambda: SharedNcclTree(TopologySysfs(topo)))
+    return _TREES(topo)
+
+
+# NCCL's tree over a topology without a file, one per topology. The tree reads the topology
+# through a weak proxy: a kept value holding its model would keep the model alive
+# (src/pcitopo/model/keep.py).
+_TREES: PerModel[SharedNcclTree] = PerModel(lambda topo: SharedNcclTree(TopologySysfs(weakref.proxy(topo))))
 
 
 def nccl_busid(topo: Topology, f: PciFunction) -> str:

@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Iterable
 
 from pcitopo import SLOTS
+from pcitopo.model.keep import PerModel
 from pcitopo.model.tree import NVIDIA, Bdf, PciFunction, Role, Topology, component_bdf, is_bdf
 
 
@@ -131,8 +132,18 @@ class NcclPath:
     cpu: int
 
 
+# A device's NCCL path and a pair's class are facts of the tree: kept per topology (the
+# sidecar's host model answers every call's host pairs from here; a guest tree's go with it).
+_NCCL_PATHS: PerModel[dict[Bdf, NcclPath]] = PerModel(lambda topo: {})
+_CLASSES: PerModel[dict[tuple[Bdf, Bdf], "PairClass"]] = PerModel(lambda topo: {})
+
+
 def nccl_path(topo: Topology, f: PciFunction) -> NcclPath:
-    return topo.memo(("nccl_path", f.bdf), lambda: _nccl_path(topo, f))
+    paths = _NCCL_PATHS(topo)
+    got = paths.get(f.bdf)
+    if got is None:
+        got = paths[f.bdf] = _nccl_path(topo, f)
+    return got
 
 
 def _nccl_path(topo: Topology, f: PciFunction) -> NcclPath:
@@ -187,13 +198,13 @@ def nvml_class(topo: Topology, fa: PciFunction, fb: PciFunction) -> Nvml:
 def classify(topo: Topology, a: Bdf | str | PciFunction, b: Bdf | str | PciFunction) -> PairClass:
     fa = a if isinstance(a, PciFunction) else topo.function(a)
     fb = b if isinstance(b, PciFunction) else topo.function(b)
-    # A pair's class is a fact of the tree, like a device's NCCL path: remembered for the life
-    # of the topology (the sidecar's host model answers every call's host pairs from here).
     # Both classes are symmetric, so (a, b) and (b, a) share one entry.
-    return topo.memo(
-        ("classify", min(fa.bdf, fb.bdf), max(fa.bdf, fb.bdf)),
-        lambda: PairClass(nccl_class(nccl_path(topo, fa), nccl_path(topo, fb)), nvml_class(topo, fa, fb)),
-    )
+    key = (fa.bdf, fb.bdf) if fa.bdf <= fb.bdf else (fb.bdf, fa.bdf)
+    classes = _CLASSES(topo)
+    got = classes.get(key)
+    if got is None:
+        got = classes[key] = PairClass(nccl_class(nccl_path(topo, fa), nccl_path(topo, fb)), nvml_class(topo, fa, fb))
+    return got
 
 
 # -- NVLink (not in sysfs: inferred from a small table of SXM boards) -------------------------

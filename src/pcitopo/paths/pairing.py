@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from pcitopo.model.keep import PerModel, Recent, recent
 from pcitopo.model.labels import default_devices, host_label, host_labels
 from pcitopo.model.tree import Bdf, PciFunction, Role, Topology
 from pcitopo.paths.classify import Nccl, PairClass, classify, closeness
@@ -109,7 +110,17 @@ def host_pair(topo: Topology, gpu: PciFunction) -> HostPair:
         same = tuple((n, classify(topo, gpu, n)) for n in nics if pcie_root(n) == root)
         return HostPair(best_nic(topo, gpu, nics), same)
 
-    return topo.memo(("host_pair", gpu.bdf), compute)
+    pairs = _HOST_PAIRS(topo)
+    got = pairs.get(gpu.bdf)
+    if got is None:
+        got = pairs[gpu.bdf] = compute()
+    return got
+
+
+# Each GPU's host pair, per host model; the pairing verdict per set of a VM's devices, for the
+# last few allocations.
+_HOST_PAIRS: PerModel[dict[Bdf, HostPair]] = PerModel(lambda topo: {})
+VM_PAIRS: PerModel[Recent[tuple[Bdf, ...], "PairingVerdict"]] = recent()
 
 
 @dataclass(frozen=True)
@@ -188,7 +199,7 @@ def check_vm_pairs(topo: Topology, bdfs: Sequence[Bdf]) -> PairingVerdict:
     """Compare, for each GPU among a VM's devices (``bdfs``, on the host), its best NIC among
     the VM's NICs with its best NIC on the host. Remembered per set of devices on ``topo``."""
     key = tuple(dict.fromkeys(bdfs))
-    return topo.recent("vm_pairs", key, lambda: _check_vm_pairs(topo, key))
+    return VM_PAIRS(topo).get(key, lambda: _check_vm_pairs(topo, key))
 
 
 def _check_vm_pairs(topo: Topology, bdfs: tuple[Bdf, ...]) -> PairingVerdict:
