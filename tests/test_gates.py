@@ -1,6 +1,6 @@
-"""The lint gates' own logic (``make lint``, docs/CI.md): how scripts/mypy_baseline.py reads mypy
-and holds it to the baseline, and the ruff setting that keeps the guest tool's modules on
-Python 3.8."""
+"""The gates' own logic (``make lint``, ``make check``; docs/CI.md): how scripts/mypy_baseline.py
+reads mypy and holds it to the baseline, the ruff setting that keeps the guest tool's modules on
+Python 3.8, and how a test that needs a system program skips where it is missing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 
 from pcitopo.cli.guesttool import GUEST_MODULES
-from testkit import REPO
+from testkit import REPO, needs_tool, tool_or_skip
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +85,13 @@ def test_ruff_keeps_the_guest_tools_modules_on_python_38():
     """pyupgrade must not move a module the guest tool bundles past 3.8 syntax or APIs."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]
     assert config["per-file-target-version"] == {f"src/pcitopo/{m}": "py38" for m in GUEST_MODULES}
+
+
+def test_a_missing_program_skips_the_test_and_is_named():
+    mark = needs_tool("sh", "pcitopo-no-such-program", why="for the example")
+    assert mark.args == (True,)
+    assert mark.kwargs["reason"] == "needs pcitopo-no-such-program on PATH (for the example)"
+    assert needs_tool("sh").args == (False,)
+    with pytest.raises(pytest.skip.Exception, match="needs pcitopo-no-such-program on PATH"):
+        tool_or_skip("pcitopo-no-such-program")
+    assert tool_or_skip("sh").endswith("/sh")
