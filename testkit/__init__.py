@@ -83,6 +83,7 @@ def needs_tool(*tools: str, why: str = "") -> pytest.MarkDecorator:
 
 def tool_or_skip(tool: str, why: str = "") -> str:
     """The path of ``tool`` on PATH, for a test or fixture; the test is skipped when there is none."""
+    __tracebackhide__ = True  # the skip is reported at the test's line, not here
     import pytest
 
     path = shutil.which(tool)
