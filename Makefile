@@ -79,7 +79,7 @@ lint: $(STAMP)
 
 # The tests that need only the virtualenv: no root, no Debian package, no network, no guest boot
 # and no image build. A test that needs a system tool (virsh, lspci, go, kubectl, dot, podman, ...)
-# skips, naming it (testkit/needs.py); `make test` installs them all and runs everything.
+# skips, naming it (testkit.needs_tool, tool_or_skip); `make test` installs them and runs everything.
 check: $(STAMP)
 	$(BIN)/python -m pytest -m 'not e2e and not image'
 
