@@ -1,6 +1,8 @@
 # Two commands a newcomer needs: `make demo` and `make test`. Both set up what they use first:
 # `make demo` the CLI (pip, no Debian package) and graphviz for its picture if `dot` is missing;
-# `make test` everything (scripts/setup-debian.sh: libvirt, QEMU, Go, ... and the guest kernel).
+# `make test` everything (scripts/setup-debian.sh: libvirt, QEMU, Go, ... and the guest kernel),
+# then `make lint`, then every test. A contributor's loop needs neither root nor Debian packages:
+# `make lint check` (docs/CI.md).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,7 +10,7 @@ STAMP  := $(VENV)/.installed
 # The test kit (testkit/) is not installed: the scripts under fixtures/ and bench/ find it here.
 RUN    := PYTHONPATH=$(CURDIR) $(BIN)/python
 
-.PHONY: setup setup-base setup-cli demo guest-tool test test-fast test-slow golden fixtures proto fuzz bench lock image clean cli-doc
+.PHONY: setup setup-base setup-cli demo guest-tool lint check test test-fast test-slow golden fixtures proto fuzz bench lock image clean cli-doc
 
 # Everything, the guest-boot (e2e) tier's guest kernel and Debian 13 root included: what `make test` needs.
 setup: setup-base .cache/e2e/.kernel .cache/trixie/stamp
@@ -72,7 +74,22 @@ cli-doc: setup-cli
 guest-tool: setup-cli
 	$(BIN)/pcitopo guest-tool -o build/pcitopo-guest
 
+# ruff over the checked trees ([tool.ruff] in pyproject.toml; no `ruff format`, see there) and mypy
+# over the package against mypy-baseline.txt (scripts/mypy_baseline.py). Both run; either fails it.
+lint: $(STAMP)
+	@status=0; \
+	$(BIN)/ruff check || status=1; \
+	$(BIN)/python scripts/mypy_baseline.py || status=1; \
+	exit $$status
+
+# The tests that need only the virtualenv: no root, no Debian package, no network, no guest boot
+# and no image build. A test that needs a system tool (virsh, lspci, go, kubectl, dot, podman, ...)
+# skips, naming it (testkit.needs_tool, tool_or_skip); `make test` installs them and runs everything.
+check: $(STAMP)
+	$(BIN)/python -m pytest -m 'not e2e and not image'
+
 test: setup
+	$(MAKE) --no-print-directory lint
 	$(BIN)/python -m pytest
 
 test-fast: setup-base
@@ -131,4 +148,4 @@ proto: setup-base
 	$(BIN)/python proto/generate.py
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .cache .pytest_cache .hypothesis .mypy_cache .ruff_cache build *.egg-info

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testkit import REPO as ROOT
+from testkit import REPO as ROOT, tool_or_skip
 
 CLUSTERS = ROOT / "fixtures" / "clusters"
 SHARED = CLUSTERS / "v1.9.0-shared-sidecars.yaml"
@@ -75,7 +75,8 @@ def _rendered_params(tmp_path) -> dict:
         "resources: [../deploy/targets/kubevirt-v1.9.0]\n"
         "images: [{name: registry.example.com/pcitopo, newName: registry.example.com/pcitopo, "
         f'digest: "{OURS.split("@")[1]}"}}]\n' + patch)
-    r = subprocess.run(["kubectl", "kustomize", str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
+    kubectl = tool_or_skip("kubectl", why="kustomize v5")
+    r = subprocess.run([kubectl, "kustomize", str(tmp_path / "site")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 

@@ -23,10 +23,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testkit import REPO as ROOT
+from testkit import REPO as ROOT, needs_tool
 
 pytest.importorskip("celpy")
 from testkit.admission.policy import admit  # noqa: E402
+
+pytestmark = needs_tool("kubectl", why="kustomize v5 renders the documented overlays")
 
 DEPLOY_MD = (ROOT / "docs" / "DEPLOY.md").read_text()
 OLD = "sha256:" + "4f2c0d3b" * 8  # what the dump's pcitopo VM runs (fixtures/clusters/v1.9.0-stranger.yaml)

@@ -62,7 +62,7 @@ class NcclTree:
         self.sysfs = sysfs
         self.system = system if system is not None else XmlNode("system", [("version", TOPO_XML_VERSION)])
         self._by_busid = {n.get("busid"): n for n in self.system.walk() if n.name == "pci"}
-        self._filled = set()  # type: Set[int]  # ids of nodes filled already (filling again changes nothing)
+        self._filled: Set[int] = set()  # ids of nodes filled already (filling again changes nothing)
 
     def node(self, busid: str) -> XmlNode:
         """The pci node of ``busid``, created and filled from sysfs where the file is silent."""
@@ -103,7 +103,7 @@ class NcclTree:
 
     def _attach(self, n: XmlNode, path: Optional[Sequence[str]]) -> None:
         numa = self.sysfs.attr(path, "numa_node") if path is not None else "-1"
-        parent = None  # type: Optional[XmlNode]
+        parent: Optional[XmlNode] = None
         if path is not None and len(path) >= 2 and is_busid(path[-2]):
             if len(path) >= 3 and is_busid(path[-3]):
                 parent = self._by_busid.get(path[-3])
@@ -123,8 +123,8 @@ class NcclTree:
     def chain(self, busid: str) -> List[XmlNode]:
         """The pci nodes from ``busid`` up to its CPU, nearest first, after Broadcom flattening
         (a level-1 switch folded into its level-0 parent leaves the chain)."""
-        out = []  # type: List[XmlNode]
-        n = self.node(busid)  # type: Optional[XmlNode]
+        out: List[XmlNode] = []
+        n: Optional[XmlNode] = self.node(busid)
         while n is not None and n.name == "pci":
             out.append(n)
             n = n.parent
@@ -146,7 +146,7 @@ class NcclTree:
         is not counted)."""
         ca, cb = self.chain(a), self.chain(b)
         ids_b = [id(n) for n in cb]
-        links = []  # type: List[XmlNode]
+        links: List[XmlNode] = []
         for i, n in enumerate(ca):
             if id(n) in ids_b and self.cpu_of(a) == self.cpu_of(b):
                 links = ca[:i] + cb[:ids_b.index(id(n))]
@@ -189,8 +189,9 @@ def _flatten(chain: List[XmlNode]) -> List[XmlNode]:
     Broadcom switch directly below a level-0 one of the same generation that has not itself
     been folded. The device at the chain's start is never a switch to fold."""
     top_down = list(reversed(chain))
-    keep = []  # type: List[XmlNode]
-    parent, parent_folded = None, False  # type: Optional[XmlNode], bool
+    keep: List[XmlNode] = []
+    parent: Optional[XmlNode] = None
+    parent_folded = False
     for n in top_down:
         gen = bcm_gen(parent, 0) if parent is not None and not parent_folded else 0
         folded = n is not top_down[-1] and bool(gen) and bcm_gen(n, 1) == gen

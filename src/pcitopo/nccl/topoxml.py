@@ -73,7 +73,7 @@ class XmlNode:
         self.name = name
         self.attrs = list(attrs)
         self.parent = parent
-        self.subs = []  # type: List[XmlNode]
+        self.subs: List[XmlNode] = []
 
     def get(self, key: str) -> Optional[str]:
         for k, v in self.attrs:
@@ -101,7 +101,7 @@ class _Reader:
         self.data = data
         self.pos = 0
         self.count = 0
-        self.top = []  # type: List[XmlNode]
+        self.top: List[XmlNode] = []
 
     def char(self) -> str:
         if self.pos >= len(self.data):
@@ -162,7 +162,7 @@ class _Reader:
             if c != ">":
                 raise NcclXmlError(f"byte {self.pos}: unexpected {c!r} in closing tag {name}")
             return "close", name, []
-        attrs = []  # type: List[Tuple[str, str]]
+        attrs: List[Tuple[str, str]] = []
         while c == " ":
             key, val, c = self.token(True)
             if len(attrs) < MAX_ATTR_COUNT:
@@ -252,7 +252,7 @@ def check(system: XmlNode) -> None:
     """What NCCL needs of the nodes a file provides: a numaid per ``cpu``, and per ``pci`` a
     well-formed busid, a class, a link speed and a link width (NCCL would read missing ones
     from the guest's own sysfs, which is what this file exists to override)."""
-    seen = {}  # type: Dict[str, str]
+    seen: Dict[str, str] = {}
     for n in system.walk():
         if n.name == "cpu" and n.get("numaid") is None:
             raise NcclXmlError("<cpu> without numaid")
