@@ -14,11 +14,11 @@ import statistics
 import sys
 import time
 
-from testkit import FIXTURES
-from pcitopo.paths.classify import classify, pairs
-from pcitopo.model.tree import Role, Topology
-from pcitopo.host.sysfs import SysfsReader
 from pcitopo.host.sources import MemoryTree, open_source
+from pcitopo.host.sysfs import SysfsReader
+from pcitopo.model.tree import Role, Topology
+from pcitopo.paths.classify import classify, pairs
+from testkit import FIXTURES
 
 
 def pick16(source) -> list:

@@ -34,13 +34,13 @@ from harness import (  # bench/harness.py: the script's own folder is first on s
     run_wall,
     sample,
 )
-from testkit.server_proc import BIN
 from perf_inputs import ensure_bytecode, materialise
 from perf_table import MIB_LIMIT as BUDGET_MIB
 
 from pcitopo.serve.options import annotation
 from testkit import FIXTURES
 from testkit.hookkit import vmi_json
+from testkit.server_proc import BIN
 
 
 def ms(s: float) -> str:
@@ -48,10 +48,10 @@ def ms(s: float) -> str:
 
 
 def in_process(host_dir: Path, domain: bytes, n: int) -> list[tuple[str, str, str, int]]:
-    from pcitopo.serve.core import handle_define_domain
     from pcitopo.checks.doctor import run_checks
-    from pcitopo.model.tree import Bdf
     from pcitopo.host.sysfs import open_host
+    from pcitopo.model.tree import Bdf
+    from pcitopo.serve.core import handle_define_domain
 
     topo = open_host(host_dir)
     placed = [d.host for d in handle_define_domain(domain, None, topo).result.report.placed]

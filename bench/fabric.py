@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from harness import Server, define_new_connection, mib, proc_status
-from testkit.server_proc import BIN
 from perf_inputs import ensure_bytecode, materialise
 
 from testkit.fabric_kit import domain_with_modules, fabric, vmi_with
+from testkit.server_proc import BIN
 
 
 def run(label: str, sysfs: Path, extra: list[str], domain: bytes, vmi: bytes, calls: int) -> dict:

@@ -18,8 +18,8 @@ import statistics
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from testkit import REPO
 from testkit.server_proc import PrivateServer
@@ -206,7 +206,7 @@ class PeakSampler:
                 return
             self._stop.wait(self.every)
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> PeakSampler:
         self._thread.start()
         return self
 
@@ -289,8 +289,7 @@ class Server(PrivateServer):
         plain connect() so gRPC's client reconnect backoff is not what gets measured."""
         import grpc
 
-        from testkit.hookproto import info_pb2
-        from testkit.hookproto import info_pb2_grpc
+        from testkit.hookproto import info_pb2, info_pb2_grpc
 
         deadline = time.monotonic() + timeout
         while not self.socket.exists():
@@ -323,8 +322,7 @@ def define_new_connection(target: str, domain: bytes, vmi: bytes, timeout: float
     """One OnDefineDomain (v1alpha3) on a fresh connection, as virt-launcher makes every call."""
     import grpc
 
-    from testkit.hookproto import v1alpha3_pb2
-    from testkit.hookproto import v1alpha3_pb2_grpc
+    from testkit.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc
 
     with grpc.insecure_channel(target) as ch:
         return v1alpha3_pb2_grpc.CallbacksStub(ch).OnDefineDomain(

@@ -15,13 +15,13 @@ import os
 import sys
 
 from pcitopo.guest.rewrite import rewrite_domain
-from testkit import REPO
 from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
-from testkit.kubevirt_define import RealLibvirt, free_hotplug_ports, real_libvirt_available
-from pcitopo.kubevirt.launcher.defines import vmi_interfaces, boot_defines
+from pcitopo.kubevirt.launcher.defines import boot_defines, vmi_interfaces
 from pcitopo.kubevirt.launcher.release_groups import Release
-from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
 from pcitopo.libvirt.define_sim import libvirt_define
+from testkit import REPO
+from testkit.kubevirt_define import RealLibvirt, free_hotplug_ports, real_libvirt_available
+from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
 
 RELEASES = (Release.V1_9, Release.MAIN)
 

@@ -194,9 +194,9 @@ class Inputs:
 
 
 def load_inputs() -> Inputs:
-    from testkit.hookkit import vmi_json
     from pcitopo.guest.rewrite import rewrite_domain
     from pcitopo.host.sysfs import open_host
+    from testkit.hookkit import vmi_json
 
     b200 = materialise(HOST)
     domain_path = ROOT / "fixtures" / HOST / "domain.xml"

@@ -8,7 +8,7 @@ import argparse
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from harness import (  # bench/harness.py: the script's own folder is first on sys.path
     CODE,
@@ -27,8 +27,9 @@ from harness import (  # bench/harness.py: the script's own folder is first on s
     sample,
     timed,
 )
-from testkit.server_proc import BIN
 from perf_inputs import CONCURRENCY, OUR_ANNOTATIONS, ROOT, Inputs, allocations, ensure_bytecode, load_inputs, read_bytes
+
+from testkit.server_proc import BIN
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -93,10 +94,10 @@ def in_process(inp: Inputs, n: int, rows: dict[str, Stat]) -> None:
     """(1a, 1b) the floor's halves; (2) the rewrite on a cold host model; (2b) what the server
     runs per call (warm model); (2c) the same on a plain model kept across calls; (5) host
     size, interleaved (the ratio is the figure)."""
-    from pcitopo.serve.core import handle_define_domain
-    from pcitopo.serve.hooks import HostCache  # what serve keeps across calls: the model, the doctor's findings
     from pcitopo.guest.rewrite import rewrite_domain
     from pcitopo.host.sysfs import open_host
+    from pcitopo.serve.core import handle_define_domain
+    from pcitopo.serve.hooks import HostCache  # what serve keeps across calls: the model, the doctor's findings
 
     lxml_floor, sysfs_floor, _ = floor_calls(inp)
     rows["floor_lxml"] = sample(lxml_floor, n)
@@ -209,8 +210,7 @@ def in_a_row(s: Server, inp: Inputs, args: argparse.Namespace, rows: dict[str, S
     connection reused."""
     import grpc
 
-    from testkit.hookproto import v1alpha3_pb2
-    from testkit.hookproto import v1alpha3_pb2_grpc
+    from testkit.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc
 
     n, calls = args.samples, args.calls
     cpu0 = cpu_seconds(s.pid)

@@ -14,23 +14,24 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import grpc
 from lxml import etree
 
-from testkit.hookproto import info_pb2
-from testkit.hookproto import info_pb2_grpc
-from testkit.hookproto import v1alpha1_pb2
-from testkit.hookproto import v1alpha1_pb2_grpc
-from testkit.hookproto import v1alpha2_pb2
-from testkit.hookproto import v1alpha2_pb2_grpc
-from testkit.hookproto import v1alpha3_pb2
-from testkit.hookproto import v1alpha3_pb2_grpc
-
 from pcitopo.kubevirt.launcher.release_groups import Release
+from testkit.hookproto import (
+    info_pb2,
+    info_pb2_grpc,
+    v1alpha1_pb2,
+    v1alpha1_pb2_grpc,
+    v1alpha2_pb2,
+    v1alpha2_pb2_grpc,
+    v1alpha3_pb2,
+    v1alpha3_pb2_grpc,
+)
 
 from . import REPO
 from .kubevirt_sim import next_call_input

@@ -8,8 +8,9 @@ back, for tests that run that path (``pkg/dra/utils.go``: ``{base}/resourceclaim
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pcitopo.kubevirt.launcher.allocation import device_requests
 from pcitopo.kubevirt.launcher.converter import is_dra as _is_dra

@@ -19,20 +19,18 @@ test scaffolding around it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from lxml import etree
 
-from pcitopo.libvirt.domain import QEMU_NS, ROOT_PORT, parse_cpuset, parse_int
-from pcitopo.model.tree import Bdf, Role, Topology
-
 from pcitopo.kubevirt.launcher.release_groups import Release
 from pcitopo.kubevirt.launcher.reparse import reparse
-from pcitopo.kubevirt.launcher.skeleton import (GuestCell, Hostdev, LauncherSpec, OVMF_VARS,
-                                                 launcher_domain, with_efi as launcher_efi)
+from pcitopo.kubevirt.launcher.skeleton import OVMF_VARS, GuestCell, Hostdev, LauncherSpec, launcher_domain, with_efi as launcher_efi
 from pcitopo.libvirt.define_sim import libvirt_define
+from pcitopo.libvirt.domain import QEMU_NS, ROOT_PORT, parse_cpuset, parse_int
 from pcitopo.libvirt.marshal import sub as _sub, to_kubevirt_bytes
+from pcitopo.model.tree import Bdf, Role, Topology
 
 
 @dataclass(frozen=True)

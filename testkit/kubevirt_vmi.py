@@ -10,8 +10,9 @@ first GPU requests.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
 from pcitopo.kubevirt.launcher.first_domain import Inputs, predict

@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from . import REPO
 
@@ -108,16 +108,14 @@ class ServerProcess:
 
     def info(self, timeout: float = 5.0):
         """Info on a new connection."""
-        from testkit.hookproto import info_pb2
-        from testkit.hookproto import info_pb2_grpc
+        from testkit.hookproto import info_pb2, info_pb2_grpc
 
         with self.channel() as ch:
             return info_pb2_grpc.InfoStub(ch).Info(info_pb2.InfoParams(), timeout=timeout)
 
     def define(self, domain: bytes, vmi: bytes = b"", timeout: float = 60.0) -> bytes:
         """OnDefineDomain (v1alpha3) on a new connection, as virt-launcher makes every call."""
-        from testkit.hookproto import v1alpha3_pb2
-        from testkit.hookproto import v1alpha3_pb2_grpc
+        from testkit.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc
 
         with self.channel() as ch:
             stub = v1alpha3_pb2_grpc.CallbacksStub(ch)

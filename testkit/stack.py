@@ -142,7 +142,7 @@ def _ran(stack: Stack, *cmd: str) -> str | None:
     return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _versions(stack: Stack) -> StackVersions:
     pkgs = _dpkg_versions(stack)
     missing = [p for p, _ in _PACKAGES if p not in pkgs]

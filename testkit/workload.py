@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 
-from pcitopo.serve.options import PREFIX
-from pcitopo.serve.core import handle_define_domain
-from pcitopo.serve.hooks import error_details, status_name
 from pcitopo.errors import PcitopoError
 from pcitopo.model.tree import Topology
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.serve.hooks import error_details, status_name
+from pcitopo.serve.options import PREFIX
 
 from .kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, pick
 from .strategies import build_domain, fixture_world

@@ -26,12 +26,11 @@ has their public sources; written out here independently of src/pcitopo/guest/bu
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from lxml import etree
 
-from pcitopo.paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 from pcitopo.libvirt.domain import (
     DOWNSTREAM,
     OUR_ALIAS_PREFIX,
@@ -43,6 +42,7 @@ from pcitopo.libvirt.domain import (
     parse_int,
 )
 from pcitopo.model.tree import Bdf, NumaNode, PciFunction, Topology
+from pcitopo.paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 
 BRIDGE_CLASS = 0x060400
 # What QEMU presents in the guest (a TI switch and a Red Hat root port: never Broadcom).

@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+from pcitopo.errors import SysfsError
+from pcitopo.host.capture import capture
+from pcitopo.host.sources import MemoryTree
+from pcitopo.host.sysfs import SysfsReader, open_host
 from pcitopo.model.bars import (
     IORESOURCE_MEM,
     IORESOURCE_MEM_64,
@@ -15,11 +19,7 @@ from pcitopo.model.bars import (
     format_resource,
     parse_resource,
 )
-from pcitopo.host.capture import capture
-from pcitopo.errors import SysfsError
 from pcitopo.model.tree import Topology
-from pcitopo.host.sysfs import SysfsReader, open_host
-from pcitopo.host.sources import MemoryTree
 
 GiB, MiB = 1 << 30, 1 << 20
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pcitopo.errors import PlanError
 from pcitopo.guest import buses
 from pcitopo.model.address import address_in_range
-from pcitopo.errors import PlanError
 
 
 def test_address_limits():

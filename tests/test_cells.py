@@ -25,14 +25,14 @@ import pytest
 import yaml
 from lxml import etree
 
-from testkit import REPO as ROOT
-from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
-from testkit.kubevirt_vmi import as_vmi, domain_for_vmi
-from testkit.server_proc import ServerProcess, serve_argv, wait_for_socket
 from pcitopo.guest.rewrite import Why, rewrite_domain
 from pcitopo.host.sysfs import open_host
 from pcitopo.libvirt.domain import parse_cpuset
 from pcitopo.model.tree import Role
+from testkit import REPO as ROOT
+from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
+from testkit.kubevirt_vmi import as_vmi, domain_for_vmi
+from testkit.server_proc import ServerProcess, serve_argv, wait_for_socket
 
 BIN = Path(sys.executable).parent
 B200 = ROOT / "fixtures" / "hgx-b200"

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from pcitopo.cli.main import pcitopo_main, xmlfix_main
-from pcitopo.program import EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
 from pcitopo.host.capture import is_live_sysfs
 from pcitopo.host.sources import MemoryTree
 from pcitopo.host.sysfs import open_host
 from pcitopo.model.tree import Bdf
+from pcitopo.program import EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
+from pcitopo.synth import build_tree, parse_topo
 from testkit import REPO as ROOT
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
-from pcitopo.synth import build_tree, parse_topo
 
 H100 = ROOT / "fixtures" / "hgx-h100"
 GPUS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")  # GPU0-3 on node 0, GPU4-7 on node 1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pcitopo.synth import host_from_topo
 from pcitopo.paths.classify import NvlinkOracle, classify
+from pcitopo.synth import host_from_topo
 
 NUMA2 = """
 numa 0 cpus=0-3

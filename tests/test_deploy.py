@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testkit import REPO as ROOT
-from testkit import fixture_script
+from pcitopo.host.sysfs import open_host
+from testkit import REPO as ROOT, fixture_script
 from testkit.kubevirt_vmi import VM_KINDS, as_vmi, domain_for_vmi
 from testkit.server_proc import BIN
-from pcitopo.host.sysfs import open_host
 
 DEPLOY = ROOT / "deploy"
 DOCS = ROOT / "docs" / "DEPLOY.md"

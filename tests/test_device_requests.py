@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pcitopo.kubevirt.cluster import read_dump
-from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI, judge_names, reach
-from pcitopo.kubevirt.manifest import as_vmi
-from pcitopo.kubevirt.cluster_verdict import preflight
-from pcitopo.kubevirt.targets import target
-from pcitopo.cli.main import pcitopo_main, xmlfix_main
-from pcitopo.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
 from pcitopo.checks.doctor import run_checks
+from pcitopo.cli.main import pcitopo_main, xmlfix_main
 from pcitopo.host.capture import MISSING_COSTS, capture_tree
 from pcitopo.host.sysfs import open_host
+from pcitopo.kubevirt.cluster import read_dump
+from pcitopo.kubevirt.cluster_verdict import preflight
+from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI, judge_names, reach
+from pcitopo.kubevirt.manifest import as_vmi
+from pcitopo.kubevirt.targets import target
+from pcitopo.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN
 from testkit import REPO
 
 CLUSTERS = REPO / "fixtures" / "clusters"

@@ -11,15 +11,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
+from pcitopo.checks.doctor import CHECKS, STATUSES, run_checks
 from pcitopo.cli.main import pcitopo_main
-from testkit import FIXTURES
-from testkit import REPO as ROOT
-from pcitopo.synth import build_tree, parse_topo
-from pcitopo.synth.doctorfiles import build_config
-from pcitopo.model.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
+from pcitopo.errors import SysfsError
 from pcitopo.host.capture import capture
 from pcitopo.host.configspace import (
     ACS_DT,
@@ -29,13 +25,14 @@ from pcitopo.host.configspace import (
     ConfigSpace,
     ConfigUnknown,
 )
-from pcitopo.checks.doctor import CHECKS, STATUSES, run_checks
-from pcitopo.errors import SysfsError
-from pcitopo.views.exports import nfd_text, pix_facts, prometheus_text
-from pcitopo.model.tree import Topology
-from pcitopo.host.sysfs import DOCTOR_ATTRS, SysfsReader, open_host
 from pcitopo.host.sources import MemoryTree, Unreadable, resolve
-
+from pcitopo.host.sysfs import DOCTOR_ATTRS, SysfsReader, open_host
+from pcitopo.model.bars import IORESOURCE_MEM, IORESOURCE_MEM_64, IORESOURCE_PREFETCH, Bar, parse_resource
+from pcitopo.model.tree import Topology
+from pcitopo.synth import build_tree, parse_topo
+from pcitopo.synth.doctorfiles import build_config
+from pcitopo.views.exports import nfd_text, pix_facts, prometheus_text
+from testkit import FIXTURES, REPO as ROOT
 
 # What fixtures/hgx-h100-faults plants (its README lists the same): (check, bdf) of every fail.
 PLANTED = {
@@ -458,9 +455,8 @@ def test_the_cli_references_sample_run_is_what_the_command_prints(capsys):
 def test_labels_are_host_wide_whichever_devices_are_named():
     """A device's label is its number among all the host's GPUs/NICs (as `pcitopo topo` and
     `partitions` print it), not its rank among the BDFs given: 0000:9a:00.0 is GPU4 either way."""
-    from pcitopo.model.labels import label_devices
+    from pcitopo.model.labels import default_devices, label_devices
     from pcitopo.model.tree import Bdf
-    from pcitopo.model.labels import default_devices
 
     topo = open_host(str(FIXTURES / "hgx-h100-faults"))
     topo_labels = {str(lab.function.bdf): lab.label for lab in label_devices(topo, default_devices(topo))}
@@ -544,9 +540,8 @@ def test_bad_doctor_keys_in_a_description_name_the_line(key, fragment):
 def iommu_off_h100(tmp_path) -> Path:
     """fixtures/hgx-h100 as a node with the IOMMU off, captured without root (64 bytes of
     config space): the node of the trial that printed 154 lines."""
-    from pcitopo.synth.doctorfiles import iommu_off
-
     from pcitopo.host.capture import capture_tree
+    from pcitopo.synth.doctorfiles import iommu_off
 
     spec = iommu_off(parse_topo((FIXTURES / "hgx-h100" / "host.topo").read_text(), "hgx-h100"))
     out = tmp_path / "iommu-off.tar.gz"

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from testkit import REPO as ROOT
-from testkit import fixture_script
-from pcitopo.kubevirt.launcher.release_groups import Release, release_of
 from pcitopo.errors import ConfigError
+from pcitopo.kubevirt.launcher.release_groups import Release, release_of
+from testkit import REPO as ROOT, fixture_script
 
 BIN = Path(sys.executable).parent
 EXAMPLES = fixture_script("examples")

@@ -6,18 +6,16 @@ finding it covers; they run the installed console scripts on the fixtures and th
 from __future__ import annotations
 
 import re
-
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from testkit import REPO as ROOT
-from testkit import fixture_script
 from pcitopo.host.sources import MemoryTree
 from pcitopo.host.sysfs import open_host
 from pcitopo.model.cpuinfo import ADDRESS_SIZES_MEMBER
+from testkit import REPO as ROOT, fixture_script
 
 BIN = Path(sys.executable).parent
 FIXTURES = ROOT / "fixtures"
@@ -243,10 +241,11 @@ def test_what_kubevirt_accepts_passes():
 
 
 def test_every_shipped_example_is_attached():
-    from pcitopo.kubevirt.manifest import attachment, vmi_as_json
     import json
 
     import yaml
+
+    from pcitopo.kubevirt.manifest import attachment, vmi_as_json
 
     vms = [(p, d) for p in sorted((ROOT / "deploy").rglob("*.yaml")) for d in yaml.safe_load_all(p.read_text())
            if isinstance(d, dict) and d.get("kind") in ("VirtualMachine", "VirtualMachineInstance")]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from testkit.fabric_kit import B200, H100, domain_with_modules, fabric, module_map, vmi_with
 from pcitopo.errors import FabricError, MalformedBdfError
-from pcitopo.paths.fabric import SOURCE_FABRIC, SOURCE_MAP, SOURCE_NONE, load_fabric, normalise_bus_id
-from pcitopo.model.tree import Bdf
-from pcitopo.paths.partitions import check_gpu_set, compute_nics
 from pcitopo.host.sysfs import open_host
+from pcitopo.model.tree import Bdf
+from pcitopo.paths.fabric import SOURCE_FABRIC, SOURCE_MAP, SOURCE_NONE, load_fabric, normalise_bus_id
+from pcitopo.paths.partitions import check_gpu_set, compute_nics
+from testkit.fabric_kit import B200, H100, domain_with_modules, fabric, module_map, vmi_with
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from testkit import REPO as ROOT
 from pcitopo.cli.main import pcitopo_main
+from testkit import REPO as ROOT
 
 BIN = Path(sys.executable).parent
 B200 = ROOT / "fixtures" / "hgx-b200"

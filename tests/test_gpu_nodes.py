@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from pcitopo.kubevirt.cluster import read_dump
-from pcitopo.kubevirt.nodes import UNLABELLED_ADVICE, gpu_node, gpu_resources
 from pcitopo.kubevirt.cluster_verdict import preflight
+from pcitopo.kubevirt.nodes import UNLABELLED_ADVICE, gpu_node, gpu_resources
 from pcitopo.kubevirt.targets import target
 from testkit import REPO
 

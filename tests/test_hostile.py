@@ -15,6 +15,7 @@ limited to 108 bytes).
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -23,7 +24,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import io
 import tempfile
 import time
 import tomllib
@@ -36,19 +36,14 @@ import grpc
 import pytest
 from lxml import etree
 
-from pcitopo.libvirt.lenient import with_hostdev_modes
-
-from pcitopo.serve.options import PREFIX
-from testkit.hookproto import info_pb2
-from testkit.hookproto import info_pb2_grpc
-from testkit.hookproto import v1alpha3_pb2
-from testkit.hookproto import v1alpha3_pb2_grpc
-from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
-from testkit.server_proc import PrivateServer
-from pcitopo.synth import load_topo_file
 from pcitopo.errors import PcitopoError
 from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.host.sysfs import open_host
+from pcitopo.libvirt.lenient import with_hostdev_modes
+from pcitopo.serve.options import PREFIX
+from pcitopo.synth import load_topo_file
+from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain
+from testkit.server_proc import PrivateServer
 
 HERE = Path(__file__).resolve().parent
 HOSTILE = HERE / "hostile"
@@ -218,8 +213,8 @@ def materialize_domain(case: dict) -> bytes:
 def open_host_for(case: dict):
     kind, _, arg = case["host"].partition(":")
     if kind == "topo":
-        from pcitopo.model.tree import Topology
         from pcitopo.host.sysfs import SysfsReader
+        from pcitopo.model.tree import Topology
 
         return Topology(SysfsReader(load_topo_file(HOSTILE / arg)))
     return open_host(REPO / "fixtures" / arg)

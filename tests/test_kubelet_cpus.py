@@ -263,8 +263,8 @@ def test_the_doctors_kubelet_data_hold_what_kubelet_gives(name, count):
     model gives the 8-GPU pod on hgx-b200 under their own config.yaml."""
     import json
 
-    from testkit import REPO
     from pcitopo.kubevirt.kubelet.settings import KubeletRequest, resolve
+    from testkit import REPO
 
     folder = REPO / "tests" / "data" / "kubelet" / name
     settings = resolve(KubeletRequest(kubelet_config=str(folder / "config.yaml"))).settings

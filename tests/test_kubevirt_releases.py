@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
+from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.host.sysfs import open_host
+from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
+from pcitopo.libvirt.domain import QEMU_NS
 from testkit import REPO as ROOT
 from testkit.hookkit import VirtLauncher, fixture_sysfs, placement, vmi_json
-from testkit.server_proc import ServerProcess, serve_argv
-from pcitopo.libvirt.domain import QEMU_NS
-from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
 from testkit.kubevirt_sim import (
     DomainSpec,
     gpus_and_nics,
@@ -20,9 +21,7 @@ from testkit.kubevirt_sim import (
     kubevirt_reparse,
     next_call_input,
 )
-from pcitopo.libvirt.define_sim import libvirt_define
-from pcitopo.guest.rewrite import rewrite_domain
-from pcitopo.host.sysfs import open_host
+from testkit.server_proc import ServerProcess, serve_argv
 
 Q = f"{{{QEMU_NS}}}"
 IDS = [r.value for r in RELEASES]
@@ -54,7 +53,7 @@ def _source_types(root: etree._Element) -> set:
 
 # -- the simulation says what each release's struct says ------------------------------------------
 
-DEFINED = """<domain type="kvm" xmlns:qemu="http://libvirt.org/schemas/domain/qemu/1.0"><name>t</name>
+DEFINED = b"""<domain type="kvm" xmlns:qemu="http://libvirt.org/schemas/domain/qemu/1.0"><name>t</name>
 <os><type arch="x86_64" machine="q35">hvm</type><loader readonly="yes" secure="no" type="pflash">/OVMF_CODE.fd</loader></os>
 <cpu mode="host-model"><maxphysaddr mode="emulate" bits="46"/><feature policy="require" name="pdpe1gb"/>
 <numa><cell id="0" cpus="0-3" memory="4" unit="GiB"/></numa></cpu>
@@ -65,7 +64,7 @@ DEFINED = """<domain type="kvm" xmlns:qemu="http://libvirt.org/schemas/domain/qe
 </devices>
 <qemu:commandline><qemu:arg value="-S"/></qemu:commandline>
 <qemu:override><qemu:device alias="ua-pcitopo-rp"><qemu:frontend><qemu:property name="pref64-reserve" type="unsigned" value="1"/></qemu:frontend></qemu:device></qemu:override>
-</domain>""".encode()
+</domain>"""
 
 
 @pytest.mark.parametrize("release", RELEASES, ids=IDS)

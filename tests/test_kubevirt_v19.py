@@ -9,26 +9,31 @@ import os
 import pytest
 from lxml import etree
 
-from pcitopo.serve.core import handle_define_domain
 from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
+from pcitopo.kubevirt.launcher.defines import (
+    append_root_ports,
+    boot_defines,
+    pci_address_count as port_count_v2_devices,
+    port_count_v2,
+    vmi_interfaces,
+)
+from pcitopo.kubevirt.launcher.release_groups import Release
+from pcitopo.kubevirt.launcher.skeleton import RHEL_MACHINE
 from pcitopo.libvirt.domain import DomainView
 from pcitopo.model.tree import Role
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.synth import host_from_topo
 from pcitopo.views.explain import explain_text
 from testkit import REPO
 from testkit.hookkit import placement
-from pcitopo.kubevirt.launcher.skeleton import RHEL_MACHINE
-from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
 from testkit.kubevirt_define import (
     RealLibvirt,
     free_hotplug_ports,
     real_libvirt_available,
 )
-from pcitopo.kubevirt.launcher.defines import append_root_ports, boot_defines, port_count_v2, vmi_interfaces
-from pcitopo.kubevirt.launcher.defines import pci_address_count as port_count_v2_devices
-from pcitopo.kubevirt.launcher.release_groups import Release
 from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
-from pcitopo.synth import host_from_topo
 
 EXAMPLES = {name: (host, vmi, gpus) for name, host, vmi, gpus in deploy_examples(REPO)}
 NAMES = sorted(EXAMPLES)

@@ -14,13 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from testkit.hookproto import info_pb2
-from testkit.hookproto import info_pb2_grpc
-from testkit.hookproto import v1alpha1_pb2
-from testkit.hookproto import v1alpha1_pb2_grpc
-from testkit.hookproto import v1alpha3_pb2
-from testkit.hookproto import v1alpha3_pb2_grpc
 from testkit import FIXTURES
+from testkit.hookproto import info_pb2, info_pb2_grpc, v1alpha1_pb2, v1alpha1_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
 from testkit.server_proc import PrivateServer
 from testkit.strategies import fixture_world
 from testkit.workload import expected_answer, mixed_calls

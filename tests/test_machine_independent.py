@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from testkit import REPO as ROOT
 from pcitopo import SCHEMA, __version__
+from testkit import REPO as ROOT
 
 BIN = Path(sys.executable).parent
 B200 = "fixtures/hgx-b200"

@@ -11,12 +11,7 @@ import subprocess
 import pytest
 from lxml import etree
 
-from testkit import REPO as ROOT
-from pcitopo.kubevirt.launcher.release_groups import RELEASES
-from testkit.kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
-from pcitopo.serve.core import handle_define_domain
 from pcitopo.guest.cliques import CLIQUE_PROPERTY
-from pcitopo.model.bars import GiB, MiB, TiB, pow2ceil
 from pcitopo.guest.mmio import (
     FirmwareWarning,
     MmioError,
@@ -25,9 +20,14 @@ from pcitopo.guest.mmio import (
     ovmf_bits,
     window_of,
 )
-from pcitopo.libvirt.overrides import properties
 from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.host.sysfs import open_host
+from pcitopo.kubevirt.launcher.release_groups import RELEASES
+from pcitopo.libvirt.overrides import properties
+from pcitopo.model.bars import GiB, MiB, TiB, pow2ceil
+from pcitopo.serve.core import handle_define_domain
+from testkit import REPO as ROOT
+from testkit.kubevirt_sim import DomainSpec, canonical, gpus_and_nics, hook_calls, kubevirt_domain, kubevirt_reparse, with_efi
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 
@@ -436,8 +436,8 @@ def test_capture_records_the_width_and_replays_it_elsewhere(tmp_path, monkeypatc
     """An operator's dry run: `pcitopo capture` on the node (46 bits), `xmlfix --sysfs node.tar.gz`
     on a laptop whose CPU has 39 bits: the node's MMIO is judged with the node's width."""
     from pcitopo.host.capture import capture
-    from pcitopo.model.cpuinfo import ADDRESS_SIZES_MEMBER
     from pcitopo.host.sources import MemoryTree
+    from pcitopo.model.cpuinfo import ADDRESS_SIZES_MEMBER
 
     node = tmp_path / "node.tar.gz"
     # a directory cannot say whose CPU it is: the operator gives the node's width (--phys-bits)

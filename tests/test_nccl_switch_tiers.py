@@ -17,11 +17,11 @@ from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.host.sysfs import open_host
 from pcitopo.model.tree import Bdf, Role
 from pcitopo.nccl import topoxml as ncclxml
-from pcitopo.nccl.price import nccl_busid, nccl_tree
-from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
 from pcitopo.nccl.pcitree import link_order
-from testkit.nccl.graph import Graph, Node
+from pcitopo.nccl.price import nccl_busid, nccl_tree
 from pcitopo.synth import host_from_topo
+from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
+from testkit.nccl.graph import Graph, Node
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 GOLDEN_HOSTS = ("hgx-b200", "hgx-h100", "dgx-h100", "hgx-b300", "dgx-a100")

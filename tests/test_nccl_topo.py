@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 from lxml import etree
 
-from pcitopo.serve.options import HookOptions, options_from_annotations
-from pcitopo.libvirt.define_sim import libvirt_define
-from testkit.kubevirt_sim import hook_calls, kubevirt_reparse
 from pcitopo.checks.verify import load_expectation, verify_guest
-from pcitopo.guest.verdict import prediction
 from pcitopo.guest.rewrite import rewrite_domain
+from pcitopo.guest.verdict import prediction
 from pcitopo.host.sysfs import open_host
 from pcitopo.libvirt import fwcfg
+from pcitopo.libvirt.define_sim import libvirt_define
 from pcitopo.libvirt.links import QEMU_SINCE, X_SPEED, X_WIDTH
 from pcitopo.libvirt.overrides import properties
 from pcitopo.nccl import topoxml as ncclxml
 from pcitopo.nccl.price import nccl_tree, path_bandwidth
+from pcitopo.serve.options import HookOptions, options_from_annotations
+from testkit.kubevirt_sim import hook_calls, kubevirt_reparse
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"

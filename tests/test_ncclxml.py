@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pcitopo.nccl import install as ncclinstall
-from pcitopo.nccl import topoxml as ncclxml
-from pcitopo.nccl import pcitree as nccltree
-from pcitopo.nccl.price import SharedNcclTree
+from pcitopo.nccl import install as ncclinstall, pcitree as nccltree, topoxml as ncclxml
 from pcitopo.nccl.pcitree import DirSysfs, NcclTree
+from pcitopo.nccl.price import SharedNcclTree
 from pcitopo.nccl.topoxml import NcclXmlError, bandwidth, parse, rate
 
 GOOD = b"""<system version="1">

@@ -12,16 +12,15 @@ import sys
 import textwrap
 from pathlib import Path
 
-
 from pcitopo.host.capture import capture
-from pcitopo.model.tree import Bdf, Topology
-from pcitopo.model.nvswitch_mgmt import management_reason, parse_vpd, vpd_says_switch_management
-from pcitopo.paths.partitions import compute_nics
-from pcitopo.model.labels import default_devices
-from pcitopo.views.report import tree_text
-from pcitopo.synth import build_tree, parse_topo
+from pcitopo.host.sources import PCI_DEVICES_DIR, MemoryTree, resolve
 from pcitopo.host.sysfs import SysfsReader, open_host
-from pcitopo.host.sources import MemoryTree, PCI_DEVICES_DIR, resolve
+from pcitopo.model.labels import default_devices
+from pcitopo.model.nvswitch_mgmt import management_reason, parse_vpd, vpd_says_switch_management
+from pcitopo.model.tree import Bdf, Topology
+from pcitopo.paths.partitions import compute_nics
+from pcitopo.synth import build_tree, parse_topo
+from pcitopo.views.report import tree_text
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
+from pcitopo.cli.main import pcitopo_main, xmlfix_main
 from pcitopo.kubevirt.cluster import read_dump
 from pcitopo.kubevirt.cluster_verdict import preflight
 from pcitopo.kubevirt.targets import target
-from pcitopo.cli.main import pcitopo_main, xmlfix_main
 from pcitopo.program import EXIT_CHECK_FAILED, EXIT_UNKNOWN
 from testkit import REPO
 

@@ -183,11 +183,10 @@ def test_json_is_the_predicted_guest():
 def test_verify_against_the_guest_derived_from_the_output():
     """The guest tree derived from the rewritten XML is as predicted; a wrong
     prediction is named pair by pair."""
-    from pcitopo.guest.verdict import prediction
-    from pcitopo.guest.rewrite import rewrite_domain
-    from pcitopo.host.sysfs import open_host
     from pcitopo.checks.verify import load_expectation, verify_guest
-
+    from pcitopo.guest.rewrite import rewrite_domain
+    from pcitopo.guest.verdict import prediction
+    from pcitopo.host.sysfs import open_host
     from pcitopo.nccl.topoxml import parse
 
     host = open_host(H100)

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from pcitopo.cli.main import pcitopo_main, xmlfix_main
-from pcitopo.serve.core import handle_define_domain
-from testkit import REPO as ROOT
-from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
-from pcitopo.synth import build_tree, host_from_topo, parse_topo
 from pcitopo.errors import PairingError
 from pcitopo.host.sysfs import SysfsReader, open_host
 from pcitopo.model.tree import Bdf, Topology
-from pcitopo.paths.pairing import check_vm_pairs, host_pairs, pcie_root
+from pcitopo.paths.pairing import check_vm_pairs, host_pairs
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.synth import build_tree, host_from_topo, parse_topo
+from testkit import REPO as ROOT
+from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 
 FIXTURES = ROOT / "fixtures"
 HOSTS = sorted(p.parent.name for p in FIXTURES.glob("*/host.topo"))

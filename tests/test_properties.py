@@ -29,12 +29,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
-import pytest
-from hypothesis import event, given, note, settings
-from hypothesis import strategies as st
-from lxml import etree
-
 import conftest_hypothesis as hp
+import pytest
+from hypothesis import event, given, note, settings, strategies as st
 from invariants import (
     check_created_aliases,
     check_rules,
@@ -44,6 +41,17 @@ from invariants import (
     owned_projection,
     parse,
 )
+from lxml import etree
+
+from pcitopo.errors import PcitopoError
+from pcitopo.guest.rewrite import Why, rewrite_domain
+from pcitopo.host.sources import MemoryTree
+from pcitopo.host.sysfs import SysfsReader
+from pcitopo.libvirt.lenient import with_hostdev_modes
+from pcitopo.libvirt.overrides import properties as override_properties
+from pcitopo.model.tree import Topology
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.serve.options import PREFIX, parse_vmi
 from testkit.kubevirt_sim import canonical, next_call_input, non_owned_elements
 from testkit.strategies import (
     Case,
@@ -55,15 +63,6 @@ from testkit.strategies import (
     mutated_domains,
     world_from_topo,
 )
-from pcitopo.serve.options import PREFIX, parse_vmi
-from pcitopo.serve.core import handle_define_domain
-from pcitopo.libvirt.lenient import with_hostdev_modes
-from pcitopo.errors import PcitopoError
-from pcitopo.model.tree import Topology
-from pcitopo.libvirt.overrides import properties as override_properties
-from pcitopo.guest.rewrite import Why, rewrite_domain
-from pcitopo.host.sysfs import SysfsReader
-from pcitopo.host.sources import MemoryTree
 
 SCHEMA = "/usr/share/libvirt/schemas/domain.rng"
 RUNS: Counter = Counter()

@@ -191,7 +191,7 @@ class Cluster:
         self.version = release(self.objects)
 
     @classmethod
-    def start(cls, name: str, workdir: Path) -> "Cluster":
+    def start(cls, name: str, workdir: Path) -> Cluster:
         objects = {key(o): o for o in dump_for(name)}
         # The namespaces the dump's objects live in exist; the example VM's, `ml`, allows hook
         # sidecars, as the page asks before its quick starts.

@@ -9,9 +9,9 @@ import subprocess
 import tomllib
 from importlib import metadata as md
 
+from pcitopo import __version__
 from testkit import REPO as ROOT
 from testkit.server_proc import BIN
-from pcitopo import __version__
 
 # sha256 of the Apache License 2.0 as the ASF publishes it (LICENSE-2.0.txt; Debian ships the
 # same bytes as /usr/share/common-licenses/Apache-2.0).

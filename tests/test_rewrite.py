@@ -9,15 +9,14 @@ import subprocess
 import pytest
 from lxml import etree
 
-from testkit import REPO as ROOT
-from testkit import fixture_script
-from testkit.hookkit import placement
-from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
-from testkit.kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
-from testkit.stack import StackMissing, debian13
 from pcitopo.errors import DomainError, PlanError
 from pcitopo.guest.rewrite import Why, rewrite_domain
 from pcitopo.host.sysfs import open_host
+from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
+from testkit import REPO as ROOT, fixture_script
+from testkit.hookkit import placement
+from testkit.kubevirt_sim import canonical, hook_calls, kubevirt_reparse, non_owned_elements
+from testkit.stack import StackMissing, debian13
 
 golden = fixture_script("golden")
 
@@ -200,8 +199,8 @@ def test_unknown_hostdev_is_a_clear_error(hosts):
 
 
 def test_out_of_buses_is_a_clear_error():
-    from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
     from pcitopo.synth import host_from_topo
+    from testkit.kubevirt_sim import DomainSpec, kubevirt_domain
 
     # Two PCI domains' worth of switches: the host has room, one guest domain does not.
     lines = ["numa 0 cpus=0-3"]

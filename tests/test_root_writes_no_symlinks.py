@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from pcitopo.cli.main import pcitopo_main, xmlfix_main
-from pcitopo.serve.plugin.sockets import hand_to
+from pcitopo.errors import ConfigError
 from pcitopo.host import files
 from pcitopo.host.files import TMP_SUFFIX, write_atomic
-from pcitopo.errors import ConfigError
+from pcitopo.serve.plugin.sockets import hand_to
 from testkit import FIXTURES
 from testkit.server_proc import serve_argv
 

@@ -20,12 +20,23 @@ from testkit import REPO as ROOT
 
 pytest.importorskip("celpy")
 
-from test_tenancy import (ALLOWED, ALLOWED_NS, IMAGE, MALFORMED, NOT_OUR_FORM, OTHER_IMAGE, OTHER_NS, gpu_vmi,  # noqa: E402
-                          image_params, refusals, sidecars)
-from testkit.admission.manifests import load  # noqa: E402
+from test_tenancy import (  # noqa: E402
+    ALLOWED,
+    ALLOWED_NS,
+    IMAGE,
+    MALFORMED,
+    NOT_OUR_FORM,
+    OTHER_IMAGE,
+    OTHER_NS,
+    gpu_vmi,
+    image_params,
+    refusals,
+    sidecars,
+)
 
 from pcitopo.kubevirt.admitted import Admitted, from_params  # noqa: E402
 from pcitopo.kubevirt.sidecar_policy import ONLY, refusal  # noqa: E402
+from testkit.admission.manifests import load  # noqa: E402
 
 HOOKS = "hooks.kubevirt.io/hookSidecars"
 EXAMPLES = ROOT / "tests" / "data" / "kubevirt-v1.9.0-examples"

@@ -8,15 +8,11 @@ import textwrap
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import pcitopo.synth.build as synth_build
-from testkit import FIXTURES, fixture_script
-from pcitopo.synth import build_tree, format_cpus, load_topo_file, parse_topo
-from pcitopo.libvirt.domain import parse_cpuset
 from pcitopo.errors import SysfsError
-from pcitopo.model.tree import Topology
+from pcitopo.host.sources import MemoryTree, resolve
 from pcitopo.host.sysfs import (
     CLASS_DIRS,
     DOCTOR_ATTRS,
@@ -27,7 +23,10 @@ from pcitopo.host.sysfs import (
     RESOURCE_ATTRS,
     SysfsReader,
 )
-from pcitopo.host.sources import MemoryTree, resolve
+from pcitopo.libvirt.domain import parse_cpuset
+from pcitopo.model.tree import Topology
+from pcitopo.synth import build_tree, format_cpus, load_topo_file, parse_topo
+from testkit import FIXTURES, fixture_script
 
 generate = fixture_script("generate")
 FIXTURE_NAMES = generate.fixture_names()

@@ -9,12 +9,11 @@ import subprocess
 
 import pytest
 
-from pcitopo.host.capture import capture
 from pcitopo.errors import MalformedBdfError, SysfsError
-from pcitopo.model.tree import Bdf
-from pcitopo.host.sysfs import SysfsReader, open_host
+from pcitopo.host.capture import capture
 from pcitopo.host.sources import DirSource, MemoryTree, resolve
-from pcitopo.model.tree import Topology
+from pcitopo.host.sysfs import SysfsReader, open_host
+from pcitopo.model.tree import Bdf, Topology
 
 LIVE = os.path.isdir("/sys/bus/pci/devices") and bool(os.listdir("/sys/bus/pci/devices"))
 

@@ -14,12 +14,11 @@ import yaml
 
 from pcitopo.kubevirt.nodes import GPU_NODE_TERMS, is_gpu_node
 from pcitopo.kubevirt.targets import TARGETS
+from testkit import REPO
 from testkit.admission.cluster import schedules_on
-from testkit.admission.manifests import (PLACEHOLDER, TARGETS_DIR, ZERO_DIGEST, kustomize, kustomize_text, overlay,
-                                         pod_specs, template_image)
+from testkit.admission.manifests import PLACEHOLDER, TARGETS_DIR, ZERO_DIGEST, kustomize, kustomize_text, overlay, pod_specs, template_image
 from testkit.admission.plugin_api import plugin_errors
 from testkit.admission.policy import apply_patch
-from testkit import REPO
 
 kv = pytest.importorskip("kubernetes_validate")
 
@@ -89,7 +88,7 @@ def test_each_target_says_how_it_is_applied_and_rolled_back(target):
     steps = [line[4:] for line in rollback.splitlines() if line.startswith("#   ")]
     assert steps == lines[lines.index("kubectl delete -f vm.yaml") + 1:], "one roll back recipe, the quick start's"
     for gate in target.gates:
-        assert f'\\"op\\":\\"test\\"' in rollback and f'\\"value\\":\\"{gate}\\"' in rollback
+        assert '\\"op\\":\\"test\\"' in rollback and f'\\"value\\":\\"{gate}\\"' in rollback
     for name in target.plugin_objects:
         assert steps[0] == f"kubectl delete plugins.plugin.kubevirt.io {name}", steps
     if not target.plugin_objects:

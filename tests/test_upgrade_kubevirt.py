@@ -23,10 +23,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import test_quickstarts as qs  # the quick starts' offline cluster and stand-in kubectl
 
 from testkit import REPO as ROOT
-
-import test_quickstarts as qs  # the quick starts' offline cluster and stand-in kubectl
 
 BLOCKS = dict(re.findall(r"<!-- upgrade-kubevirt: ([^>]+?) -->\n```sh\n(.*?)```", qs.DEPLOY_MD, re.S))
 NEW_RELEASE = "v1.10.0"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from testkit import REPO as ROOT
-from pcitopo.paths.classify import classify
-from pcitopo.model.labels import default_devices
 from pcitopo.host.sysfs import open_host
+from pcitopo.model.labels import default_devices
+from pcitopo.paths.classify import classify
 from pcitopo.paths.vfs import group_vfs
+from testkit import REPO as ROOT
 
 BIN = Path(sys.executable).parent
 SRIOV = "fixtures/sriov-4k"

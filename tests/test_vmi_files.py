@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from pcitopo.errors import ConfigError
 from pcitopo.kubevirt.manifest import vmi_as_json
 from pcitopo.serve.options import options_from_annotations
-from pcitopo.errors import ConfigError
 from testkit import REPO
 
 BIN = Path(sys.executable).parent

@@ -104,7 +104,7 @@ class InternalError(PcitopoError):
     kind = "internal"
 
     @classmethod
-    def of(cls, e: BaseException, where: str = "") -> "InternalError":
+    def of(cls, e: BaseException, where: str = "") -> InternalError:
         """Wrap an unexpected exception: ``[where: ]TypeName: message``."""
         return cls(f"{where + ': ' if where else ''}{type(e).__name__}: {e}")
 

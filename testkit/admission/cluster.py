@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from testkit.admission.policy import evaluate
 
-
 # -- node affinity (Kubernetes, "Assigning Pods to Nodes"; k8s.io/component-helpers
 #    scheduling/corev1/nodeaffinity) ------------------------------------------------------------
 

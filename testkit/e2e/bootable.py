@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from lxml import etree
 

@@ -20,16 +20,16 @@ before it trusts any class.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from pcitopo.paths.classify import classify
 from pcitopo.errors import PcitopoError
-from pcitopo.model.tree import Bdf, Topology, root_complex_sort_key
-from pcitopo.views.report import label_devices, tree_text
 from pcitopo.guest.rewrite import Report, RewriteResult
 from pcitopo.host.sysfs import open_host
+from pcitopo.model.tree import Bdf, Topology, root_complex_sort_key
+from pcitopo.paths.classify import classify
+from pcitopo.views.report import label_devices, tree_text
 
 from .guestboot import GuestResult
 from .guesttree import bus_overlaps

@@ -5,12 +5,12 @@ TCG, and read the guest's PCI tree back.
 from __future__ import annotations
 
 import itertools
-import shutil
 import os
+import shutil
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from lxml import etree
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
 
 from lxml import etree
 

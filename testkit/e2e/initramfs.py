@@ -51,9 +51,7 @@ _FALLBACK_LINKS = ("driver", "iommu_group", "physfn")
 # Printed too (bus-range checks, see guesttree.bus_overlaps); the reader ignores them.
 EXTRA_ATTRS = ("secondary_bus_number", "subordinate_bus_number")
 try:
-    from pcitopo.host.sysfs import LINK_ATTRS as _LINKS
-    from pcitopo.host.sysfs import OPTIONAL_ATTRS as _OPT
-    from pcitopo.host.sysfs import REQUIRED_ATTRS as _REQ
+    from pcitopo.host.sysfs import LINK_ATTRS as _LINKS, OPTIONAL_ATTRS as _OPT, REQUIRED_ATTRS as _REQ
 
     ATTRS = tuple(dict.fromkeys((*_REQ, *_OPT, *_FALLBACK_ATTRS, *EXTRA_ATTRS)))
     LINKS = tuple(dict.fromkeys((*_LINKS, *_FALLBACK_LINKS)))

@@ -337,7 +337,7 @@ class PrivateLibvirtd:
         if not keep_logs and self.base.exists():
             shutil.rmtree(self.base, ignore_errors=True)
 
-    def __enter__(self) -> "PrivateLibvirtd":
+    def __enter__(self) -> PrivateLibvirtd:
         self.start()
         return self
 

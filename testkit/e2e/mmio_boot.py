@@ -22,14 +22,14 @@ from pathlib import Path
 
 from lxml import etree
 
-from testkit import REPO
-from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
-from pcitopo.synth import host_from_topo
 from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.host.sysfs import open_host
 from pcitopo.libvirt.domain import QEMU_NS, parse_int
 from pcitopo.model.bars import Bar
 from pcitopo.model.tree import Topology
+from pcitopo.synth import host_from_topo
+from testkit import REPO
+from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
 
 Q = f"{{{QEMU_NS}}}"
 IVSHMEM = ("0x1af4", "0x1110")  # ivshmem's vendor:device in the guest

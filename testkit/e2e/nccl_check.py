@@ -22,10 +22,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcitopo.model.tree import Bdf, Topology
-from pcitopo.model.tree import Role
-from pcitopo.nccl.price import port_link
+from pcitopo.model.tree import Bdf, Role, Topology
 from pcitopo.nccl.pcitree import DirSysfs, NcclTree
+from pcitopo.nccl.price import port_link
 from pcitopo.nccl.topoxml import FWCFG_NAME, gt_s, parse, strtol
 
 from .guestboot import GuestResult

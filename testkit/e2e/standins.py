@@ -5,7 +5,7 @@ how a hostdev's kind is told."""
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from collections.abc import Mapping
 
 from lxml import etree
 

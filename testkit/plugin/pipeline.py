@@ -17,8 +17,8 @@ defines virt-launcher reads libvirt's domain back into ``api.DomainSpec``
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from pcitopo.kubevirt.launcher.release_groups import Release
 from testkit.kubevirt_sim import kubevirt_reparse, next_call_input

@@ -4,17 +4,18 @@ hostile mutations of them, and the libvirt/KubeVirt simulation extensions they n
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
-from hypothesis import assume
-from hypothesis import strategies as st
+from hypothesis import assume, strategies as st
 from lxml import etree
 
+from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
+from pcitopo.libvirt.define_sim import libvirt_define
 from pcitopo.libvirt.domain import ROOT_PORT, parse_int
+from pcitopo.libvirt.marshal import sub as _sub, to_kubevirt_bytes
 from pcitopo.model.tree import Bdf
 
-from pcitopo.kubevirt.launcher.release_groups import RELEASES, Release
 from ..kubevirt_sim import (
     DomainSpec,
     kubevirt_domain,
@@ -22,8 +23,6 @@ from ..kubevirt_sim import (
     kubevirt_reparse,
     next_call_input,
 )
-from pcitopo.libvirt.marshal import sub as _sub, to_kubevirt_bytes
-from pcitopo.libvirt.define_sim import libvirt_define
 from .hosts import World, worlds
 
 # -- libvirt/KubeVirt simulation extensions -----------------------------------------------------
@@ -255,8 +254,8 @@ def mutated_domains(draw, base: st.SearchStrategy[Case] | None = None) -> tuple[
     case = draw(base if base is not None else cases())
     xml = case.xml
     if draw(st.booleans()):
-        from pcitopo.guest.rewrite import rewrite_domain
         from pcitopo.errors import PcitopoError
+        from pcitopo.guest.rewrite import rewrite_domain
 
         try:
             xml = kubevirt_reparse(libvirt_define_all(rewrite_domain(xml, case.world.host).xml))

@@ -5,17 +5,17 @@ through the sidecar's own reader (see :mod:`testkit.strategies`)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from hypothesis import strategies as st
 
 from pcitopo.host.sources import MemoryTree
 from pcitopo.host.sysfs import SysfsReader, open_host
 from pcitopo.model.tree import Bdf, Role, Topology
+from pcitopo.synth import build_tree, parse_topo
 
 from .. import FIXTURES
-from pcitopo.synth import build_tree, parse_topo
 
 GPU_PRESETS = ("h100", "h200", "b200", "a100-pcie", "l40s")
 NIC_PRESETS = ("cx7-ib", "cx7-eth", "cx6-dx", "bf3")
@@ -35,7 +35,7 @@ BUS_LIMIT = 256
 class _Node:
     kind: str  # rp us ds br ep
     keys: dict[str, str] = field(default_factory=dict)
-    children: list["_Node"] = field(default_factory=list)
+    children: list[_Node] = field(default_factory=list)
     tags: set[str] = field(default_factory=set)
 
 
@@ -289,7 +289,7 @@ def generated_worlds(draw, mixed_numa: bool = False, bmc: bool = True, max_nodes
 FIXTURE_HOSTS = ("hgx-h100", "hgx-b200", "dgx-h100", "pcie-2socket", "hgx-h200-snc2")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fixture_world(name: str) -> World:
     host = open_host(FIXTURES / name)
     return _world(name, None, host, frozenset({"fixture"}))

@@ -9,10 +9,9 @@ import shutil
 
 import pytest
 
-from testkit.stack import DEBIAN12, Stack, StackMissing
-
 from testkit.e2e.libvirtd import PrivateLibvirtd
 from testkit.e2e.paths import SetupMissing, e2e_stack, find_kernel, slow_tier_on
+from testkit.stack import DEBIAN12, Stack, StackMissing
 
 # the initramfs's guest userland (busybox, lspci) comes from the machine; the stacks are checked
 # by PrivateLibvirtd itself

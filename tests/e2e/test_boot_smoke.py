@@ -90,8 +90,8 @@ def test_switch_hierarchy_and_numa(libvirtd, tmp_path):
 
     # the project's own reader sees the same tree
     tree = r.sysfs_tree(tmp_path / "sysfs")
-    from pcitopo.model.tree import Role
     from pcitopo.host.sysfs import open_host
+    from pcitopo.model.tree import Role
 
     topo = open_host(tree)
     g0 = topo.function(bdf["ua-gpu-gpu0"])

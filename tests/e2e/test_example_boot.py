@@ -17,14 +17,14 @@ from __future__ import annotations
 import pytest
 
 from pcitopo.guest.rewrite import rewrite_domain
-from pcitopo.model.tree import Role
 from pcitopo.kubevirt.launcher.defines import boot_defines, vmi_interfaces
 from pcitopo.kubevirt.launcher.release_groups import Release
+from pcitopo.model.tree import Role
+from testkit.e2e.golden_check import check_booted
+from testkit.e2e.guestboot import boot
+from testkit.e2e.paths import REPO_ROOT
 from testkit.kubevirt_vmi import deploy_examples, domain_for_vmi
 
-from testkit.e2e.golden_check import check_booted
-from testkit.e2e.paths import REPO_ROOT
-from testkit.e2e.guestboot import boot
 from .test_golden_boot import BOOT_TIMEOUT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]

@@ -24,16 +24,14 @@ import time
 import pytest
 from lxml import etree
 
-from pcitopo.model.tree import Topology
 from pcitopo.guest.rewrite import RewriteResult, rewrite_domain
 from pcitopo.host.sysfs import open_host
-
+from pcitopo.model.tree import Topology
 from testkit.e2e.golden_check import check_booted
-from testkit.e2e.nccl_check import check_nccl
 from testkit.e2e.guestboot import GuestResult, boot
+from testkit.e2e.nccl_check import check_nccl
 from testkit.e2e.paths import REPO_ROOT
 from testkit.e2e.terminal import show_past_capture
-
 
 # seconds per boot; a loaded machine (many boots at once) may need more: PCITOPO_E2E_BOOT_TIMEOUT
 BOOT_TIMEOUT = float(os.environ.get("PCITOPO_E2E_BOOT_TIMEOUT") or 240.0)
@@ -70,7 +68,7 @@ _STACKS: list[str] = []
 _NCCL: list[str] = []
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def golden(case: str) -> tuple[Topology, RewriteResult]:
     host = open_host(FIXTURES / case.split("/")[0])
     return host, rewrite_domain((FIXTURES / case / "domain.xml").read_bytes(), host)

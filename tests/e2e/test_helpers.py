@@ -195,8 +195,8 @@ def test_sysfs_tree_is_read_by_the_project_reader(tmp_path):
     assert (out / "devices/pci0000:00/0000:00:00.0/numa_node").read_text() == "-1\n"
     assert not (out / "devices/pci0000:00/0000:00:00.0/max_link_speed").exists()
     assert (out / "devices/system/node/node1/cpulist").read_text() == "1\n"
-    from pcitopo.model.tree import Role
     from pcitopo.host.sysfs import open_host
+    from pcitopo.model.tree import Role
 
     topo = open_host(out)
     gpu = topo.function("0000:21:00.0")

@@ -25,7 +25,6 @@ of every boot of the session, with the stack's versions, prints at the end (also
 from __future__ import annotations
 
 import pytest
-from lxml import etree
 
 from testkit.e2e.bootable import BootError
 from testkit.e2e.guestboot import boot
@@ -171,6 +170,7 @@ def test_libvirt_hands_the_settings_to_qemu(libvirtd, tmp_path):
     reserves = dict(re.findall(r'"id":"(ua-pcitopo-rp-[^"]+)"[^}]*"pref64-reserve":(\d+)', out))
     assert reserves == {a: str(v) for a, v in report.mmio.seabios.reserves.items()} and len(reserves) == 8
     import test_mmio
+
     from pcitopo.synth import host_from_topo
 
     out, report = argv(host_from_topo(test_mmio.PCIE_HOST))

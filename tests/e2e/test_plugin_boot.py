@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 
 from pcitopo.guest.rewrite import rewrite_domain
-from testkit.plugin.pipeline import boot as kubevirt_boot
-
 from testkit.e2e.golden_check import check_booted
 from testkit.e2e.mmio_boot import HOST_BITS, boot_domain, kubevirt_input
 from testkit.e2e.nccl_check import check_nccl
+from testkit.plugin.pipeline import boot as kubevirt_boot
+
 from .test_golden_boot import FIXTURES, NCCL_CASES, _boot, golden
 from .test_mmio_boot import _boot as mmio_boot
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from testkit.stack import DEBIAN12, StackMissing, StackVersions, _upstream, debian13
-
 from testkit.e2e.libvirtd import PrivateLibvirtd, _pid_alive
+from testkit.stack import DEBIAN12, StackMissing, StackVersions, _upstream, debian13
 
 
 def test_upstream_part_of_debian_versions():

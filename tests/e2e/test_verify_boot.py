@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from pcitopo.nccl.topoxml import FWCFG_NAME
-
 from testkit.e2e.guestboot import boot
 from testkit.e2e.paths import REPO_ROOT
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pcitopo.serve.options import PREFIX, HookOptions, VmiError, describe_options, options_from_vmi, parse_vmi
 from pcitopo.errors import ConfigError, PcitopoError
+from pcitopo.serve.options import PREFIX, HookOptions, VmiError, describe_options, options_from_vmi, parse_vmi
 
 
 def vmi(annotations=None, **meta) -> bytes:

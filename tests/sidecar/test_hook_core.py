@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from lxml import etree
 
-from testkit import REPO
-from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
-from pcitopo.serve.options import PREFIX
-from pcitopo.serve.core import InternalError, handle_define_domain
 from pcitopo.errors import ConfigError, DomainError, PcitopoError, SysfsError
 from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.host.sysfs import open_host
 from pcitopo.libvirt.lenient import with_hostdev_modes
+from pcitopo.serve.core import InternalError, handle_define_domain
+from pcitopo.serve.options import PREFIX
+from testkit import REPO
+from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
 
 PASSTHROUGH = {f"{PREFIX}on-error": "passthrough"}
 
@@ -235,9 +235,9 @@ def test_a_host_model_that_is_not_one_still_passes_through_under_doctor_warn():
 
 
 def test_the_hook_errors_live_in_topology_errors():
-    import pcitopo.serve.options
-    import pcitopo.serve.core
     import pcitopo.errors as errors
+    import pcitopo.serve.core
+    import pcitopo.serve.options
 
     assert pcitopo.serve.core.InternalError is errors.InternalError and errors.InternalError.kind == "internal"
     assert pcitopo.serve.options.VmiError is errors.VmiError and errors.VmiError.kind == "vmi"

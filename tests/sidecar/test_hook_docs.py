@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from testkit.hookkit import REPO
 from pcitopo.serve.options import PREFIX, describe_options, options_from_annotations
 from pcitopo.serve.server import DEFAULT_SOCKET
+from testkit.hookkit import REPO
 
 DEPLOY_MD = (REPO / "docs" / "DEPLOY.md").read_text()
 VM_MD = (REPO / "docs" / "VM.md").read_text()  # one VM: its options, what it writes

@@ -7,15 +7,15 @@ import subprocess
 
 import pytest
 
-from pcitopo.serve.options import DEFAULT_OPTIONS, PREFIX, options_from_annotations
+from pcitopo.checks.doctor import DoctorError
+from pcitopo.host.sources import MemoryTree, resolve
+from pcitopo.host.sysfs import SysfsReader, open_host
+from pcitopo.model.tree import Topology
 from pcitopo.serve.core import handle_define_domain
+from pcitopo.serve.options import DEFAULT_OPTIONS, PREFIX, options_from_annotations
 from testkit import REPO
 from testkit.hookkit import fixture_domain, fixture_sysfs, vmi_json
 from testkit.server_proc import BIN
-from pcitopo.checks.doctor import DoctorError
-from pcitopo.model.tree import Topology
-from pcitopo.host.sysfs import SysfsReader, open_host
-from pcitopo.host.sources import MemoryTree, resolve
 
 DOMAIN = fixture_domain("hgx-h100")  # 20 hostdevs, the same BDFs as hgx-h100-faults
 ONE_PAIR = fixture_domain("hgx-h100", "one-pair")  # GPU0 and NIC0 (both on vfio-pci)
@@ -220,8 +220,8 @@ def test_a_doctor_that_cannot_run_is_logged_under_warn_and_stops_the_vm_under_re
 def test_require_under_passthrough_on_an_unreadable_host_does_not_start(tmp_path):
     """on-error: passthrough hands the domain back when the host cannot be read, but
     doctor: require has nothing to check it on: the VM does not start (as pairing: require)."""
-    from pcitopo.serve.hooks import HostCache
     from pcitopo.errors import SysfsError
+    from pcitopo.serve.hooks import HostCache
 
     cache = HostCache(str(tmp_path / "no-sys"))
     passthrough = {f"{PREFIX}on-error": "passthrough"}

@@ -11,10 +11,10 @@ import pkgutil
 
 import pytest
 
-import pcitopo.cli
 import pcitopo
-from pcitopo.serve.hooks import _GRPC_CODE, status_name
+import pcitopo.cli
 from pcitopo.errors import PcitopoError
+from pcitopo.serve.hooks import _GRPC_CODE, status_name
 
 DELIBERATE = {"INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL"}
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from pcitopo.host.sources import PCI_DEVICES_DIR, MemoryTree
+from pcitopo.model.tree import Bdf
 from pcitopo.serve.core import handle_define_domain
 from pcitopo.serve.hooks import HostCache
 from testkit.hookkit import REPO, fixture_domain, vmi_json
-from pcitopo.host.sources import PCI_DEVICES_DIR, MemoryTree
-from pcitopo.model.tree import Bdf
 
 GPU = "0000:3a:00.0"  # GPU2 of hgx-h100 (hgx-h100-faults binds it to nvidia)
 NIC = "0000:5c:00.0"  # NIC5 of hgx-h100 (hgx-h100-faults puts it in GPU3's group)

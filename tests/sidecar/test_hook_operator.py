@@ -3,7 +3,6 @@ read. Real `pcitopo serve` processes on a socket, real gRPC clients."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -11,11 +10,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from pcitopo import __version__
+from pcitopo.serve.wire import MAX_MESSAGE_BYTES, MAX_REPLY_BYTES
 from testkit.hookkit import VirtLauncher, fixture_domain, fixture_sysfs
 from testkit.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
 from testkit.server_proc import BIN, ServerProcess, serve_argv, wait_for_socket
-from pcitopo.serve.wire import MAX_MESSAGE_BYTES, MAX_REPLY_BYTES
-from pcitopo import __version__
 
 
 @pytest.fixture

@@ -18,22 +18,21 @@ import weakref
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from lxml import etree
 
-from pcitopo.serve.core import handle_define_domain
-from pcitopo.serve.hooks import HostCache
 from pcitopo.checks.doctor import FINDINGS, KEPT_ALLOCATIONS as DOCTOR_ENTRIES
 from pcitopo.guest.mmio import SIZINGS
 from pcitopo.guest.rewrite import ELEMENTS, NCCL_FILES, PLANS, VERDICTS
 from pcitopo.guest.verdict import PAIR_COUNTS
 from pcitopo.guest.view import VIEWS
-from pcitopo.paths.pairing import VM_PAIRS
-from testkit.hookkit import REPO, fixture_domain, vmi_json
 from pcitopo.host.sources import PCI_DEVICES_DIR, MemoryTree
 from pcitopo.host.sysfs import open_host
 from pcitopo.model.keep import ALLOCATIONS_KEPT
+from pcitopo.paths.pairing import VM_PAIRS
+from pcitopo.serve.core import handle_define_domain
+from pcitopo.serve.hooks import HostCache
+from testkit.hookkit import REPO, fixture_domain, vmi_json
 
 HOST = "hgx-h100"
 # what each layer keeps per host model and allocation
@@ -145,7 +144,7 @@ def test_a_rebind_starts_the_derivations_anew(tmp_path):
     os.symlink(os.path.relpath(root / "bus" / "pci" / "drivers" / "nvidia", dev), tmp)
     os.replace(tmp, dev / "driver")
     after = handle_define_domain(domain, vmi_json(domain), cache)
-    assert cache() is not old and not cache() is None
+    assert cache() is not old and cache() is not None
     assert after.result.guest is not before.result.guest
     assert after.result.report.mmio.seabios is not before.result.report.mmio.seabios
     assert set(kept(cache())) >= {"plan", "guest_view", "verdicts"}

@@ -16,6 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from pcitopo.libvirt.lenient import with_hostdev_modes
+from pcitopo.serve.options import PREFIX
+from pcitopo.serve.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
+from pcitopo.serve.wire import MAX_MESSAGE_BYTES
 from testkit.hookkit import (
     REPO,
     VirtLauncher,
@@ -23,19 +27,17 @@ from testkit.hookkit import (
     fixture_sysfs,
     vmi_json,
 )
+from testkit.hookproto import (
+    info_pb2,
+    info_pb2_grpc,
+    v1alpha1_pb2,
+    v1alpha1_pb2_grpc,
+    v1alpha2_pb2,
+    v1alpha2_pb2_grpc,
+    v1alpha3_pb2,
+    v1alpha3_pb2_grpc,
+)
 from testkit.server_proc import BIN, ServerProcess, serve_argv, wait_for_socket
-from pcitopo.serve.options import PREFIX
-from testkit.hookproto import info_pb2
-from testkit.hookproto import info_pb2_grpc
-from testkit.hookproto import v1alpha1_pb2
-from testkit.hookproto import v1alpha1_pb2_grpc
-from testkit.hookproto import v1alpha2_pb2
-from testkit.hookproto import v1alpha2_pb2_grpc
-from testkit.hookproto import v1alpha3_pb2
-from testkit.hookproto import v1alpha3_pb2_grpc
-from pcitopo.serve.server import COMPUTE_GID, COMPUTE_UID, SOCKET_MODE
-from pcitopo.serve.wire import MAX_MESSAGE_BYTES
-from pcitopo.libvirt.lenient import with_hostdev_modes
 
 ROOT = os.geteuid() == 0
 

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from pcitopo.libvirt.lenient import with_hostdev_modes
+from pcitopo.serve.options import PREFIX
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json
 from testkit.server_proc import BIN
-from pcitopo.serve.options import PREFIX
-from pcitopo.libvirt.lenient import with_hostdev_modes
 
 DOMAIN = fixture_domain("hgx-b200")
 EXPECTED = (REPO / "fixtures/hgx-b200/expected.xml").read_bytes()

@@ -25,10 +25,7 @@ import grpc
 import pytest
 
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, vmi_json
-from testkit.hookproto import info_pb2
-from testkit.hookproto import info_pb2_grpc
-from testkit.hookproto import v1alpha3_pb2
-from testkit.hookproto import v1alpha3_pb2_grpc
+from testkit.hookproto import info_pb2, info_pb2_grpc, v1alpha3_pb2, v1alpha3_pb2_grpc
 
 CONTAINERFILE = REPO / "Containerfile"
 KUBEVIRT_HOOKS = "/var/run/kubevirt-hooks"

@@ -10,10 +10,10 @@ import re
 
 import pytest
 
+from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI
 from pcitopo.serve.hooks import HostCache
 from pcitopo.serve.plugin.devices import MAX_REQUESTS
 from pcitopo.serve.plugin.doctorfile import DoctorFile
-from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI
 from pcitopo.serve.plugin.nodehook import NodeSettings, check_node
 from testkit.hookkit import fixture_sysfs
 

@@ -15,14 +15,12 @@ import json
 import os
 import subprocess
 import threading
-from pathlib import Path
 
 import pytest
 from lxml import etree
 
-from pcitopo.serve.hooks import CallFailed, HostCache, Hooks, JsonLog
+from pcitopo.serve.hooks import CallFailed, Hooks, HostCache, JsonLog
 from testkit.hookkit import REPO, fixture_domain, fixture_sysfs, placement, vmi_json, xmlfix
-from pcitopo.kubevirt.launcher.release_groups import Release
 from testkit.plugin.libvirtxml import LibvirtxmlError, round_trip
 from testkit.plugin.pipeline import as_libvirtxml, boot, with_kubevirt_18866
 

@@ -18,8 +18,8 @@ import pytest
 
 from testkit.goclient import hookclient_or_skip
 from testkit.hookkit import fixture_domain, fixture_sysfs, placement, vmi_json, xmlfix
-from testkit.server_proc import ServerProcess, serve_argv
 from testkit.plugin.pipeline import as_libvirtxml, boot
+from testkit.server_proc import ServerProcess, serve_argv
 
 FIXTURES = ("hgx-b200", "hgx-h100", "dgx-h100")
 PLUGIN_ROOT = Path("/var/run/kubevirt-plugin")

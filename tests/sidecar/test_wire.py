@@ -10,9 +10,7 @@ import random
 from google.protobuf.message import DecodeError
 
 from pcitopo.serve import wire
-from testkit.hookproto import info_pb2
-from testkit.hookproto import v1alpha2_pb2
-from testkit.hookproto import v1alpha3_pb2
+from testkit.hookproto import info_pb2, v1alpha2_pb2, v1alpha3_pb2
 
 
 def test_info_result_is_protobufs_bytes():

@@ -14,9 +14,11 @@ a fixture), so a captured host can be doctored offline.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Iterable, Sequence
 
+from pcitopo.checks.findings import CHECKS, STATUSES, DoctorReport, Finding, Fix, Target
+from pcitopo.checks.kubeletcpu import read_kubelet
 from pcitopo.errors import DoctorError, SysfsError
 from pcitopo.host.configspace import ACS_CR, ACS_DT, ACS_RR, ATS_ENABLE, NEEDS_ROOT, ConfigSpace, ConfigUnknown, acs_flags
 from pcitopo.host.sources import LEFT_OUT, PCI_DEVICES_DIR, Source, Unreadable, is_whole, resolve
@@ -25,8 +27,6 @@ from pcitopo.model.keep import PerModel, Recent, recent
 from pcitopo.model.labels import Labeled, default_devices, host_labels, label_devices
 from pcitopo.model.tree import MELLANOX, Bdf, PciFunction, Role, Topology, is_bdf
 from pcitopo.paths.classify import Nccl, classify
-from pcitopo.checks.findings import CHECKS, STATUSES, DoctorReport, Finding, Fix, Target
-from pcitopo.checks.kubeletcpu import read_kubelet
 
 VFIO = "vfio-pci"
 TRANSLATED_GROUP_TYPES = ("DMA", "DMA-FQ")

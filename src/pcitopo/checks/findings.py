@@ -87,7 +87,7 @@ class DoctorReport:
     findings: tuple[Finding, ...]
     targets: tuple[Target, ...] = ()  # the devices checked (for the fleet outputs)
     # the node's kubelet CPU manager settings, when the doctor was asked to read them (on a node)
-    kubelet: "KubeletFacts | None" = None
+    kubelet: KubeletFacts | None = None
 
     def summary(self) -> dict[str, int]:
         counts = dict.fromkeys(STATUSES, 0)

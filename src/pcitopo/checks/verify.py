@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from pcitopo.errors import ConfigError, PcitopoError
 from pcitopo.model.tree import Bdf, Role, Topology
-from pcitopo.paths.classify import classify
-from pcitopo.nccl.price import nccl_tree
 from pcitopo.nccl.pcitree import NcclTree
+from pcitopo.nccl.price import nccl_tree
 from pcitopo.nccl.topoxml import XmlNode
+from pcitopo.paths.classify import classify
 
 MAX_EXPECT_BYTES = 16 * 1024 * 1024
 CLASSES = ("PIX", "PXB", "PHB", "NODE", "SYS")

@@ -22,7 +22,6 @@ import zipfile
 from typing import Callable, NamedTuple, Sequence
 
 from pcitopo.errors import ConfigError
-
 from pcitopo.program import EXIT_CHECK_FAILED, EXIT_OK, Parser, run_program
 
 GUEST_PROG = "pcitopo-guest"
@@ -51,9 +50,8 @@ def verify_command(args: argparse.Namespace, prog: str) -> int:
     """Compare the guest's sysfs with the prediction; every difference one line, then what
     matched and what did not. Exit 1 on any difference."""
     from pcitopo.checks.verify import MAX_EXPECT_BYTES, load_expectation, verify_guest
-    from pcitopo.host.sysfs import open_host
-
     from pcitopo.host.files import read_bounded
+    from pcitopo.host.sysfs import open_host
 
     expect = load_expectation(read_bounded(args.expect, MAX_EXPECT_BYTES, "prediction"), args.expect)
     nccl_file, system = _nccl_topo_file(args.nccl_topo)

@@ -10,25 +10,23 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
-from pcitopo.errors import ConfigError
-
-from pcitopo.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, Parser, VersionAction, print_json, run_program
 from pcitopo.cli.golden import add_golden_parser, cmd_golden
 from pcitopo.cli.node import add_capture_parser, add_doctor_parser, cmd_capture, cmd_doctor
 from pcitopo.cli.preflight import add_preflight_parser, cmd_preflight
-
+from pcitopo.errors import ConfigError
+from pcitopo.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_UNKNOWN, Parser, VersionAction, print_json, run_program
 
 # -- pcitopo topo ----------------------------------------------------------------------------
 
 def _cmd_topo(args: argparse.Namespace) -> int:
+    from pcitopo.host.sysfs import open_host
+    from pcitopo.model.labels import default_devices
+    from pcitopo.model.tree import Bdf
     from pcitopo.paths.classify import NvlinkOracle
     from pcitopo.paths.fabric import load_nvlink_table
-    from pcitopo.model.tree import Bdf
-    from pcitopo.model.labels import default_devices
     from pcitopo.views.report import topo_json, topo_text, tree_text
-    from pcitopo.host.sysfs import open_host
 
     chosen = [f"--{name}" for name in ("json", "tree", "dot") if getattr(args, name)]
     if len(chosen) > 1:  # one output per run, never a silent choice
@@ -58,8 +56,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     bdfs = list(dict.fromkeys(topo.function(Bdf.parse(b)).bdf for b in args.bdf)) if args.bdf else default_devices(topo, args.vfs)
     live_root = args.sysfs if os.path.realpath(args.sysfs) == "/sys" else None
     if args.dot:  # host and predicted guest as one Graphviz picture
-        from pcitopo.views.dot import topo_dot
         from pcitopo.paths.vfs import group_vfs
+        from pcitopo.views.dot import topo_dot
 
         sys.stdout.write(topo_dot(topo, group_vfs(topo, bdfs).heads, live_root))
         return EXIT_OK
@@ -84,10 +82,10 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 
 
 def _cmd_partitions(args: argparse.Namespace) -> int:
+    from pcitopo.host.sysfs import open_host
+    from pcitopo.model.labels import host_labels
     from pcitopo.paths.fabric import load_fabric
     from pcitopo.paths.partitions import partition_rows, partitions_json, partitions_text
-    from pcitopo.model.labels import host_labels
-    from pcitopo.host.sysfs import open_host
 
     if not args.fabric:
         raise ConfigError("no fabric file: give --fabric FILE (the output of `fmpm -l`) or set PCITOPO_FABRIC")
@@ -169,7 +167,6 @@ def _hook_input(pred, call: int, hook: str, host) -> tuple[bytes, str]:
     (``hook`` pcitopo) or nothing (``none``) answering the earlier calls; and the line that says so."""
 
     from pcitopo.kubevirt.launcher.defines import boot_defines, vmi_interfaces
-
     from pcitopo.serve.core import handle_define_domain
 
     vmi_json = json.dumps(pred.vmi).encode()
@@ -185,14 +182,11 @@ def _hook_input(pred, call: int, hook: str, host) -> tuple[bytes, str]:
 
 def _cmd_domain(args: argparse.Namespace) -> int:
     from pcitopo.cli.prediction import prediction_request
-    from pcitopo.kubevirt.launcher.request import predicted_domain
-    from pcitopo.host.sysfs import open_host
-
     from pcitopo.host.files import read_bounded, write_atomic
-
-    from pcitopo.program import MAX_VMI_BYTES
-
+    from pcitopo.host.sysfs import open_host
+    from pcitopo.kubevirt.launcher.request import predicted_domain
     from pcitopo.kubevirt.releases import ReleaseUnknown
+    from pcitopo.program import MAX_VMI_BYTES
 
     manifest = read_bounded(args.vmi, MAX_VMI_BYTES, "VMI")
     host = open_host(args.sysfs)

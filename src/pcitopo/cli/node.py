@@ -8,7 +8,6 @@ import json
 import os
 import sys
 
-
 from pcitopo.program import EXIT_CHECK_FAILED, EXIT_OK
 
 
@@ -99,12 +98,12 @@ def _doctor_every(args: argparse.Namespace) -> int:
 
 def _doctor_pass(args: argparse.Namespace) -> int:
     from pcitopo.checks.doctor import run_checks
-    from pcitopo.views.exports import nfd_text, pix_facts, prometheus_text
     from pcitopo.host.files import write_atomic
-    from pcitopo.views.doctor_report import report_text
-    from pcitopo.model.tree import Bdf, Topology
-    from pcitopo.host.sysfs import SysfsReader
     from pcitopo.host.sources import open_source
+    from pcitopo.host.sysfs import SysfsReader
+    from pcitopo.model.tree import Bdf, Topology
+    from pcitopo.views.doctor_report import report_text
+    from pcitopo.views.exports import nfd_text, pix_facts, prometheus_text
 
     source = open_source(args.sysfs)
     topo = Topology(SysfsReader(source))

@@ -22,19 +22,26 @@ import argparse
 import dataclasses
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
-from pcitopo.libvirt.document import MAX_DOMAIN_BYTES
+from pcitopo.cli.check import CheckReport, check_lines, check_report, prediction_doc
 from pcitopo.errors import ConfigError, DomainError, PcitopoError
 from pcitopo.host.files import read_bounded, write_atomic
 from pcitopo.host.sources import default_sysfs
-
-from pcitopo.program import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_UNKNOWN, MAX_VMI_BYTES, Parser, print_json, VersionAction
 from pcitopo.kubevirt.doors import DOORS
 from pcitopo.kubevirt.releases import DOOR_NOTES, DOOR_ROWS, RELEASES, ReleaseUnknown
-
-from pcitopo.cli.check import CheckReport, check_lines, check_report, prediction_doc
-
+from pcitopo.libvirt.document import MAX_DOMAIN_BYTES
+from pcitopo.program import (
+    EXIT_BAD_INPUT,
+    EXIT_CHECK_FAILED,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_UNKNOWN,
+    MAX_VMI_BYTES,
+    Parser,
+    VersionAction,
+    print_json,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,9 +171,9 @@ def xmlfix(argv: Sequence[str]) -> int:
 
 def _run(args: argparse.Namespace, manifest: bytes | None, vmi: bytes | None) -> int:
     """xmlfix on its inputs read: the host, the domain (given or predicted), the rewrite."""
+    from pcitopo.host.sysfs import open_host
     from pcitopo.serve.core import handle_define_domain
     from pcitopo.views.explain import diff_text
-    from pcitopo.host.sysfs import open_host
 
     host = open_host(args.sysfs)
     domain = _domain_input(args, host, manifest)
@@ -314,10 +321,8 @@ def _warnings(outcome, domain: bytes = b"") -> list[str]:
     under ``pairing: warn``, failed host-readiness checks under ``doctor: warn`` (or a doctor
     that could not run), and a VMI whose name is not the domain's (``VmiFacts.domain_mismatch``)."""
     from pcitopo.guest.verdict import firmware_warnings
-
-    from pcitopo.serve.core import nvlink_note
-
     from pcitopo.libvirt.lenient import readable_domain_name
+    from pcitopo.serve.core import nvlink_note
 
     out = firmware_warnings(outcome.result) if outcome.result is not None else []
     mismatch = outcome.vmi.domain_mismatch(readable_domain_name(domain)) if outcome.vmi.name else None

@@ -9,8 +9,9 @@ about the domain XML or the host model.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import TypeVar
 
 from pcitopo.errors import PlanError
 from pcitopo.model.address import BUS_COUNT, MAX_CONTROLLER_INDEX, MAX_FUNCTIONS_PER_SLOT, MAX_SLOT, SLOTS_PER_BUS

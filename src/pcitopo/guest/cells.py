@@ -23,8 +23,8 @@ Why it happens (public sources, docs/SOURCES.md "Guest NUMA cells and kubelet"):
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from pcitopo.errors import DomainError
 from pcitopo.libvirt.domain import parse_cpuset

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pcitopo.libvirt.domain import OUR_ALIAS_PREFIX, GuestAddress, NumaCell
 from pcitopo.model.tree import Bdf
 
-
 # -- facts in -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -31,30 +31,28 @@ through, and for SeaBIOS ``pref64-reserve`` on our root ports (by alias, via ``<
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 from lxml import etree
 
 from pcitopo.errors import FirmwareWarning, MmioError, PcitopoError
+from pcitopo.guest import seabios
+from pcitopo.guest.view import GuestLayout, LayoutController
+from pcitopo.libvirt import machine
 from pcitopo.libvirt.domain import DOWNSTREAM, OUR_ALIAS_PREFIX, ROOT_PORT, UPSTREAM
-from pcitopo.libvirt.machine import FEATURE_OFF_POLICIES, cpu_feature_policies, cpu_has_model, cpu_mode_of, ensure_cpu, firmware_of, guest_ram, require_cpu_feature, set_maxphysaddr
 from pcitopo.libvirt.overrides import Property, set_properties
 from pcitopo.model.bars import GiB, bits_for, device_bars, fmt_size, pow2ceil
 from pcitopo.model.cpuinfo import HostWidth, local_width
 from pcitopo.model.keep import recent
 from pcitopo.model.tree import Bdf, Topology
-from pcitopo.guest.seabios import MAX_TOP_BITS, PAD_SHIFT, Placement, Width, place, window_entry
-from pcitopo.guest.seabios import VERSION as SEABIOS_VERSION
-from pcitopo.guest.seabios import Bar as FwBar
-from pcitopo.guest.seabios import Bridge as FwBridge
-from pcitopo.guest.view import GuestLayout, LayoutController
 
 QEMU_DEFAULT_BITS = 40  # QEMU's phys-bits for CPU models other than host/max
 OVMF_DEFAULT_APERTURE = 32 * GiB  # OVMF's PcdPciMmio64Size when it cannot size the window itself
 OVMF_MIN_DYNAMIC_BITS = 41  # OVMF sizes the window from the width only above 40 bits
 # virt-launcher's x86_64 firmware at KubeVirt v1.8.0-v1.9.0 (default CentOS Stream 9 build: hack/rpm-deps.sh
-# EDK2_VERSION 20241117-8.el9, SEABIOS_VERSION 1.16.3-4.el9); docs/DEPLOY.md, "KubeVirt releases", is held to these
+# EDK2_VERSION 20241117-8.el9, seabios.VERSION 1.16.3-4.el9); docs/DEPLOY.md, "KubeVirt releases", is held to these
 EDK2_VERSION = "20241117"
 FIRMWARE_OF = "as KubeVirt 1.8-1.9's virt-launcher ships it"
 SEABIOS_MIN_BITS = 41  # the narrowest width SeaBIOS trusts whatever the CPU vendor
@@ -190,7 +188,7 @@ def _chain(ctrls: dict[int, Ctl], bus: int | None) -> list[Ctl]:
 
 
 def port_budgets(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf, int | None]]
-                 ) -> tuple[list[PortBudget], int, list[str], dict[int, list[FwBar]]]:
+                 ) -> tuple[list[PortBudget], int, list[str], dict[int, list[seabios.Bar]]]:
     """Per root port of ours: the window of its subtree (nested bridges each rounding their own
     sum up). ``hostdevs`` = (host BDF, guest bus index or None). Also every 64-bit prefetchable
     BAR by the guest bus it sits on (for the firmware model)."""
@@ -201,7 +199,7 @@ def port_budgets(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf
     parent_of: dict[int, int] = {}
     devices: dict[int, list[Bdf]] = {}
     largest: dict[int, int] = {}
-    on_bus: dict[int, list[FwBar]] = {}
+    on_bus: dict[int, list[seabios.Bar]] = {}
     other = 0
     for bdf, bus in hostdevs:
         bars = host.function(bdf).bars
@@ -209,7 +207,7 @@ def port_budgets(host: Topology, ctrls: dict[int, Ctl], hostdevs: list[tuple[Bdf
             continue
         mine = [b for b in device_bars(bars) if b.is_mem64_pref]
         sizes = [b.size for b in mine]
-        on_bus.setdefault(bus or 0, []).extend(FwBar(f"{bdf} BAR{b.index}", b.size) for b in mine)
+        on_bus.setdefault(bus or 0, []).extend(seabios.Bar(f"{bdf} BAR{b.index}", b.size) for b in mine)
         chain = _chain(ctrls, bus)
         rp = next((i for i, c in enumerate(chain) if c.model == ROOT_PORT), None)
         if rp is None or not chain[rp].ours:
@@ -245,8 +243,8 @@ class SeabiosPlan:
 
     bits: int | None
     reserves: dict[str, int]
-    placement: Placement
-    baseline: Placement
+    placement: seabios.Placement
+    baseline: seabios.Placement
     width: int  # the width the placement assumed
 
     @property
@@ -254,13 +252,13 @@ class SeabiosPlan:
         return self.placement.assigned == len(self.placement.bars)
 
 
-def guest_tree(ctrls: dict[int, Ctl], on_bus: dict[int, list[FwBar]], reserves: dict[str, int],
-               extra_ports: int) -> list[FwBar | FwBridge]:
+def guest_tree(ctrls: dict[int, Ctl], on_bus: dict[int, list[seabios.Bar]], reserves: dict[str, int],
+               extra_ports: int) -> list[seabios.Bar | seabios.Bridge]:
     """The guest's bridges and 64-bit BARs as the firmware sees them; root ports libvirt and
     KubeVirt add after us (``extra_ports``) as empty slots."""
-    nodes = {i: FwBridge(c.alias or f"pci.{i}", c.model in SLOT_BRIDGES, reserve=reserves.get(c.alias or "", 0))
+    nodes = {i: seabios.Bridge(c.alias or f"pci.{i}", c.model in SLOT_BRIDGES, reserve=reserves.get(c.alias or "", 0))
              for i, c in ctrls.items() if c.model in BRIDGES}
-    tops: list[FwBar | FwBridge] = []
+    tops: list[seabios.Bar | seabios.Bridge] = []
 
     def holder(bus: int | None) -> list:
         seen = set()
@@ -273,7 +271,7 @@ def guest_tree(ctrls: dict[int, Ctl], on_bus: dict[int, list[FwBar]], reserves: 
         holder(ctrls[i].parent).append(n)
     for bus, bars in on_bus.items():
         holder(bus).extend(bars)
-    return tops + [FwBridge(f"(added root port {k})", True) for k in range(extra_ports)]
+    return tops + [seabios.Bridge(f"(added root port {k})", True) for k in range(extra_ports)]
 
 
 def seabios_plan(tree, ours: list[PortBudget], ram: int, cpu_mode: str, host_bits: int | None) -> SeabiosPlan:
@@ -284,17 +282,17 @@ def seabios_plan(tree, ours: list[PortBudget], ram: int, cpu_mode: str, host_bit
     is returned only when it alone places everything (``check_host`` then refuses it).
     ``tree(reserves)`` builds the guest tree."""
     passthrough = cpu_mode in PASSTHROUGH_CPU_MODES
-    default = (host_bits or MAX_TOP_BITS) if passthrough else QEMU_DEFAULT_BITS
-    bare = [place(tree({}), ram, Width(default, v)) for v in CPU_VENDORS]
+    default = (host_bits or seabios.MAX_TOP_BITS) if passthrough else QEMU_DEFAULT_BITS
+    bare = [seabios.place(tree({}), ram, seabios.Width(default, v)) for v in CPU_VENDORS]
     worst, best_bare = min(bare, key=lambda p: p.assigned), max(bare, key=lambda p: p.assigned)
     none = SeabiosPlan(None, {}, worst, worst, default)
     if worst.assigned == len(worst.bars):
         return none
-    widths = [w for w in range(SEABIOS_MIN_BITS, MAX_TOP_BITS + 1) if not passthrough or w > default]
+    widths = [w for w in range(SEABIOS_MIN_BITS, seabios.MAX_TOP_BITS + 1) if not passthrough or w > default]
     best = None
     for bits in ([default] if passthrough else []) + widths:
         reserves = _reserves(tree, ours, bits)
-        plan = SeabiosPlan(bits, reserves, place(tree(reserves), ram, Width(bits)), worst, bits)
+        plan = SeabiosPlan(bits, reserves, seabios.place(tree(reserves), ram, seabios.Width(bits)), worst, bits)
         if plan.complete:
             return plan
         reachable = host_bits is None or bits <= host_bits
@@ -306,9 +304,9 @@ def seabios_plan(tree, ours: list[PortBudget], ram: int, cpu_mode: str, host_bit
 
 
 def _reserves(tree, ours: list[PortBudget], bits: int) -> dict[str, int]:
-    top = 1 << min(bits, MAX_TOP_BITS)
-    slot_align = top >> PAD_SHIFT
-    sized = {n.label: window_entry(n, True, top).size for n in tree({}) if isinstance(n, FwBridge)}
+    top = 1 << min(bits, seabios.MAX_TOP_BITS)
+    slot_align = top >> seabios.PAD_SHIFT
+    sized = {n.label: seabios.window_entry(n, True, top).size for n in tree({}) if isinstance(n, seabios.Bridge)}
     return {p.alias: pow2ceil(sized[p.alias]) for p in ours
             if p.alias in sized and p.largest_bar > slot_align}
 
@@ -319,7 +317,7 @@ def budget(root: etree._Element, host: Topology, hostdevs: list[tuple[Bdf, int |
     SeaBIOS, each padded like ours)."""
     ctrls = snapshot(controllers)
     width = as_width(host_bits)
-    b = MmioBudget(firmware_of(root), cpu_mode_of(root), guest_ram(root), host_bits=width.bits,
+    b = MmioBudget(machine.firmware_of(root), machine.cpu_mode_of(root), machine.guest_ram(root), host_bits=width.bits,
                    host_bits_from=width.origin)
     # the sizing follows from these alone (SeaBIOS's model tries every width): one per allocation
     key = (tuple(ctrls.values()), tuple(hostdevs), added_ports, b.ram, b.cpu_mode, width.bits)
@@ -369,7 +367,7 @@ def check_host(b: MmioBudget) -> None:
 
 
 def seabios_warning(b: MmioBudget) -> None:
-    """A typed warning recommending EFI when SeaBIOS cannot place every BAR whatever we write:
+    """A typed warning recommending EFI when SeaBIOS cannot seabios.place every BAR whatever we write:
     two BARs above the padded slot alignment below one switch."""
     plan = b.seabios
     if b.firmware != "seabios" or plan is None or plan.complete:
@@ -379,7 +377,7 @@ def seabios_warning(b: MmioBudget) -> None:
     if not misaligned:
         return  # the width: check_host says so
     b.warnings.append(FirmwareWarning(
-        f"SeaBIOS {SEABIOS_VERSION} (KubeVirt's default firmware) leaves {len(p.lost)} of {len(p.bars)} 64-bit BARs "
+        f"SeaBIOS {seabios.VERSION} (KubeVirt's default firmware) leaves {len(p.lost)} of {len(p.bars)} 64-bit BARs "
         f"unusable whatever the domain says: it aligns each switch port to {fmt_size(p.slot_align)} "
         f"(2^{plan.width}/2048), so the second BAR above that below one switch lands misaligned "
         f"({misaligned[0]}, {p.lost[misaligned[0]]}); boot with EFI (spec.domain.firmware.bootloader.efi), "
@@ -398,30 +396,30 @@ def apply(root: etree._Element, b: MmioBudget) -> None:
     bits = b.bits
     if bits is None:
         return
-    cpu = ensure_cpu(root)
+    cpu = machine.ensure_cpu(root)
     passthrough = b.cpu_mode in PASSTHROUGH_CPU_MODES
-    set_maxphysaddr(cpu, None if passthrough else bits)
+    machine.set_maxphysaddr(cpu, None if passthrough else bits)
     b.applied.append("<maxphysaddr mode='passthrough'/>" if passthrough else f"<maxphysaddr mode='emulate' bits='{bits}'/>")
     if b.firmware == "ovmf" and not passthrough:
         _require_feature(cpu, FEATURE_1G_PAGES, b)
 
 
 def _require_feature(cpu: etree._Element, name: str, b: MmioBudget) -> None:
-    policies = cpu_feature_policies(cpu, name)
-    if any(p in FEATURE_OFF_POLICIES for p in policies):
+    policies = machine.cpu_feature_policies(cpu, name)
+    if any(p in machine.FEATURE_OFF_POLICIES for p in policies):
         b.notes.append(f"<cpu> disables {name}: OVMF keeps its {fmt_size(OVMF_DEFAULT_APERTURE)} 64-bit window")
         return
     if policies:
         return
-    if not cpu_has_model(cpu) and b.cpu_mode not in ("host-model",):
+    if not machine.cpu_has_model(cpu) and b.cpu_mode not in ("host-model",):
         b.notes.append(f"<cpu mode='{b.cpu_mode}'> has no model: cannot require {name} (OVMF needs it)")
         return
-    require_cpu_feature(cpu, name)
+    machine.require_cpu_feature(cpu, name)
     b.applied.append(f"<feature policy='require' name='{name}'/>")
 
 
 __all__ = ["FirmwareWarning", "MmioBudget", "MmioError", "PortBudget", "apply", "budget", "check_host",
-           "firmware_of", "host_phys_bits", "seabios_warning"]
+           "host_phys_bits", "seabios_warning"]
 
 
 # -- the one call the rewrite makes ---------------------------------------------------------------

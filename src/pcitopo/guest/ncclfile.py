@@ -18,15 +18,15 @@ named in a note.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from lxml import etree
 
 from pcitopo.model.tree import Bdf, Role, Topology
 from pcitopo.nccl import topoxml as ncclxml
-from pcitopo.nccl.price import nccl_busid, nccl_tree
 from pcitopo.nccl.pcitree import link_order
+from pcitopo.nccl.price import nccl_busid, nccl_tree
 
 
 @dataclass

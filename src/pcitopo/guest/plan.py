@@ -16,18 +16,17 @@ numbers lives in :mod:`pcitopo.guest.buses`. :class:`_Emitter` writes the layout
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from pcitopo.errors import DomainError, PlanError, quoted
+from pcitopo.guest import buses
+from pcitopo.guest.facts import ControllerFact, DomainFacts, GuestController, HostdevFact, HotplugPorts, Placement, Plan
 from pcitopo.libvirt.domain import DOWNSTREAM, OUR_ALIAS_PREFIX, PCIE_ROOT, PXB, ROOT_PORT, UPSTREAM, GuestAddress, parse_cpuset
 from pcitopo.model.address import SLOTS_PER_BUS
 from pcitopo.model.tree import Bdf, PciFunction, Role, Topology, root_complex_sort_key
-from pcitopo.paths.classify import nccl_switch_rep
 from pcitopo.nccl.price import port_link
-from pcitopo.guest import buses
-from pcitopo.guest.facts import ControllerFact, DomainFacts, GuestController, HostdevFact, HotplugPorts, Placement, Plan
-
+from pcitopo.paths.classify import nccl_switch_rep
 
 # -- the mirror tree (host-side shapes, before indexes) -----------------------------------------
 
@@ -38,7 +37,7 @@ class _Port:
     key: str
     host: PciFunction | None
     functions: list[PciFunction] = field(default_factory=list)
-    switch: "_Switch | None" = None
+    switch: _Switch | None = None
 
 
 @dataclass

@@ -7,7 +7,6 @@ output alone → classify host and guest pairs with the same classifier → repo
 from __future__ import annotations
 
 import copy
-
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -15,27 +14,40 @@ from enum import StrEnum
 from lxml import etree
 
 from pcitopo.errors import DomainError
-from pcitopo.libvirt.document import append_child, append_children, declare_on_root, indent_subtree, indent_unit, parse_domain, remove_element, serialize
-from pcitopo.libvirt.domain import DOWNSTREAM, DomainView, HOSTDEV_MODE, GuestAddress, PCIE_ROOT, PXB, QEMU_NS, ROOT_PORT, UPSTREAM, PciController, pci_controller_element, read_guest_address, write_guest_address
-from pcitopo.libvirt.fwcfg import encode
-from pcitopo.libvirt.fwcfg import set_entries as set_fwcfg_entries
+from pcitopo.guest.buses import root_ports_added
+from pcitopo.guest.cells import MissingCells, missing_cells
+
+# The MMIO budget and P2P cliques are decided in their own modules; the rewrite only applies them.
+from pcitopo.guest.cliques import CliquePlan
+from pcitopo.guest.facts import ControllerFact, DomainFacts, GuestController, HostdevFact, HotplugPorts, Plan
+from pcitopo.guest.mmio import MmioBudget, apply_mmio_settings
+from pcitopo.guest.ncclfile import NcclFile, write_nccl_file
+from pcitopo.guest.plan import plan
+from pcitopo.guest.view import GuestLayout, GuestView, LayoutController, guest_view, layout_controller, layout_of
+from pcitopo.libvirt import document
+from pcitopo.libvirt.domain import (
+    DOWNSTREAM,
+    HOSTDEV_MODE,
+    PCIE_ROOT,
+    PXB,
+    QEMU_NS,
+    ROOT_PORT,
+    UPSTREAM,
+    DomainView,
+    GuestAddress,
+    PciController,
+    pci_controller_element,
+    read_guest_address,
+    write_guest_address,
+)
+from pcitopo.libvirt.fwcfg import encode, set_entries as set_fwcfg_entries
 from pcitopo.libvirt.links import apply_links, oldest_qemu
 from pcitopo.libvirt.machine import memory_bytes
 from pcitopo.model.cpuinfo import HostWidth
 from pcitopo.model.keep import recent
 from pcitopo.model.tree import Bdf, Topology
-from pcitopo.paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 from pcitopo.nccl.topoxml import FWCFG_NAME
-from pcitopo.guest.buses import root_ports_added
-from pcitopo.guest.cells import MissingCells, missing_cells
-from pcitopo.guest.facts import ControllerFact, DomainFacts, GuestController, HostdevFact, HotplugPorts, Plan
-from pcitopo.guest.plan import plan
-from pcitopo.guest.view import GuestLayout, GuestView, LayoutController, guest_view, layout_controller, layout_of
-
-# The MMIO budget and P2P cliques are decided in their own modules; the rewrite only applies them.
-from pcitopo.guest.cliques import CliquePlan
-from pcitopo.guest.mmio import MmioBudget, apply_mmio_settings
-from pcitopo.guest.ncclfile import NcclFile, write_nccl_file
+from pcitopo.paths.classify import PairClass, classify, nccl_device, nccl_path, pairs
 
 
 class Why(StrEnum):
@@ -227,7 +239,7 @@ def controller_elements(p: Plan, unit: str) -> Written:
     out = []
     for c in p.controllers:
         el = _controller_element(c)
-        indent_subtree(el, 2, unit)
+        document.indent_subtree(el, 2, unit)
         out.append(el)
     return Written(tuple(out), tuple(layout_controller(PciController(el)) for el in out))
 
@@ -240,7 +252,7 @@ def apply_plan(view: DomainView, p: Plan, written: Written) -> tuple[Counter, se
     removed = set(p.removed)
     for c in view.pci_controllers():
         if c.index in removed:
-            remove_element(c.el)
+            document.remove_element(c.el)
     anchor = None
     for el in devices:
         if isinstance(el.tag, str) and el.tag == "controller":
@@ -251,11 +263,11 @@ def apply_plan(view: DomainView, p: Plan, written: Written) -> tuple[Counter, se
             devices[0].addprevious(root)
             root.tail = devices.text
         else:
-            append_child(devices, root, after=anchor)
+            document.append_child(devices, root, after=anchor)
         anchor = root
     created = Counter(c.model for c in p.controllers)
     copies = {copy.deepcopy(template): read for template, read in zip(written.elements, written.layout)}
-    append_children(devices, copies, after=anchor)
+    document.append_children(devices, copies, after=anchor)
     hostdevs = view.pci_hostdevs()
     # Formatted as libvirt formats them, so the output validates against libvirt's schema.
     normalised: set[str] = set()
@@ -282,12 +294,12 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     (``auto``/``fwcfg`` = True); ``host_phys_bits``: the host CPU's address width
     (``host.host_width()``, which says where it came from, or a bare number; None: unknown, not
     checked)."""
-    tree = parse_domain(domain_xml)
+    tree = document.parse_domain(domain_xml)
     view = DomainView(tree)
     view.check_q35()
     facts = domain_facts(view)
     p = PLANS(host).get(facts, lambda: plan(host, facts))  # a pure function of the two
-    unit = indent_unit(tree)
+    unit = document.indent_unit(tree)
     created, normalised, copies = apply_plan(view, p, ELEMENTS(host).get((facts, unit), lambda: controller_elements(p, unit)))
     # The placed domain's PCI layout, read once: the MMIO budget and the guest tree both follow
     # from it (what comes after changes no controller, hostdev address or NUMA cell).
@@ -332,8 +344,8 @@ def rewrite_domain(domain_xml: bytes, host: Topology, *, mmio: bool = True, p2p_
     report.notes += link_notes(link_ports, p.controllers if link else [], nccl if nccl_topo else None, created.get(UPSTREAM, 0))
     # KubeVirt's re-parse loses the root's xmlns:qemu: declare it there again, so every call's
     # output reads the same (last: it may give the tree a new root element)
-    declare_on_root(tree, "qemu", QEMU_NS)
-    return RewriteResult(serialize(tree, domain_xml), report, guest, domain_xml, nccl)
+    document.declare_on_root(tree, "qemu", QEMU_NS)
+    return RewriteResult(document.serialize(tree, domain_xml), report, guest, domain_xml, nccl)
 
 
 def link_notes(link_ports: int, controllers: list[GuestController], nccl: NcclFile | None, switches: int) -> list[str]:

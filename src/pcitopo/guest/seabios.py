@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pcitopo.model.bars import GiB, KiB, MiB
+
 VERSION = "1.16.3"
 MAX_TOP_BITS = 46  # wider CPUs still get a 64 TiB space (old guests' virtio-pci)
 PAD_SHIFT = 11  # padded slot bridges align to top >> 11

@@ -12,15 +12,14 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pcitopo.guest.rewrite import Why
 from pcitopo.host.sources import LEFT_OUT
 from pcitopo.model.keep import recent
 from pcitopo.model.labels import label_devices
 from pcitopo.model.tree import MELLANOX, Bdf, Role, Topology
-from pcitopo.paths.classify import NvlinkOracle
 from pcitopo.nccl.price import nccl_tree, path_bandwidth
+from pcitopo.paths.classify import NvlinkOracle
 from pcitopo.paths.pairing import GDR_CLASSES, GdrVerdict, gdr_verdict
-
-from pcitopo.guest.rewrite import Why
 
 if TYPE_CHECKING:
     from pcitopo.guest.rewrite import PairReport, RewriteResult

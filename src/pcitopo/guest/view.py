@@ -7,8 +7,9 @@ and below it every bridge takes the next free bus number in depth-first order of
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, NamedTuple
+from typing import NamedTuple
 
 from lxml import etree
 
@@ -93,7 +94,7 @@ def layout_of(tree: etree._ElementTree, known: Mapping[etree._Element, LayoutCon
 
 
 # The guest tree of each layout, per host model, for the last few allocations.
-VIEWS: PerModel[Recent[GuestLayout, "GuestView"]] = recent()
+VIEWS: PerModel[Recent[GuestLayout, GuestView]] = recent()
 
 
 def guest_view(layout: GuestLayout, host: Topology) -> GuestView:

@@ -11,10 +11,35 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from pcitopo.errors import SysfsError
-from pcitopo.model.cpuinfo import ADDRESS_SIZES_MEMBER, HostWidth, local_width, recorded_width
 from pcitopo.host.configspace import HEADER_BYTES
-from pcitopo.host.sources import LEFT_OUT, MAX_ATTR_BYTES, WHOLE_MEMBER, DirSource, MemoryTree, PCI_DEVICES_DIR, Source, Unreadable, is_live_sysfs, is_whole, open_source, resolve
-from pcitopo.host.sysfs import CAPTURED_ATTRS, CLASS_DIRS, CONFIG_ATTR, IOMMU_CLASS_DIR, RESOURCE_ATTRS, IOMMU_GROUPS_DIR, IOMMU_GROUP_ATTRS, LINK_ATTRS, NODE_ATTRS, NODE_DIR, VPD_ATTR
+from pcitopo.host.sources import (
+    LEFT_OUT,
+    MAX_ATTR_BYTES,
+    PCI_DEVICES_DIR,
+    WHOLE_MEMBER,
+    DirSource,
+    MemoryTree,
+    Source,
+    Unreadable,
+    is_live_sysfs,
+    is_whole,
+    open_source,
+    resolve,
+)
+from pcitopo.host.sysfs import (
+    CAPTURED_ATTRS,
+    CLASS_DIRS,
+    CONFIG_ATTR,
+    IOMMU_CLASS_DIR,
+    IOMMU_GROUP_ATTRS,
+    IOMMU_GROUPS_DIR,
+    LINK_ATTRS,
+    NODE_ATTRS,
+    NODE_DIR,
+    RESOURCE_ATTRS,
+    VPD_ATTR,
+)
+from pcitopo.model.cpuinfo import ADDRESS_SIZES_MEMBER, HostWidth, local_width, recorded_width
 
 # The files whose absence the check and the doctor cannot make up for, and what each costs
 # (one warning line per kind; ``driver`` only for the functions that should have one).

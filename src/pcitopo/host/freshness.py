@@ -16,11 +16,11 @@ and compare them with what the model holds.
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
+from pcitopo.host.sources import PCI_DEVICES_DIR, resolve
 from pcitopo.model.keep import PerModel
 from pcitopo.model.tree import Bdf, Topology
-from pcitopo.host.sources import PCI_DEVICES_DIR, resolve
 
 # (device, inode, size, mtime) of what ``--sysfs`` names; None where it cannot be stat'ed.
 Identity = tuple[int, int, int, int] | None

@@ -321,7 +321,7 @@ class MemoryTree:
                 os.symlink(entry.target, dest)
 
     @classmethod
-    def from_tarball(cls, path: str | os.PathLike) -> "MemoryTree":
+    def from_tarball(cls, path: str | os.PathLike) -> MemoryTree:
         """Load a capture. Never extracts to disk, so member names cannot escape anywhere; read
         within the bounds of src/pcitopo/host/tarball.py, the tree's own entries and path bytes
         (the folders a name implies included) counted against them as it grows."""
@@ -407,7 +407,7 @@ def is_whole(source: object) -> bool:
     return source is None or bool(getattr(source, "whole", True))
 
 
-def _read_back(tree: "MemoryTree") -> "MemoryTree":
+def _read_back(tree: MemoryTree) -> MemoryTree:
     tree.whole = isinstance(tree.read(WHOLE_MEMBER), bytes)
     return tree
 def path_label(path: str) -> str:

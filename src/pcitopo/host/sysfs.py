@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 
 from pcitopo.errors import MalformedBdfError, SysfsError
+from pcitopo.host.sources import MAX_ATTR_BYTES, PCI_DEVICES_DIR, Source, Unreadable, open_source, resolve
 from pcitopo.model.bars import Bar, parse_resource
 from pcitopo.model.cpuinfo import ADDRESS_SIZES_MEMBER, HostWidth, local_width, recorded_width
 from pcitopo.model.tree import Bdf, Link, NumaNode, PciFunction, Topology, is_bdf
-from pcitopo.host.sources import MAX_ATTR_BYTES, PCI_DEVICES_DIR, Source, Unreadable, open_source, resolve
 
 # The attribute files the reader uses: one list, shared by the reader and `pcitopo capture`.
 REQUIRED_ATTRS = ("vendor", "device", "class")
@@ -126,7 +126,7 @@ class SysfsReader:
         target = self.source.readlink(rel)
         return target.rstrip("/").rsplit("/", 1)[-1] if target else None
 
-    def load(self, bdf: "Bdf") -> "PciFunction | None":
+    def load(self, bdf: Bdf) -> PciFunction | None:
         link = f"{PCI_DEVICES_DIR}/{bdf}"
         if self.readlink(link) is None and self.source.listdir(link) is None:
             return None
@@ -182,25 +182,25 @@ class SysfsReader:
         (``Topology.host_width``) keeps it."""
         return source_width(self.source)
 
-    def read_vpd(self, bdf: "Bdf") -> bytes | None:
+    def read_vpd(self, bdf: Bdf) -> bytes | None:
         """The function's VPD image, or None when absent or unreadable (not root)."""
         data = self.source.read(f"{resolve(self, f'{PCI_DEVICES_DIR}/{bdf}')}/{VPD_ATTR}")
         return data[:MAX_ATTR_BYTES] if isinstance(data, bytes) else None
 
-    def read_class_dirs(self, bdf: "Bdf") -> tuple[str, ...]:
+    def read_class_dirs(self, bdf: Bdf) -> tuple[str, ...]:
         """Which of ``infiniband/`` and ``net/`` the function has (a driver registered an RDMA
         device or a network interface on it)."""
         base = resolve(self, f"{PCI_DEVICES_DIR}/{bdf}")
         return tuple(d for d in CLASS_DIRS if self.source.listdir(f"{base}/{d}") is not None)
 
-    def read_rdma_names(self, bdf: "Bdf") -> tuple[str, ...]:
+    def read_rdma_names(self, bdf: Bdf) -> tuple[str, ...]:
         """The RDMA devices the function registered (``infiniband/mlx5_0``: the names
         ``nvidia-smi topo -m`` and NCCL_IB_HCA use), sorted; empty when it has none (a NIC on
         vfio-pci, a capture that did not keep them)."""
         base = resolve(self, f"{PCI_DEVICES_DIR}/{bdf}")
         return tuple(sorted(self.source.listdir(f"{base}/{CLASS_DIRS[0]}") or ()))
 
-    def all_bdfs(self) -> list["Bdf"]:
+    def all_bdfs(self) -> list[Bdf]:
         names = self.source.listdir(PCI_DEVICES_DIR)
         if names is None:
             raise SysfsError(f"{self.name}: {PCI_DEVICES_DIR} is not a directory")
@@ -212,7 +212,7 @@ class SysfsReader:
                 self._warn(f"{PCI_DEVICES_DIR}/{n}: not a PCI address, ignored")
         return out
 
-    def numa_nodes(self) -> dict[int, "NumaNode"]:
+    def numa_nodes(self) -> dict[int, NumaNode]:
         nodes: dict[int, NumaNode] = {}
         for n in self.source.listdir(NODE_DIR) or []:
             if n.startswith("node") and n[4:].isdigit():
@@ -234,6 +234,6 @@ def source_width(source: Source) -> HostWidth:
     return local_width()
 
 
-def open_host(path: str | os.PathLike = "/sys") -> "Topology":
+def open_host(path: str | os.PathLike = "/sys") -> Topology:
     """The host model for a sysfs directory, a capture tarball, or a fixture directory."""
     return Topology(SysfsReader(open_source(path)))

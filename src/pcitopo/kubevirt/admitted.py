@@ -19,8 +19,9 @@ preflight prints the entry that would admit a refused hook. Bad entries are one 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pcitopo.errors import ConfigError
 
@@ -51,7 +52,7 @@ class Admitted:
         return self.pcitopo[0] if self.pcitopo else None
 
     def with_(self, pcitopo: Iterable[str] = (), sidecars: Iterable[str] = (),
-              configmaps: Iterable[tuple[str, str]] = ()) -> "Admitted":
+              configmaps: Iterable[tuple[str, str]] = ()) -> Admitted:
         """These entries added (pcitopo images after the ones already admitted)."""
         ours = tuple(dict.fromkeys((*self.pcitopo, *pcitopo)))
         return Admitted(ours, self.sidecars | frozenset(sidecars), self.configmaps | frozenset(configmaps))

@@ -18,13 +18,13 @@ scoped.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from pcitopo.errors import ConfigError
 from pcitopo.host.files import read_bounded
 from pcitopo.host.yamltext import yaml_documents
-
 from pcitopo.kubevirt.hostdevices import PermittedHostDevices, PermittedPCI, read_permitted
 
 KUBEVIRT_KIND = "KubeVirt"

@@ -10,18 +10,18 @@ rule (a GPU resource or a GPU label; SR-IOV NICs are not GPUs).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from pcitopo.errors import ConfigError
-
 from pcitopo.kubevirt.admitted import Admitted, in_dump, judged
 from pcitopo.kubevirt.cluster import ClusterDump, mapping, name_of
-from pcitopo.kubevirt.sidecar_policy import Refusal, refusal
 from pcitopo.kubevirt.doors import PCITOPO_PLUGIN
-from pcitopo.kubevirt.starts import Cluster, Start, Verdict, cluster_of, doors_needed, judge, opted_in, pci_devices
 from pcitopo.kubevirt.nodes import GpuNode, gpu_node, gpu_resources
 from pcitopo.kubevirt.releases import ReleaseUnknown
+from pcitopo.kubevirt.sidecar_policy import Refusal, refusal
+from pcitopo.kubevirt.starts import Cluster, Start, Verdict, cluster_of, doors_needed, judge, opted_in, pci_devices
 from pcitopo.kubevirt.targets import Target
 
 DOOR_NAMES = {"hook": "the hook sidecar (hooks.kubevirt.io/hookSidecars)",
@@ -161,8 +161,8 @@ def _newer_main_note() -> str:
 
 def _workloads(dump: ClusterDump, before: Cluster, after: Cluster) -> list[Workload]:
     """Each VM (the VMI it starts) and each VMI without a VM of its name, with a PCI host device."""
-    from pcitopo.kubevirt.manifest import as_vmi, hook_sidecar_attachment
     from pcitopo.kubevirt.doors import plugin_selects
+    from pcitopo.kubevirt.manifest import as_vmi, hook_sidecar_attachment
 
     vms = {name_of(o) for o in dump.of_kind("VirtualMachine")}
     out = []

@@ -31,8 +31,9 @@ prediction picks within a reach that is not known by the name's usual owner
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pcitopo.errors import ConfigError
 from pcitopo.host.sources import LEFT_OUT, is_whole

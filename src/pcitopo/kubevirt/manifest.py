@@ -20,8 +20,9 @@ from __future__ import annotations
 import difflib
 import json
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any, Collection, Mapping
+from typing import Any
 
 from pcitopo.errors import ConfigError
 from pcitopo.host.yamltext import yaml_documents

@@ -22,8 +22,9 @@ whatever its name.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 # Node labels that mark a GPU node, whoever set them (one node selector term each: a node
 # matches when any term does). The DaemonSets' nodeSelectorTerms are these (tests/test_targets.py).
@@ -63,7 +64,7 @@ def is_gpu_node(labels: Mapping[str, Any] | None) -> bool:
     return any(labels.get(key) == value for key, value in GPU_NODE_TERMS)
 
 
-def gpu_resources(permitted: Mapping[str, str]) -> "GpuResources":
+def gpu_resources(permitted: Mapping[str, str]) -> GpuResources:
     """The rule for resource names, given the KubeVirt CR's ``pciHostDevices`` (resource name ->
     ``vendor:device``)."""
     return GpuResources({r for r, vd in permitted.items() if vd.split(":")[0].lower() in GPU_VENDORS},

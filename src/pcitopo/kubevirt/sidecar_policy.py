@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pcitopo.kubevirt.admitted import ZERO, Admitted, configmap_entry, entry, sidecar_entry
 

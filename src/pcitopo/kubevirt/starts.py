@@ -21,13 +21,14 @@ verdict carries one line naming the cause. The rules, read from KubeVirt's sourc
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pcitopo.kubevirt.cluster import mapping
+from pcitopo.kubevirt.doors import PCITOPO_PLUGIN, PLUGIN_LABEL, PLUGIN_LABEL_VALUE, plugin_selects
 from pcitopo.kubevirt.hostdevices import judge_names
-from pcitopo.kubevirt.doors import PLUGIN_LABEL, PLUGIN_LABEL_VALUE, PCITOPO_PLUGIN, plugin_selects
 from pcitopo.kubevirt.manifest import HOOK_SIDECARS, NOT_STARTED, hook_sidecar_attachment
 from pcitopo.kubevirt.releases import DEFAULT_VERSION, ReadRelease, ReleaseUnknown, resolve
 
@@ -98,7 +99,7 @@ class Cluster:
         """KubeVirt itself sets ``mode`` on PCI hostdevs (PR #18866)."""
         return self.read.writes_mode
 
-    def with_target(self, tgt) -> "Cluster":
+    def with_target(self, tgt) -> Cluster:
         """The cluster after ``tgt`` (a :class:`~pcitopo.kubevirt.targets.Target`) is applied."""
         plugins = self.plugins + tuple(p for p in tgt.plugin_objects if p not in self.plugins)
         return replace(self, gates=self.gates | set(tgt.gates), plugins=plugins)
@@ -268,7 +269,6 @@ def release_check(vmi: Mapping[str, Any], door: str | None, dump_paths: list[str
     doors (or ``door``) imply; ``assume`` (``--assume-release``) judges an unread release as a
     read one. ``door`` also asks that the VMI come through that door."""
     from pcitopo.errors import ConfigError
-
     from pcitopo.kubevirt.manifest import attachment
     from pcitopo.kubevirt.releases import check_kubevirt, judged_as
 

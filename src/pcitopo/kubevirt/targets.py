@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass
 
 from pcitopo.errors import ConfigError
-
 from pcitopo.kubevirt.releases import TARGETS as RELEASE_TARGETS, ReleaseUnknown, resolve
 
 

@@ -7,11 +7,11 @@ here, so the dry run and preflight cannot disagree about a VM.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from pcitopo.errors import ConfigError
-
 from pcitopo.kubevirt.hostdevices import NameVerdict
 
 

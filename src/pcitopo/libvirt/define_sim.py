@@ -10,7 +10,6 @@ from lxml import etree
 from pcitopo.libvirt.domain import QEMU_MODEL_NAME, ROOT_PORT, parse_int
 from pcitopo.libvirt.marshal import sub as _sub, to_kubevirt_bytes
 
-
 # Unaddressed devices libvirt gives a root port of their own on pcie-root.
 _PCIE_TAGS = ("interface", "memballoon", "rng", "vsock")
 

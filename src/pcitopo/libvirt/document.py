@@ -7,7 +7,7 @@ What the elements mean (controllers, hostdevs, addresses) is :mod:`pcitopo.libvi
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from lxml import etree
 

@@ -1,7 +1,5 @@
 """Typed views over the PCI side of a libvirt domain: controllers, hostdevs, guest addresses,
-NUMA cells and pins, and the devices libvirt will place itself.
-
-XPath strings and attribute spellings live in this room (``pcitopo/libvirt/``) and nowhere else;
+NUMA cells and pins, and the devices libvirt will place itself. XPath strings and attribute spellings live in this room (``pcitopo/libvirt/``) and nowhere else;
 the document itself (parse, serialisation, indentation) is :mod:`pcitopo.libvirt.document`'s,
 the ``<os>``/``<memory>``/``<cpu>`` spellings :mod:`pcitopo.libvirt.machine`'s.
 """
@@ -9,15 +7,16 @@ the ``<os>``/``<memory>``/``<cpu>`` spellings :mod:`pcitopo.libvirt.machine`'s.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from lxml import etree
 
 from pcitopo.errors import DomainError, quoted
+from pcitopo.libvirt.document import append_child, remove_element
 from pcitopo.model.address import MAX_CONTROLLER_INDEX, address_in_range
 from pcitopo.model.tree import Bdf
-from pcitopo.libvirt.document import append_child, parse_domain, remove_element
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
 

@@ -18,7 +18,7 @@ and re-emitted on every call; :func:`set_entries` replaces what an earlier call 
 from __future__ import annotations
 
 import base64
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from lxml import etree
 

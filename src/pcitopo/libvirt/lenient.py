@@ -7,9 +7,9 @@ from __future__ import annotations
 from lxml import etree
 
 from pcitopo.errors import DomainError
-from pcitopo.model.tree import Bdf
 from pcitopo.libvirt.document import parse_domain, serialize
 from pcitopo.libvirt.domain import DomainView
+from pcitopo.model.tree import Bdf
 
 
 def readable_hostdev_sources(data: bytes) -> list[Bdf]:

@@ -16,14 +16,14 @@ QEMU's default.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
-from typing import Iterable, Mapping
 
 from lxml import etree
 
-from pcitopo.nccl import topoxml as ncclxml
 from pcitopo.libvirt.domain import OUR_ALIAS_PREFIX
 from pcitopo.libvirt.overrides import Property, set_properties
+from pcitopo.nccl import topoxml as ncclxml
 
 X_SPEED = "x-speed"
 X_WIDTH = "x-width"

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from lxml import etree
 
-from pcitopo.model.tree import Bdf
 from pcitopo.libvirt.document import append_child
 from pcitopo.libvirt.domain import parse_int
+from pcitopo.model.tree import Bdf
 
 # -- <os>, <memory>, <cpu>: what the MMIO budget reads and writes (src/pcitopo/guest/mmio.py computes) --
 

@@ -21,8 +21,8 @@ then adds what is wanted, keeping every other property and device untouched.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from lxml import etree
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)

@@ -5,9 +5,9 @@ and the doctor."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Iterable, Mapping
 
 from pcitopo.model.keep import PerModel
 from pcitopo.model.nvswitch_mgmt import management_reason

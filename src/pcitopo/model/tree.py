@@ -32,7 +32,7 @@ class Bdf(NamedTuple):
     function: int
 
     @classmethod
-    def parse(cls, text: str) -> "Bdf":
+    def parse(cls, text: str) -> Bdf:
         """``[DDDD:]BB:DD.F``; anything else is a :class:`MalformedBdfError`."""
         m = BDF_RE.match(text.strip())
         if not m:
@@ -51,7 +51,7 @@ class Bdf(NamedTuple):
         """What the functions of one multi-function device share."""
         return (self.domain, self.bus, self.slot)
 
-    def with_function(self, function: int) -> "Bdf":
+    def with_function(self, function: int) -> Bdf:
         return self._replace(function=function)
 
 

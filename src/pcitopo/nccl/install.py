@@ -34,7 +34,7 @@ def install_offered(source: str, dest: str) -> List[str]:
     with open(source, "rb") as fh:
         data = decode_offered(fh.read())
     install(data, dest)
-    return ["installed {} ({} bytes) from fw_cfg {}".format(dest, len(data), FWCFG_NAME)]
+    return [f"installed {dest} ({len(data)} bytes) from fw_cfg {FWCFG_NAME}"]
 
 
 def install_from(source: Optional[str], dest: str = DEFAULT_TOPO_FILE, prog: str = "install-nccl-topo") -> int:
@@ -45,19 +45,19 @@ def install_from(source: Optional[str], dest: str = DEFAULT_TOPO_FILE, prog: str
         _load_module()
         source = fwcfg_raw_path()
     if not os.path.exists(source):
-        print("{}: no NCCL topology offered by the host ({} not found: VM started without the "
-              "pcitopo hook's nccl-topo, or no qemu_fw_cfg module)".format(prog, source), file=sys.stderr)
+        print(f"{prog}: no NCCL topology offered by the host ({source} not found: VM started without the "
+              "pcitopo hook's nccl-topo, or no qemu_fw_cfg module)", file=sys.stderr)
         return EXIT_NONE
     try:
         for line in install_offered(source, dest):
-            print("{}: {}".format(prog, line), file=sys.stderr)
+            print(f"{prog}: {line}", file=sys.stderr)
     except NcclXmlError as e:
-        print("{}: {}: not installed: {}".format(prog, source, e), file=sys.stderr)
+        print(f"{prog}: {source}: not installed: {e}", file=sys.stderr)
         return EXIT_BAD
     except OutputError as e:  # the destination (write_atomic's one line)
-        print("{}: {}".format(prog, e), file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_BAD
     except OSError as e:
-        print("{}: {}: {}".format(prog, e.filename or source, e.strerror or e), file=sys.stderr)
+        print(f"{prog}: {e.filename or source}: {e.strerror or e}", file=sys.stderr)
         return EXIT_BAD
     return EXIT_OK

@@ -135,7 +135,7 @@ class NcclPath:
 # A device's NCCL path and a pair's class are facts of the tree: kept per topology (the
 # sidecar's host model answers every call's host pairs from here; a guest tree's go with it).
 _NCCL_PATHS: PerModel[dict[Bdf, NcclPath]] = PerModel(lambda topo: {})
-_CLASSES: PerModel[dict[tuple[Bdf, Bdf], "PairClass"]] = PerModel(lambda topo: {})
+_CLASSES: PerModel[dict[tuple[Bdf, Bdf], PairClass]] = PerModel(lambda topo: {})
 
 
 def nccl_path(topo: Topology, f: PciFunction) -> NcclPath:

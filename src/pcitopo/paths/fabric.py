@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable
 
 from pcitopo.errors import ConfigError, FabricError, MalformedBdfError
 from pcitopo.host.files import read_bounded

@@ -19,8 +19,8 @@ root complex than every GPU, such a claim never allocates).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 from pcitopo.model.keep import PerModel, Recent, recent
 from pcitopo.model.labels import default_devices, host_label, host_labels
@@ -54,7 +54,7 @@ class GpuPair:
         """A NIC at PXB or closer in NCCL's view: GPUDirect RDMA possible."""
         return self.cls is not None and self.cls.nccl in GDR_CLASSES
 
-    def worse_than(self, other: "GpuPair") -> bool:
+    def worse_than(self, other: GpuPair) -> bool:
         """This pair's NIC is further than ``other``'s in NCCL's view (no NIC is the furthest)."""
         if other.cls is None:
             return False
@@ -120,7 +120,7 @@ def host_pair(topo: Topology, gpu: PciFunction) -> HostPair:
 # Each GPU's host pair, per host model; the pairing verdict per set of a VM's devices, for the
 # last few allocations.
 _HOST_PAIRS: PerModel[dict[Bdf, HostPair]] = PerModel(lambda topo: {})
-VM_PAIRS: PerModel[Recent[tuple[Bdf, ...], "PairingVerdict"]] = recent()
+VM_PAIRS: PerModel[Recent[tuple[Bdf, ...], PairingVerdict]] = recent()
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ partition table an operator builds GPU pools from.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 from pcitopo.model.nvswitch_mgmt import is_compute_nic
 from pcitopo.model.tree import NVIDIA, Bdf, PciFunction, Role, Topology

@@ -11,8 +11,8 @@ its PF) are paired: the output grows with the number of PFs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from pcitopo.model.tree import Bdf, PciFunction, Topology
 from pcitopo.paths.pairing import pcie_root

@@ -37,15 +37,15 @@ What it promises its callers:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal, Union
 
 from pcitopo.checks.doctor import DoctorError, DoctorReport, allocation_checks
-from pcitopo.libvirt.lenient import readable_hostdev_sources, with_hostdev_modes
-from pcitopo.errors import DomainError, FabricError, InternalError, NvlinkError, PairingError, PcitopoError
-from pcitopo.model.tree import Bdf, Topology
+from pcitopo.errors import DomainError, InternalError, NvlinkError, PairingError, PcitopoError
 from pcitopo.guest.rewrite import RewriteResult, rewrite_domain
-
+from pcitopo.libvirt.lenient import readable_hostdev_sources, with_hostdev_modes
+from pcitopo.model.tree import Bdf, Topology
 from pcitopo.serve.options import DEFAULT_OPTIONS, HookOptions, VmiFacts, annotation, options_from_vmi
 from pcitopo.serve.plugin.devices import paths_of
 from pcitopo.serve.plugin.doctorfile import DoctorFile, owner_text, with_doctor_file

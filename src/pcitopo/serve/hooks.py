@@ -25,19 +25,18 @@ import json
 import sys
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from pcitopo import __version__
 from pcitopo.errors import DomainError, PcitopoError
 from pcitopo.host.freshness import Identity, capture_identity, changed_devices
 from pcitopo.host.sysfs import open_host
 from pcitopo.model.tree import Bdf, Topology
-
-from pcitopo.serve import wire
 from pcitopo.program import one_line
+from pcitopo.serve import wire
 from pcitopo.serve.wire import INFO_NAME, ON_DEFINE_DOMAIN, SHUTDOWN, VERSIONS
-
 
 # -- logging ---------------------------------------------------------------------------------
 
@@ -49,7 +48,7 @@ class JsonLog:
         self._lock = threading.Lock()
 
     def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         rec = {"ts": now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z", "level": level, "event": event}
         rec.update({k: v for k, v in fields.items() if v is not None})
         line = json.dumps(rec, separators=(",", ":"), default=str)

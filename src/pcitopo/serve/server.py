@@ -44,18 +44,18 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
-from typing import TYPE_CHECKING, Callable, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from pcitopo import __version__
 from pcitopo.errors import ConfigError, PcitopoError, SysfsError
 from pcitopo.host.sources import default_sysfs
-
-from pcitopo.serve import wire
 from pcitopo.program import EXIT_OK, Parser
-from pcitopo.serve.wire import VERSIONS
-from pcitopo.serve.hooks import CallFailed, HostCache, Hooks, JsonLog, elapsed_ms
+from pcitopo.serve import wire
+from pcitopo.serve.hooks import CallFailed, Hooks, HostCache, JsonLog, elapsed_ms
 from pcitopo.serve.plugin.sockets import DEFAULT_PLUGIN, NODE_HOOK_SOCKET
+from pcitopo.serve.wire import VERSIONS
 
 if TYPE_CHECKING:
     import grpc

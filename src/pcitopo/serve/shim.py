@@ -24,10 +24,9 @@ import json
 import os
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from pcitopo.errors import ConfigError
-
 from pcitopo.program import EXIT_OK, run_program
 
 PROG = "onDefineDomain"
@@ -77,9 +76,8 @@ class _Once:
 
 
 def run(argv: Sequence[str]) -> int:
-    from pcitopo.host.sysfs import open_host
     from pcitopo.host.sources import default_sysfs
-
+    from pcitopo.host.sysfs import open_host
     from pcitopo.serve.core import handle_define_domain
 
     t0 = time.perf_counter()

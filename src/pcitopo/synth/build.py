@@ -13,12 +13,12 @@ from pcitopo.host.sources import PCI_DEVICES_DIR, MemoryTree
 from pcitopo.host.sysfs import LINK_ATTRS, NODE_ATTRS, NODE_DIR, OPTIONAL_ATTRS, REQUIRED_ATTRS, RESOURCE_ATTRS, SysfsReader
 from pcitopo.model.cpuinfo import ADDRESS_SIZES_MEMBER
 from pcitopo.model.tree import Bdf, Topology
-
 from pcitopo.synth import doctorfiles as synth_doctor
-from pcitopo.synth.resources import place_bars
 from pcitopo.synth.looks import Look
 from pcitopo.synth.parse import parse_topo
+from pcitopo.synth.resources import place_bars
 from pcitopo.synth.spec import BRIDGE_KINDS, DeviceSpec, HostSpec, format_cpus
+
 
 def _attr_values(look: Look, numa: int, cpulist: str) -> dict[str, str]:
     """Attribute file contents exactly as the kernel prints them (without the newline)."""

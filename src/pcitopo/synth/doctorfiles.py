@@ -15,12 +15,25 @@ NIC has ACS control SV|RR|CR|UF|DT (0x5d), every other one the kernel's default 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
-from pcitopo.host.configspace import ACS_CR, ACS_DT, ACS_RR, ACS_SV, ACS_UF, ATS_ENABLE, EXT_CAP_ACS, EXT_CAP_ATS, HEADER_BYTES, LEGACY_BYTES, PCIE_BYTES
-from pcitopo.model.tree import Bdf
-from pcitopo.host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
+from pcitopo.host.configspace import (
+    ACS_CR,
+    ACS_DT,
+    ACS_RR,
+    ACS_SV,
+    ACS_UF,
+    ATS_ENABLE,
+    EXT_CAP_ACS,
+    EXT_CAP_ATS,
+    HEADER_BYTES,
+    LEGACY_BYTES,
+    PCIE_BYTES,
+)
 from pcitopo.host.sources import MemoryTree
+from pcitopo.host.sysfs import IOMMU_CLASS_DIR, IOMMU_GROUPS_DIR
+from pcitopo.model.tree import Bdf
 
 
 class Look(Protocol):
@@ -48,7 +61,7 @@ class DeviceSpec(Protocol):
     def look(self) -> Look: ...
 
     @property
-    def children(self) -> Sequence["DeviceSpec"]: ...
+    def children(self) -> Sequence[DeviceSpec]: ...
 
 
 class HostSpec(Protocol):

@@ -5,13 +5,12 @@ naming the line."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from pcitopo.errors import PcitopoError
 from pcitopo.libvirt.domain import parse_cpuset
 from pcitopo.model.tree import BDF_RE, Bdf
-
 from pcitopo.synth import doctorfiles as synth_doctor
 from pcitopo.synth.looks import LINK_FILES, OMITTABLE, PRESETS, SPEEDS, WIDTHS, Look
 from pcitopo.synth.spec import BRIDGE_KINDS, KINDS, PARENTS, DeviceSpec, HostSpec, NumaSpec, RootSpec, TopoError

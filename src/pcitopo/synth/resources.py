@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pcitopo.model.bars import Bar, format_resource
 from pcitopo.model.tree import Bdf
-
 from pcitopo.synth.looks import VF_BAR, MiB
 from pcitopo.synth.spec import DeviceSpec, HostSpec
 

@@ -3,12 +3,11 @@ line kinds may sit under which, and the error naming a malformed line."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from pcitopo.errors import SysfsError
 from pcitopo.model.tree import Bdf
-
 from pcitopo.synth.looks import Look
 
 
@@ -55,7 +54,7 @@ class DeviceSpec:
     # RDMA device names (infiniband/<name>/ below each function, as mlx5_ib registers them),
     # one per function in function order; empty: none
     rdma: tuple[str, ...] = ()
-    children: list["DeviceSpec"] = field(default_factory=list)
+    children: list[DeviceSpec] = field(default_factory=list)
 
     def function_bdfs(self) -> list[Bdf]:
         return [self.bdf.with_function(self.bdf.function + f) for f in range(self.functions)]

@@ -12,10 +12,10 @@ check and device, passed ones too (:func:`pcitopo.views.exports.doctor_text`).
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
-from pcitopo.model.labels import mark_host_labels
 from pcitopo.checks.findings import DoctorReport, Finding
+from pcitopo.model.labels import mark_host_labels
 from pcitopo.views.exports import doctor_text, verdict
 
 _NUMBERED = re.compile(r"([A-Za-z]+)(\d+)")

@@ -10,8 +10,8 @@ write this; ``dot -Tsvg`` renders it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from pcitopo.host.names import part_name
 from pcitopo.libvirt.machine import sketch_domain

@@ -7,9 +7,17 @@ the prediction (:mod:`pcitopo.guest.verdict`) beside them.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from pcitopo.guest.mmio import EDK2_VERSION, FIRMWARE_OF, OVMF_DEFAULT_APERTURE, QEMU_DEFAULT_BITS, SEABIOS_MIN_BITS, SEABIOS_VERSION, MmioBudget
+from pcitopo.guest.mmio import (
+    EDK2_VERSION,
+    FIRMWARE_OF,
+    OVMF_DEFAULT_APERTURE,
+    QEMU_DEFAULT_BITS,
+    SEABIOS_MIN_BITS,
+    SEABIOS_VERSION,
+    MmioBudget,
+)
 from pcitopo.guest.verdict import KUBEVIRT_NUMA_ADVICE, guest_ib_hcas, guest_nvlink, pair_views, verdict
 from pcitopo.model.bars import fmt_size
 from pcitopo.model.labels import Labeled, label_devices
@@ -289,9 +297,9 @@ def summary_lines(result, host: Topology, fabric=None, doctor=None, gdr: bool = 
     placed devices' readiness (``pcitopo doctor``'s verdict, when the doctor ran)."""
     from collections import Counter
 
-    from pcitopo.views.exports import verdict as doctor_verdict
     from pcitopo.guest.verdict import check_verdict
     from pcitopo.model.labels import default_devices
+    from pcitopo.views.exports import verdict as doctor_verdict
 
     kinds = Counter(host.role(host.function(b)).value for b in default_devices(host))
     out = [f"host:    {host.label}: {kinds['gpu']} GPUs, {kinds['nic']} NICs, {len(host.numa_nodes())} NUMA node(s)"]

@@ -11,14 +11,14 @@ and Node Feature Discovery local features.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
+from pcitopo.checks.doctor import CHECKS, STATUSES, DoctorReport, Target
 from pcitopo.model.labels import mark_host_labels
 from pcitopo.model.tree import Role, Topology
 from pcitopo.paths.classify import Nccl, Nvml, classify
 from pcitopo.paths.pairing import host_pair
-from pcitopo.checks.doctor import CHECKS, STATUSES, DoctorReport, Target
 
 STATUS_CODE = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
 NFD_PREFIX = "pcitopo.kubevirt.io/"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pcitopo.paths.pairing import HostPair, HostPairs, pcie_root
 
+
 def pairs_json(hp: HostPairs) -> dict:
     def one(p: HostPair) -> dict:
         b = p.best

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from pcitopo.host.names import SWITCH_MANAGEMENT, device_name, part_name
 from pcitopo.model.labels import Labeled, label_devices, rdma_name

@@ -47,7 +47,6 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 def _read(path: str) -> bytes:
     from pcitopo.host.files import read_bounded
-
     from pcitopo.program import MAX_VMI_BYTES
 
     return read_bounded(path, MAX_VMI_BYTES, "file")
@@ -102,7 +101,6 @@ def _golden_files(directory: str, update: bool = False) -> tuple[dict, dict[str,
 
 def _check(args: argparse.Namespace) -> int:
     from pcitopo import __version__
-
     from pcitopo.cli.golden.compare import Differences, compare_vm
     from pcitopo.cli.golden.make import VM_FILE, all_outputs, read_node, write_golden
 

@@ -30,7 +30,7 @@ class Differences:
     layout: list[str] = field(default_factory=list)
     text: int = 0
 
-    def add(self, vm: str, other: "Differences") -> None:
+    def add(self, vm: str, other: Differences) -> None:
         self.guest += [f"{vm}: {line}" for line in other.guest]
         self.layout += [f"{vm}: {line}" for line in other.layout]
         self.text += other.text

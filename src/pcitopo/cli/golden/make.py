@@ -107,10 +107,9 @@ def vm_outputs(node: Node, vm_bytes: bytes) -> dict[str, bytes]:
     prediction, the verdict (machine-readable and as --check says it)."""
     import argparse
 
-    from pcitopo.kubevirt.manifest import vmi_as_json
-
-    from pcitopo.serve.core import handle_define_domain
     from pcitopo.cli.check import check_lines, check_report, prediction_doc
+    from pcitopo.kubevirt.manifest import vmi_as_json
+    from pcitopo.serve.core import handle_define_domain
 
     host = node.host
     domain = vm_domain(host, vm_bytes)

@@ -20,11 +20,10 @@ What decides a VM's guest cells, in kubelet's order:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from itertools import combinations
-from typing import Callable, Iterable
 
 from pcitopo.errors import ConfigError
-
 from pcitopo.kubevirt.kubelet.cputopo import CpuTopology, Details
 
 

@@ -14,9 +14,9 @@ id (``getUniqueCoreID``). A node capture has only each NUMA node's ``cpulist``, 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Mapping
 
 from pcitopo.errors import ConfigError, DomainError
 from pcitopo.libvirt.domain import parse_cpuset
@@ -63,7 +63,7 @@ class Details:
         self.topo = topo
         self.cpus = frozenset(cpus)
 
-    def keep_only(self, cpus: Iterable[int]) -> "Details":
+    def keep_only(self, cpus: Iterable[int]) -> Details:
         return Details(self.topo, self.cpus & frozenset(cpus))
 
     def _ids(self, key: str, cpus: Iterable[int] | None = None) -> set[int]:

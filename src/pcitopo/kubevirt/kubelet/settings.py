@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from pcitopo.errors import ConfigError, DomainError
-from pcitopo.libvirt.domain import parse_cpuset
-
 from pcitopo.kubevirt.kubelet.static import DISTRIBUTE, FULL_PCPUS, KubeletSettings
 from pcitopo.kubevirt.kubelet.topologymanager import POLICIES
+from pcitopo.libvirt.domain import parse_cpuset
 
 CPU_POLICY_CHOICES = ("distribute", "packed", "devices")
 

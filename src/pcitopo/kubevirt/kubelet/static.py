@@ -16,8 +16,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from pcitopo.kubevirt.kubelet.assignment import take_distributed, take_packed
 from pcitopo.kubevirt.kubelet.cputopo import CpuTopology

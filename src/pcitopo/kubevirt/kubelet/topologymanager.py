@@ -20,12 +20,11 @@ A mask is a frozenset of node ids here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations, product
-from typing import Iterable, Sequence
 
 from pcitopo.errors import ConfigError
-
 from pcitopo.kubevirt.kubelet.cputopo import CpuTopology
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")

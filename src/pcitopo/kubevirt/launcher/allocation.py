@@ -29,15 +29,15 @@ pairs them: the GPUs in the node's order, each NIC request the best free NIC of 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pcitopo.errors import ConfigError
-from pcitopo.model.tree import Bdf, PciFunction, Role, Topology
-from pcitopo.paths.classify import classify, closeness
-
 from pcitopo.kubevirt.hostdevices import VFIO, PermittedHostDevices, may_be_vfio, reach, why_not
 from pcitopo.kubevirt.launcher.converter import hostdev_alias, is_dra
+from pcitopo.model.tree import Bdf, PciFunction, Role, Topology
+from pcitopo.paths.classify import classify, closeness
 
 # NVIDIA's KubeVirt GPU device plugin: resource names from pci.ids device names.
 KNOWN_RESOURCES = {

@@ -21,12 +21,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pcitopo.errors import ConfigError
 from pcitopo.libvirt.device_elements import copy_disk_after, device_elements
-from pcitopo.libvirt.machine import (add_emulator_pin, add_memory_backing, numa_cells, set_cpu_mode, set_cpu_topology,
-                                     set_hugepages, set_memory, set_vcpus)
+from pcitopo.libvirt.machine import (
+    add_emulator_pin,
+    add_memory_backing,
+    numa_cells,
+    set_cpu_mode,
+    set_cpu_topology,
+    set_hugepages,
+    set_memory,
+    set_vcpus,
+)
 from pcitopo.libvirt.marshal import Element
 
 UPSTREAM_MACHINE = "q35"

@@ -21,15 +21,14 @@ old command lines that asked what such a spread would give.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Mapping, Sequence
 
 from pcitopo.errors import ConfigError, PcitopoError
-from pcitopo.model.tree import NumaNode
-
 from pcitopo.kubevirt.kubelet.cputopo import CpuTopology, from_numa
 from pcitopo.kubevirt.kubelet.static import DeviceResource, KubeletSettings, place
+from pcitopo.model.tree import NumaNode
 
 
 class CpuPolicy(str, Enum):

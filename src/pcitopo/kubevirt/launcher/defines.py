@@ -22,19 +22,26 @@ hook input:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
-from pcitopo.libvirt.define_sim import libvirt_define
-from pcitopo.libvirt.device_elements import (address_of, append_ethernet_interface, append_pci_controller,
-                                             device_elements, device_list, pci_controllers, take_devices, target_attr,
-                                             target_of)
-from pcitopo.libvirt.domain import ROOT_PORT, parse_int
-from pcitopo.libvirt.machine import memory_bytes
-from pcitopo.libvirt.marshal import Element, parse_plain, to_kubevirt_bytes
 
 from pcitopo.kubevirt.launcher.release_groups import Release
 from pcitopo.kubevirt.launcher.reparse import reparse
+from pcitopo.libvirt.define_sim import libvirt_define
+from pcitopo.libvirt.device_elements import (
+    address_of,
+    append_ethernet_interface,
+    append_pci_controller,
+    device_elements,
+    device_list,
+    pci_controllers,
+    take_devices,
+    target_attr,
+    target_of,
+)
+from pcitopo.libvirt.domain import ROOT_PORT, parse_int
+from pcitopo.libvirt.machine import memory_bytes
+from pcitopo.libvirt.marshal import Element, parse_plain, to_kubevirt_bytes
 
 Hook = Callable[[bytes], bytes]
 Define = Callable[[bytes], bytes]  # define, then the inactive XML libvirt reads back

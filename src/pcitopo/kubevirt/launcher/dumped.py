@@ -20,7 +20,8 @@ type and preference a VM names, and the devices DRA allocated to its claims.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pcitopo.model.tree import Bdf
 

@@ -12,21 +12,21 @@ and the release's EFI loader (:mod:`.releases`). Every assumption is a line in
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pcitopo.errors import ConfigError
-from pcitopo.model.tree import Bdf, Topology
-from pcitopo.libvirt.machine import set_loader_secure, set_machine_type
-from pcitopo.libvirt.marshal import parse_plain, to_kubevirt_bytes
-
+from pcitopo.kubevirt.kubelet.static import DeviceResource, KubeletSettings
 from pcitopo.kubevirt.launcher import converter as conv
 from pcitopo.kubevirt.launcher.allocation import DeviceRequest, allocate, check_given, converter_order, device_requests
-from pcitopo.kubevirt.kubelet.static import DeviceResource, KubeletSettings
 from pcitopo.kubevirt.launcher.cpus import CpuPolicy, PodCpus, cell_shares, pod_cpus, sizing_line
 from pcitopo.kubevirt.launcher.dumped import dra_device
 from pcitopo.kubevirt.launcher.release_groups import Release, ovmf_code
 from pcitopo.kubevirt.launcher.skeleton import GuestCell, Hostdev, LauncherSpec, launcher_domain, with_efi
+from pcitopo.libvirt.machine import set_loader_secure, set_machine_type
+from pcitopo.libvirt.marshal import parse_plain, to_kubevirt_bytes
+from pcitopo.model.tree import Bdf, Topology
 
 
 @dataclass(frozen=True)

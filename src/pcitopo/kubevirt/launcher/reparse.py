@@ -28,11 +28,18 @@ Field by field where releases differ:
 
 from __future__ import annotations
 
-from pcitopo.libvirt.marshal import Element, parse_plain
-from pcitopo.libvirt.reread import (drop_maxphysaddr_and_overrides, drop_os_firmware, fold_sysinfo, reread_addresses,
-                                    reread_commandlines, reread_controllers, reread_hostdevs, with_qemu_namespace)
-
 from pcitopo.kubevirt.launcher.release_groups import Release
+from pcitopo.libvirt.marshal import Element, parse_plain
+from pcitopo.libvirt.reread import (
+    drop_maxphysaddr_and_overrides,
+    drop_os_firmware,
+    fold_sysinfo,
+    reread_addresses,
+    reread_commandlines,
+    reread_controllers,
+    reread_hostdevs,
+    with_qemu_namespace,
+)
 
 
 def reparse(xml: bytes, release: Release, decimal_bus: bool = False) -> Element:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pcitopo.errors import ConfigError
-
 from pcitopo.kubevirt.hostdevices import NameVerdict
 from pcitopo.kubevirt.kubelet.settings import KubeletRequest
 
@@ -51,8 +50,8 @@ class Predicted:
 def _release(args: PredictionRequest, dump):
     """The release group, its name, and where it came from; a release pcitopo did not read raises
     :class:`~pcitopo.kubevirt.releases.ReleaseUnknown` unless ``--assume-release`` names one."""
-    from pcitopo.kubevirt.releases import check_kubevirt, judged_as
     from pcitopo.kubevirt.launcher.release_groups import DEFAULT_VERSION, release_of, version_text
+    from pcitopo.kubevirt.releases import check_kubevirt, judged_as
 
     cr = dump.kubevirt if dump is not None else None
     assume = args.assume_release
@@ -71,13 +70,13 @@ def _release(args: PredictionRequest, dump):
 def predicted_domain(args: PredictionRequest, manifest: bytes, name: str, host) -> Predicted:
     """The prediction for the ``--vmi`` file ``name`` (its bytes: ``manifest``, read once by the
     command, standard input included) on ``host`` as ``args`` asks."""
+    from pcitopo.kubevirt.hostdevices import driver_gaps, names_on
+    from pcitopo.kubevirt.kubelet.settings import resolve
     from pcitopo.kubevirt.launcher.allocation import parse_devices
     from pcitopo.kubevirt.launcher.converter import UPSTREAM_MACHINE
-    from pcitopo.kubevirt.kubelet.settings import resolve
     from pcitopo.kubevirt.launcher.cpus import CpuPolicy
     from pcitopo.kubevirt.launcher.dumped import expand
     from pcitopo.kubevirt.launcher.first_domain import Inputs, predict
-    from pcitopo.kubevirt.hostdevices import driver_gaps, names_on
 
     dump = None
     if args.cluster:

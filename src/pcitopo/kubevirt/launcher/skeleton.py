@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pcitopo.model.tree import Bdf
 from pcitopo.libvirt.domain import QEMU_NS
 from pcitopo.libvirt.machine import add_pflash_loader
 from pcitopo.libvirt.marshal import Element, parse_plain, root_element, sub, sub_ns, to_kubevirt_bytes
+from pcitopo.model.tree import Bdf
 
 KUBEVIRT_NS = "http://kubevirt.io"
 GIB = 1024**3

@@ -22,8 +22,9 @@ node hook can still be sure by counting: if more candidates fail than the VM can
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from pcitopo.kubevirt.hostdevices import PermittedHostDevices, reach
 from pcitopo.model.tree import Bdf, Topology

@@ -19,7 +19,7 @@ import os
 import re
 import threading
 import time
-from typing import Collection, Mapping
+from collections.abc import Collection, Mapping
 
 from pcitopo.checks.doctor import STATUSES, DoctorReport, Finding
 from pcitopo.errors import ConfigError

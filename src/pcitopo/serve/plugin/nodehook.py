@@ -28,13 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pcitopo.kubevirt.hostdevices import PermittedHostDevices, read_permitted
 from pcitopo.checks.doctor import DoctorReport
 from pcitopo.errors import ConfigError, DoctorError, VmiError
 from pcitopo.host.files import read_bounded
 from pcitopo.host.yamltext import yaml_documents
+from pcitopo.kubevirt.hostdevices import PermittedHostDevices, read_permitted
 from pcitopo.model.tree import Topology
-
 from pcitopo.serve.plugin.devices import Request, failing_candidates, listed, paths_of, requested_devices
 from pcitopo.serve.plugin.doctorfile import DoctorFile, owner_text, with_doctor_file
 
@@ -143,7 +142,7 @@ class NodeVmi:
     options: Any  # pcitopo.serve.options.HookOptions
 
     @classmethod
-    def read(cls, vmi_json: bytes) -> "NodeVmi":
+    def read(cls, vmi_json: bytes) -> NodeVmi:
         """Raises VmiError for a VMI over :data:`MAX_VMI_BYTES` (before parsing: a parse takes
         several times the bytes in memory) or malformed, ConfigError for a bad annotation."""
         from pcitopo.serve.options import load_vmi, options_from_annotations, vmi_facts
@@ -156,13 +155,12 @@ class NodeVmi:
         return cls(doc, facts, options_from_annotations(facts.annotations))
 
 
-def check_node(vmi: "NodeVmi | bytes", node: str, host: Any, settings: NodeSettings | None) -> NodeVerdict:
+def check_node(vmi: NodeVmi | bytes, node: str, host: Any, settings: NodeSettings | None) -> NodeVerdict:
     """The doctor's checks for the devices this VMI can have on this node. ``host`` is the
     server's HostCache (the model, kept fresh for these devices); the findings are kept with the model
     per allocation, as the domain hook keeps them (``allocation_checks``).
     Raises PcitopoError for a malformed VMI or annotation, or a node that cannot be read."""
     from pcitopo.checks.doctor import allocation_checks
-
     from pcitopo.serve.options import annotation
 
     settings = settings or NodeSettings()
