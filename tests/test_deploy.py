@@ -119,7 +119,7 @@ def test_each_example_names_the_feature_gates_it_needs(path, index, doc):
 
 def test_deploy_md_lists_the_gates_of_every_example():
     text = DOCS.read_text()
-    for path, _, doc in VMS:
+    for _path, _, doc in VMS:
         for gate in gates_needed(as_vmi(doc)):
             assert f"`{gate}`" in text, gate
 

@@ -294,7 +294,7 @@ def test_xmlfix(case, xmlfix_runs):
     assert res.returncode == case["exit"], f"exit {res.returncode}, stderr: {err!r}"
     if case["exit"] == 2:
         lines = err.splitlines()
-        assert len(lines) == 1, f"want exactly one line on stderr, got {[l[:200] for l in lines]!r}"
+        assert len(lines) == 1, f"want exactly one line on stderr, got {[ln[:200] for ln in lines]!r}"
         assert len(lines[0]) <= MAX_LINE, f"a {len(lines[0])}-character line: {lines[0][:200]}..."
         assert lines[0].startswith("xmlfix: "), lines[0]
         assert re.search(case["stderr"], lines[0]), f"{lines[0]!r} does not name the cause /{case['stderr']}/"

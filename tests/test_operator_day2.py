@@ -108,7 +108,7 @@ def test_partitions_show_links_and_mark_degraded():
     assert "degraded" not in healthy.stdout.decode()
     assert all(re.search(r"NVLinks (\d+)/\1$", ln) for ln in lines(healthy.stdout) if ln.startswith("    module"))
     headers = {int(m.group(1)): m.group(0) for m in re.finditer(r"^Partition (\d+) .*$", text, re.M)}
-    for pid, header in headers.items():
+    for _pid, header in headers.items():
         has_module_1 = re.search(r"modules \{1,[0-9,]*\}", header) is not None  # a single GPU has no NVLink (0/0)
         assert ("degraded: module 1 has 16 of 18 NVLinks" in header) == has_module_1, header
     assert re.search(r"^    module 1 .*NVLinks 16/18", text, re.M)

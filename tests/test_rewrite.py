@@ -181,7 +181,7 @@ def test_bus_numbers_do_not_overlap_and_fit(hosts):
         ranges.setdefault(rc, set()).add(b.bus)
     spans = sorted((min(v), max(v)) for k, v in ranges.items() if k != "pci0000:00")
     assert [s[0] for s in spans] == pxbs
-    for (lo, hi), nxt in zip(spans, pxbs[1:] + [256]):
+    for (_lo, hi), nxt in zip(spans, pxbs[1:] + [256]):
         assert hi < nxt  # a pxb's subtree never reaches the next pxb
     assert max(s[1] for s in spans) <= 255
 
@@ -210,7 +210,7 @@ def test_out_of_buses_is_a_clear_error():
                       f"    us {b+1:02x}:00.0 preset=pex-gen5-oem"]
             for s in range(4):
                 lines += [f"      ds {b+2:02x}:{s:02x}.0", f"        ep {b+3+s:02x}:00.0 preset=h100"]
-    text = "\n".join(l for l in lines if l)
+    text = "\n".join(ln for ln in lines if ln)
     host = host_from_topo(text)
     from pcitopo.model.tree import Role
     devs = [f.bdf for f in host.functions() if host.role(f) == Role.GPU]

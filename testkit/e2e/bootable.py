@@ -17,11 +17,12 @@ from pathlib import Path
 
 from lxml import etree
 
+from pcitopo.libvirt.domain import QEMU_NS
+
 from .guesttree import GuestAddr, StandIn, _int
 from .standins import kind_of, source_bdf, standin
 
-QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
-Q = "{%s}" % QEMU_NS
+Q = f"{{{QEMU_NS}}}"
 
 KERNEL_CMDLINE = "console=ttyS0 quiet loglevel=1 panic=-1"
 

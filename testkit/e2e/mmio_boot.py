@@ -226,7 +226,7 @@ def boot_domain(case: str, efi: bool) -> BootDomain:
     out = etree.fromstring(r.xml)
     for hd in out.iter("hostdev"):
         src = hd.find("source/address")
-        bdf = "%04x:%02x:%02x.%x" % tuple(int(src.get(k), 16) for k in ("domain", "bus", "slot", "function"))
+        bdf = "{:04x}:{:02x}:{:02x}.{:x}".format(*(int(src.get(k), 16) for k in ("domain", "bus", "slot", "function")))
         bars = host.function(bdf).bars or ()
         sizes[hd.find("alias").get("name")] = tuple(sorted((b.size for b in bars if b.is_mem64_pref and b.index < 6), reverse=True))
     mem = out.find("memory")

@@ -43,7 +43,7 @@ def source_bdf(hd: etree._Element) -> str | None:
     if a is None or a.get("uuid") is not None:
         return None
     try:
-        return "%04x:%02x:%02x.%x" % (
+        return "{:04x}:{:02x}:{:02x}.{:x}".format(
             _int(a.get("domain"), 0), _int(a.get("bus")), _int(a.get("slot")),
             _int(a.get("function"), 0),
         )

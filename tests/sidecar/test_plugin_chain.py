@@ -187,8 +187,8 @@ def test_a_refusal_is_one_line_with_the_failure_strategy_left_to_kubevirt():
 def test_off_and_passthrough_still_write_mode():
     """mode: off and on-error: passthrough leave the placement alone but give every PCI hostdev
     libvirt's default mode, so KubeVirt's pipeline can read the domain (kubevirt#18861)."""
-    for annotations in ({"pcitopo.kubevirt.io/mode": "off"},):
-        plugin = Plugin("hgx-b200", annotations=annotations)
+    for options in ({"pcitopo.kubevirt.io/mode": "off"},):
+        plugin = Plugin("hgx-b200", annotations=options)
         b = boot(fixture_domain("hgx-b200"), legacy=plugin.legacy, plugins=[plugin])
         assert b.error is None and len(b.defines) == 3
         assert settings(b.defines[0])["overrides"] == []

@@ -82,7 +82,7 @@ def build_mirror(host: Topology, devices: list[PciFunction]) -> dict[str, _RootC
             raise PlanError(f"{f.bdf}: unexpected bridge shape below {rp.bdf} (an upstream port without a downstream port)")
         reps = nccl_switch_rep([us for us, _ in pairs])
         current_switch: _Switch | None = None
-        for (us, ds), rep in zip(pairs, reps):
+        for (_us, ds), rep in zip(pairs, reps):
             if current_switch is not None and current_switch.key == str(rep):
                 # A Broadcom level-1 virtual switch NCCL folds into its parent: the parent's
                 # downstream port and this upstream port vanish; this downstream port joins the parent.

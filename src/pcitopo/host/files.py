@@ -30,7 +30,6 @@ import os
 import re
 import stat
 import sys
-from typing import Type, Union
 
 from pcitopo.errors import ConfigError, OutputError, PcitopoError
 
@@ -41,7 +40,7 @@ _STREAM_NAME = re.compile(r"/dev/(?:stdout|stderr|fd/(\d+))|/proc/self/fd/(\d+)"
 _STREAMS = {"-": 1, "/dev/stdout": 1, "/dev/stderr": 2}
 
 
-def read_bounded(path: str, limit: int, what: str, error: Type[PcitopoError] = ConfigError) -> bytes:
+def read_bounded(path: str, limit: int, what: str, error: type[PcitopoError] = ConfigError) -> bytes:
     """The bytes of ``path`` (``-``: standard input, which can be read once only: read it here
     and hand the bytes on), at most ``limit``; one line naming ``what`` when it cannot be read or
     is larger."""
@@ -58,8 +57,8 @@ def read_bounded(path: str, limit: int, what: str, error: Type[PcitopoError] = C
     return data
 
 
-def write_atomic(path: str, data: Union[bytes, str], mode: int = 0o644,
-                 error: Type[PcitopoError] = OutputError) -> None:
+def write_atomic(path: str, data: bytes | str, mode: int = 0o644,
+                 error: type[PcitopoError] = OutputError) -> None:
     """Write ``data`` (text is UTF-8) to ``path`` as the module docstring says; ``mode`` is a
     new file's permission bits. One line (``error``) on any failure, nothing left behind."""
     if isinstance(data, str):
@@ -89,7 +88,7 @@ def write_atomic(path: str, data: Union[bytes, str], mode: int = 0o644,
         raise error(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def _stream_fd(path: str) -> Union[int, None]:
+def _stream_fd(path: str) -> int | None:
     if path in _STREAMS:
         return _STREAMS[path]
     m = _STREAM_NAME.fullmatch(os.path.normpath(path))
@@ -114,7 +113,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _write_in_place(path: str, data: bytes, error: Type[PcitopoError]) -> None:
+def _write_in_place(path: str, data: bytes, error: type[PcitopoError]) -> None:
     """A character device or FIFO, opened without following a link and without truncating;
     refused if it turned into something else since it was looked at."""
     fd = os.open(path, os.O_WRONLY | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))

@@ -16,7 +16,7 @@ import gzip
 import io
 import lzma
 import tarfile
-from typing import BinaryIO, Iterator, NamedTuple, Union
+from typing import BinaryIO, Iterator, NamedTuple
 
 from pcitopo.errors import SysfsError
 
@@ -36,7 +36,7 @@ class Member(NamedTuple):
 
     rel: str
     kind: str
-    payload: Union[str, bytes]
+    payload: str | bytes
 
 
 class _Bounded(io.RawIOBase):

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pcitopo.checks.doctor import DoctorError, DoctorReport, allocation_checks
 from pcitopo.errors import DomainError, InternalError, NvlinkError, PairingError, PcitopoError
@@ -57,7 +57,7 @@ Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 # (the server's pcitopo.serve.hooks.HostCache) keeps the model across calls: it is asked whether its
 # model is still the host's for the placed devices (a rebind, an IOMMU group change: if not, it
 # reads the model again, and the findings kept with the old one go with it).
-HostArg = Union[Topology, Callable[[], Topology]]
+HostArg = Topology | Callable[[], Topology]
 # The NVLink fabric (pcitopo.paths.fabric.Fabric), a callable returning it (read per call, so a
 # refreshed file counts; pcitopo.paths.fabric.FabricFile), or None when the server was started
 # without --fabric.

@@ -50,7 +50,8 @@ class _Parser:
         return TopoError(self.name, line if line is not None else self.lineno, reason)
 
     def parse(self) -> HostSpec:
-        for self.lineno, raw in enumerate(self.text.splitlines(), 1):
+        # The parser's own line counter, so fail() names the line being read.
+        for self.lineno, raw in enumerate(self.text.splitlines(), 1):  # noqa: B020
             body = raw.split("#", 1)[0].rstrip()
             if not body.strip():
                 continue

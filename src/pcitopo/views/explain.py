@@ -206,7 +206,7 @@ def diff_text(before: bytes, after: bytes, name: str) -> str:
     # and then pairs them up badly: match with autojunk off and write the hunks ourselves.
     out = [f"--- {name}\n", f"+++ {name} (xmlfix)\n"]
     for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(3):
-        (_, i1, _, j1, _), (_, i2, _, j2, _) = group[0], group[-1]
+        (_, i1, _, j1, _), (_, _i2, _, _j2, _) = group[0], group[-1]
         out.append(f"@@ -{i1 + 1},{group[-1][2] - i1} +{j1 + 1},{group[-1][4] - j1} @@\n")
         for tag, a1, a2, b1, b2 in group:
             out += [(" " if tag == "equal" else "-") + line for line in a[a1:a2]]

@@ -31,7 +31,7 @@ from pcitopo.kubevirt.kubelet.static import DeviceResource, KubeletSettings, pla
 from pcitopo.model.tree import NumaNode
 
 
-class CpuPolicy(str, Enum):
+class CpuPolicy(str, Enum):  # noqa: UP042 - a StrEnum's str() differs, and argparse prints these
     """``--cpu-policy``: kubelet's two CPU choices, and the devices' spread as a what-if."""
 
     DISTRIBUTE = "distribute"
