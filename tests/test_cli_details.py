@@ -72,7 +72,8 @@ def test_explain_names_the_firmware_virt_launcher_ships(capsys):
     """`--explain` said "OVMF 2025.02, as KubeVirt 1.8-1.9's virt-launcher ships it" while DEPLOY
     section 12 says edk2 20241117 (kubevirt/kubevirt hack/rpm-deps.sh, EDK2_VERSION 0:20241117-8.el9
     at v1.8.0 and v1.9.0). One constant each now, and the doc's table is held to them."""
-    from pcitopo.guest.mmio import EDK2_VERSION, FIRMWARE_OF, SEABIOS_VERSION
+    from pcitopo.guest.mmio import EDK2_VERSION, FIRMWARE_OF
+    from pcitopo.guest.seabios import VERSION as SEABIOS_VERSION
 
     table = _deploy_launcher_table()
     v18_19 = [r for r in table if r.startswith(("v1.8.", "v1.9."))]

@@ -15,7 +15,6 @@ from pcitopo.guest.cliques import CLIQUE_PROPERTY
 from pcitopo.guest.mmio import (
     FirmwareWarning,
     MmioError,
-    firmware_of,
     host_phys_bits,
     ovmf_bits,
     window_of,
@@ -23,6 +22,7 @@ from pcitopo.guest.mmio import (
 from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.host.sysfs import open_host
 from pcitopo.kubevirt.launcher.release_groups import RELEASES
+from pcitopo.libvirt.machine import firmware_of
 from pcitopo.libvirt.overrides import properties
 from pcitopo.model.bars import GiB, MiB, TiB, pow2ceil
 from pcitopo.serve.core import handle_define_domain

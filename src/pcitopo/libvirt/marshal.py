@@ -5,10 +5,12 @@ element builder the launcher's model writes its domains with."""
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from lxml import etree
 
 # An element of a domain, for the annotations of modules that hold one but spell nothing.
-Element = etree._Element
+Element: TypeAlias = etree._Element
 
 
 def parse_plain(xml: bytes) -> Element:

@@ -18,7 +18,10 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from pcitopo.model.tree import Topology
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -36,12 +39,12 @@ class PerModel(Generic[T]):
     the same object for the rest of the model's life. Threads may race to make it: the first
     one stored is the one every caller gets."""
 
-    def __init__(self, make: Callable[[object], T]):
+    def __init__(self, make: Callable[[Topology], T]):
         self._make = make
         self._of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
-    def __call__(self, model: object) -> T:
+    def __call__(self, model: Topology) -> T:
         try:
             return self._of[model]
         except KeyError:

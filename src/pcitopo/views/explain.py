@@ -15,9 +15,9 @@ from pcitopo.guest.mmio import (
     OVMF_DEFAULT_APERTURE,
     QEMU_DEFAULT_BITS,
     SEABIOS_MIN_BITS,
-    SEABIOS_VERSION,
     MmioBudget,
 )
+from pcitopo.guest.seabios import VERSION as SEABIOS_VERSION
 from pcitopo.guest.verdict import KUBEVIRT_NUMA_ADVICE, guest_ib_hcas, guest_nvlink, pair_views, verdict
 from pcitopo.model.bars import fmt_size
 from pcitopo.model.labels import Labeled, label_devices

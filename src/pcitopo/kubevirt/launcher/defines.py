@@ -132,8 +132,9 @@ def disable_hotplug_on_occupied(xml: bytes) -> bytes:
     for el in device_list(root):
         if el.tag in ("interface", "controller"):
             continue
-        if _address_type(el) == "pci":
-            buses.add(parse_int(address_of(el).get("bus"), "bus"))
+        address = address_of(el)
+        if address is not None and address.get("type") == "pci":
+            buses.add(parse_int(address.get("bus"), "bus"))
     for c in pci_controllers(root):
         if c.get("model") not in (ROOT_PORT, "pcie-root", "pci-root", "pcie-expander-bus"):
             a = address_of(c)
