@@ -7,7 +7,7 @@
 - :mod:`testkit.kubevirt_vmi`: the deploy/ examples and their nodes, and the product's
   prediction (``pcitopo domain``) as the tests call it;
 - :mod:`testkit.strategies`: Hypothesis strategies over generated hosts and domains;
-- :mod:`testkit.hookkit`: VMI JSON, a virt-launcher-like client, the ``xmlfix`` door as a process;
+- :mod:`testkit.hookkit`: VMI JSON, a virt-launcher-like client, ``xmlfix`` as a process;
 - :mod:`testkit.server_proc`: ``pcitopo serve`` (or any argv) as a child process.
 - :mod:`testkit.stack`: the QEMU/libvirt/firmware stacks the guest-boot tier runs (the Debian 13
   root ``make setup`` builds, the machine's Debian 12) and the versions each carries.

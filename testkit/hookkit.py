@@ -273,7 +273,7 @@ class VirtLauncher:
 # -- xmlfix -----------------------------------------------------------------------------------
 
 def xmlfix(domain_xml: bytes, sysfs: str, vmi: bytes | None, tmp: Path) -> subprocess.CompletedProcess:
-    """The ``xmlfix`` door on the same input, as a process."""
+    """``xmlfix`` on the same input, as a process."""
     args = [str(BIN / "xmlfix"), "--sysfs", sysfs]
     if vmi is not None:
         vmi_file = tmp / f"vmi-{time.perf_counter_ns()}.json"
