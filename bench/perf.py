@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     args.samples = args.samples or (3 if smoke else 50)
     args.calls = args.calls or (10 if smoke else 1000)
     args.starts = args.starts or (2 if smoke else 30)
-    command = " ".join(["PYTHONPATH=.", os.path.relpath(sys.executable, ROOT), "bench/perf.py", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["PYTHONPATH=.", os.path.relpath(sys.executable, ROOT), "bench/perf.py",
+                        *(argv if argv is not None else sys.argv[1:])])
     res = measure(args)
     text = render(res, command)
     print(text, end="")

@@ -110,7 +110,8 @@ def memory(out: list[str], res: dict) -> None:
                f"(cold host model), {mem['cpu_ms_per_call']:.1f} ms per call after that "
                f"({mem['cpu_ms_per_call24']:.1f} ms per call of the 24-device VM); "
                f"{CONCURRENCY} concurrent calls took {mem['burst']['wall_s']:.2f} s wall, {mem['burst']['errors']} errors; "
-               f"{res['starts_with_refused_dial']} of {r['first_info']['n']} starts refused a dial made within 1 ms of the socket appearing.")
+               f"{res['starts_with_refused_dial']} of {r['first_info']['n']} starts refused a dial made within 1 ms "
+               "of the socket appearing.")
     out.append("")
 
 

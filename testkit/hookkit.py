@@ -3,8 +3,8 @@ define-time additions, and a client that behaves like virt-launcher's hook manag
 lossy re-parse is :mod:`testkit.kubevirt_sim`'s (one simulation for the whole suite).
 
 Everything here follows KubeVirt's hook manager, ``pkg/hooks/manager.go`` (docs/SOURCES.md,
-"KubeVirt around the hook"); where it leaves a choice, the choice is written next to the code. None of it stands in for our own code: the server, the
-shim and the rewrite under test are the real ones.
+"KubeVirt around the hook"); where it leaves a choice, the choice is written next to the code. None of it stands in for our own code:
+the server, the shim and the rewrite under test are the real ones.
 """
 
 from __future__ import annotations

@@ -220,7 +220,8 @@ def check_rules(xml: bytes, *, hotplug_reserve: bool = True, require_addresses: 
             # Re-parsed domains lose multifunction; only complain about slots we own.
             parent = ctl.get(bus)
             if parent is not None and (parent.alias or "").startswith(OUR_ALIAS_PREFIX):
-                errors.append(f"slot {slot} of controller {bus} holds functions {sorted(f for f, _ in fns)} without multifunction='on' on function 0")
+                errors.append(f"slot {slot} of controller {bus} holds functions {sorted(f for f, _ in fns)} "
+                              "without multifunction='on' on function 0")
     for d in p.unaddressed_hostdevs:
         errors.append(f"hostdev {d} has no guest address")
     # -- chassis --------------------------------------------------------------------------
@@ -419,4 +420,5 @@ def owned_projection(xml: bytes) -> tuple:
     return tuple(ours), tuple(placements)
 
 
-__all__ = ["check_rules", "check_created_aliases", "class_differences", "crowded_port", "guest_topology", "numa_divergent", "owned_projection", "parse"]
+__all__ = ["check_rules", "check_created_aliases", "class_differences", "crowded_port", "guest_topology", "numa_divergent",
+           "owned_projection", "parse"]

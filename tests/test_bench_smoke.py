@@ -15,7 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 ROWS = (
-    "floor", "floor_lxml", "floor_sysfs", "rewrite_cold", "handler_warm", "handler_model", "socket", "socket_seq", "socket_reused", "first_call",
+    "floor", "floor_lxml", "floor_sysfs", "rewrite_cold", "handler_warm", "handler_model", "socket", "socket_seq", "socket_reused",
+    "first_call",
     "shim", "rewrite_h100", "rewrite_4k", "xmlfix", "first_info", "first_socket",
     "floor24", "handler_warm24", "socket24", "socket24_seq",
 )

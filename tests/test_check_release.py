@@ -79,8 +79,10 @@ def test_invalid_hook_sidecars_json_does_not_start_on_any_release_or_door(tmp_pa
      "KubeVirt v1.9.0 (gates Sidecar, Plugins; Plugin objects acme-netplug, pcitopo)"),
     # a later main, judged as main with PR #18866 once its notes are checked
     ("label", ("--cluster", str(DUMPS / "main-pcitopo-plugin.yaml"), "--assume-release", "main+pr18866"),
-     "KubeVirt main+pr18866 (gates Plugins; Plugin objects pcitopo), assumed: KubeVirt v1.10.0-alpha.0 judged as main+pr18866 (--assume-release)"),
-    ("label", ("--kubevirt", "main+pr18866"), "KubeVirt main+pr18866 (gates Plugins; Plugin objects pcitopo), assumed: release from --kubevirt"),
+     "KubeVirt main+pr18866 (gates Plugins; Plugin objects pcitopo), assumed: KubeVirt v1.10.0-alpha.0 judged as main+pr18866 "
+     "(--assume-release)"),
+    ("label", ("--kubevirt", "main+pr18866"),
+     "KubeVirt main+pr18866 (gates Plugins; Plugin objects pcitopo), assumed: release from --kubevirt"),
 ])
 def test_what_starts_with_every_setting_passes(tmp_path, doors, where, release):
     r = check(tmp_path, doors, *where)

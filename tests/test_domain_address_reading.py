@@ -30,5 +30,6 @@ def test_the_shared_spellings_stay_bounded(monkeypatch):
     monkeypatch.setattr(domain, "_PARSED", {})
     for bus in range(domain._PARSED_MAX + 50):
         domain.read_guest_address(_hostdev(str(bus % 256)) if bus < 256 else
-                                  etree.fromstring(f"<h><address type='pci' bus='0x01' slot='{bus % 32}' function='{bus % 8}' domain='{bus}'/></h>"))
+                                  etree.fromstring(f"<h><address type='pci' bus='0x01' slot='{bus % 32}' "
+                                                   f"function='{bus % 8}' domain='{bus}'/></h>"))
     assert len(domain._PARSED) <= domain._PARSED_MAX

@@ -228,7 +228,8 @@ def test_bad_options_are_one_line_naming_them(args, said):
 
 
 def test_a_vm_without_template_is_one_line(tmp_path):
-    path = write(tmp_path, "vm.yaml", "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: a}\nspec: {runStrategy: Always}\n")
+    path = write(tmp_path, "vm.yaml",
+                 "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: a}\nspec: {runStrategy: Always}\n")
     r = run("pcitopo", "domain", "--vmi", path, "--sysfs", B200)
     assert r.returncode == 2 and "without spec.template" in r.stderr.decode() and len(r.stderr.splitlines()) == 1
 
@@ -240,11 +241,13 @@ def kubevirt_cr(permitted: list[dict], version: str = "v1.8.2") -> dict:
 
 
 def test_permitted_host_devices_from_the_dump_decide_the_functions(tmp_path):
-    ok = write(tmp_path, "ok.json", {"kind": "List", "items": [kubevirt_cr([{"pciVendorSelector": "10DE:2901", "resourceName": "nvidia.com/B200"}])]})
+    ok = write(tmp_path, "ok.json",
+               {"kind": "List", "items": [kubevirt_cr([{"pciVendorSelector": "10DE:2901", "resourceName": "nvidia.com/B200"}])]})
     root, err = domain("--vmi", VM_GPU, "--sysfs", B200, "--cluster", ok)
     assert "KubeVirt v1.8.2 (the dump's KubeVirt CR)" in err and root.findtext("os/loader").endswith("/OVMF_CODE.fd")
     assert root.find("cpu").get("mode") == "custom" and root.findtext("cpu/model") == "Sapphirerapids"
-    wrong = write(tmp_path, "wrong.json", {"kind": "List", "items": [kubevirt_cr([{"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/B200"}])]})
+    wrong = write(tmp_path, "wrong.json",
+                  {"kind": "List", "items": [kubevirt_cr([{"pciVendorSelector": "10DE:2330", "resourceName": "nvidia.com/B200"}])]})
     r = run("pcitopo", "domain", "--vmi", VM_GPU, "--sysfs", B200, "--cluster", wrong)
     assert r.returncode == 2 and "spec.domain.devices.gpus[0]: the node has no free nvidia.com/B200" in r.stderr.decode()
 

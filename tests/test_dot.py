@@ -88,7 +88,8 @@ def test_xmlfix_explain_dot_shows_the_domains_guest(dot_bin):
     assert "no guest cell" in dot and "guest cell 0" not in dot
     render_svg(dot_bin, dot)
     one_pair = run("xmlfix", "--dot", "--sysfs", "fixtures/hgx-b200", "fixtures/hgx-b200/cases/one-pair/domain.xml")
-    labels = [v["label"].split("\\n")[0] for k, v in nodes(one_pair).items() if k[0] == "host" and v.get("shape") == "ellipse" and "fillcolor" in v]
+    labels = [v["label"].split("\\n")[0] for k, v in nodes(one_pair).items()
+              if k[0] == "host" and v.get("shape") == "ellipse" and "fillcolor" in v]
     assert sorted(labels) == ["GPU0", "NIC0"]
     render_svg(dot_bin, one_pair)
 

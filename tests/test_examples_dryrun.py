@@ -161,7 +161,8 @@ def test_options_on_the_vms_own_metadata_are_one_line(tmp_path):
     be silently ignored in the cluster, so the dry run says where they belong."""
     text = (ROOT / "deploy" / "vm-gpu.yaml").read_text()
     f = tmp_path / "vm.yaml"
-    f.write_text(text.replace("  namespace: ml\nspec:\n", '  namespace: ml\n  annotations:\n    pcitopo.kubevirt.io/mode: "off"\nspec:\n', 1))
+    f.write_text(text.replace("  namespace: ml\nspec:\n",
+                              '  namespace: ml\n  annotations:\n    pcitopo.kubevirt.io/mode: "off"\nspec:\n', 1))
     r = xmlfix_check(f)
     assert r.returncode == 2 and r.stderr.splitlines() == [
         f"xmlfix: {f}: annotation pcitopo.kubevirt.io/mode is on the VirtualMachine's own metadata, where KubeVirt "

@@ -75,7 +75,8 @@ def test_placeholder_bdfs_need_the_module_map_and_say_which_source(board, tmp_pa
     assert mapped.gpu_bdfs() == load_fabric(fabric(board, "default"), host=host).gpu_bdfs()
     # one file holding both (a ConfigMap key holds one file): fmpm -l merged with the map
     merged = tmp_path / "fabric-and-map.json"
-    merged.write_text(json.dumps({**json.loads(Path(fabric(board, "vfio")).read_text()), **json.loads(Path(module_map(board)).read_text())}))
+    merged.write_text(json.dumps({**json.loads(Path(fabric(board, "vfio")).read_text()),
+                                  **json.loads(Path(module_map(board)).read_text())}))
     both = load_fabric(merged, host=host)
     assert both.source == SOURCE_MAP and [p.gpus for p in both.partitions] == [p.gpus for p in mapped.partitions]
 

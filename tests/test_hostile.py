@@ -658,10 +658,12 @@ def _controller_chain(n: int) -> bytes:
     could hand us. All of them must go (they carry nothing)."""
     base = (HOSTILE / "domains/base.xml").read_text()
     ctl = ['<controller type="pci" index="0" model="pcie-root"></controller>',
-           '<controller type="pci" index="1" model="pcie-root-port"><address type="pci" domain="0x0000" bus="0x00" slot="0x02" function="0x0"></address></controller>']
+           '<controller type="pci" index="1" model="pcie-root-port">'
+           '<address type="pci" domain="0x0000" bus="0x00" slot="0x02" function="0x0"></address></controller>']
     for i in range(2, n):
         model = "pcie-switch-upstream-port" if i % 2 == 0 else "pcie-switch-downstream-port"
-        ctl.append(f'<controller type="pci" index="{i}" model="{model}"><address type="pci" domain="0x0000" bus="{i - 1}" slot="0x00" function="0x0"></address></controller>')
+        ctl.append(f'<controller type="pci" index="{i}" model="{model}">'
+                   f'<address type="pci" domain="0x0000" bus="{i - 1}" slot="0x00" function="0x0"></address></controller>')
     return base.replace('<controller type="usb"', "".join(ctl) + '<controller type="usb"', 1).encode()
 
 

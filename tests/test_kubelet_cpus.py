@@ -112,7 +112,8 @@ def test_more_cpus_than_available_is_kubelets_error():
         take_packed(SINGLE_SOCKET_HT, cpus("0,2,4,6"), 5)
 
 
-STATIC = [  # TestStaticPolicyAdd: (description, topology, options, numReservedCPUs, reservedCPUs, stDefaultCPUSet, request, expected or error)
+# TestStaticPolicyAdd: (description, topology, options, numReservedCPUs, reservedCPUs, stDefaultCPUSet, request, expected or error)
+STATIC = [
     ("GuPodMultipleCores, SingleSocketHT, ExpectAllocOneCore", SINGLE_SOCKET_HT, {}, 1, "", "0,1,4,5", 2, "1,5"),
     ("GuPodMultipleCores, DualSocketHT, ExpectAllocOneSocket", DUAL_SOCKET_HT, {}, 1, "", "0,1,3-11", 6, "1,3,5,7,9,11"),
     ("GuPodMultipleCores, DualSocketHT, ExpectAllocThreeCores", DUAL_SOCKET_HT, {}, 1, "", "0,2-4,6-11", 6,
@@ -253,8 +254,8 @@ def test_settings_from_a_kubelet_config_and_flags(tmp_path):
     assert resolve(args).settings.topology_policy == "best-effort"
     assert resolve(args).settings.reserved_cpus == {0, 112}
     bare = resolve(KubeletRequest())
-    assert bare.settings == KubeletSettings() and bare.assumed.startswith("kubelet assumed: cpuManagerPolicyOptions "
-                                                                          "distribute-cpus-across-numa, topologyManagerPolicy best-effort, one core reserved")
+    assert bare.settings == KubeletSettings() and bare.assumed.startswith(
+        "kubelet assumed: cpuManagerPolicyOptions distribute-cpus-across-numa, topologyManagerPolicy best-effort, one core reserved")
 
 
 @pytest.mark.parametrize("name,count", [("packed", 65), ("spread", 169)])

@@ -485,7 +485,8 @@ def test_explain_says_where_the_width_came_from(tmp_path, monkeypatch, capsys):
     dom.write_bytes(_domain(h100_host := open_host(node), _gpus(h100_host)))
     assert xmlfix(["--sysfs", str(node), "--explain", str(dom)]) == 0
     text = capsys.readouterr().out
-    assert "host width 46 bits, recorded in node.tar.gz sha256:" in " ".join(text.split())  # its name, not its path  # folded at 100 columns
+    # folded at 100 columns
+    assert "host width 46 bits, recorded in node.tar.gz sha256:" in " ".join(text.split())  # its name, not its path
     # a tree that records no width (a live /sys) stands for this machine; the error says so
     with pytest.raises(MmioError, match=r"host CPU has 39 \(\$PCITOPO_CPUINFO=.*cpuinfo-39 on this machine\)"):
         xmlfix(["--sysfs", str(_live_node(tmp_path)), "--explain", str(dom)])

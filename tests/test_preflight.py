@@ -166,7 +166,8 @@ def test_the_hook_annotation_needs_its_gate_and_valid_json_everywhere():
     no_gate = judge(gpu_vmi(annotations=HOOK), Cluster("v1.8.0"))
     assert no_gate.start is Start.NO_START and "gate Sidecar is off" in no_gate.cause
     bad = {"hooks.kubevirt.io/hookSidecars": '[{"image": "pcitopo"}'}
-    for cluster in (Cluster("v1.6.0", frozenset({"Sidecar"})), V190, Cluster("main+pr18866", frozenset({"Sidecar", "Plugins"}), ("pcitopo",))):
+    for cluster in (Cluster("v1.6.0", frozenset({"Sidecar"})), V190,
+                    Cluster("main+pr18866", frozenset({"Sidecar", "Plugins"}), ("pcitopo",))):
         v = judge(gpu_vmi(LABEL, bad), cluster)
         assert v.start is Start.NO_START and "not valid JSON" in v.line, cluster
 

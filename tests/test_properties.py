@@ -331,7 +331,8 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=12,
 )
-_annotation_keys = st.sampled_from([f"{PREFIX}mode", f"{PREFIX}on-error", f"{PREFIX}on-eror", f"{PREFIX}", "kubevirt.io/x", f"{PREFIX}MODE"])
+_annotation_keys = st.sampled_from([f"{PREFIX}mode", f"{PREFIX}on-error", f"{PREFIX}on-eror", f"{PREFIX}", "kubevirt.io/x",
+                                    f"{PREFIX}MODE"])
 _annotation_values = st.sampled_from(["mirror", "off", "fail", "passthrough", "Mirror", "", " off", "true", "0"]) | st.text(max_size=8)
 
 

@@ -278,22 +278,29 @@ HEAD = "numa 0 cpus=0-7\nrc 0000:10 numa=0\n"  # lines 1-2
 
 BAD = [
     ("ds under a root port", HEAD + "  rp 10:01.0 preset=intel-rp\n    ds 11:00.0 preset=pex-gen5-oem\n", 4, "cannot sit under rp"),
-    ("rp under a switch", HEAD + "  rp 10:01.0 preset=intel-rp\n    us 11:00.0 preset=pex-gen5-oem\n      rp 12:00.0 preset=intel-rp\n", 5, "cannot sit under us"),
+    ("rp under a switch", HEAD + "  rp 10:01.0 preset=intel-rp\n    us 11:00.0 preset=pex-gen5-oem\n"
+     "      rp 12:00.0 preset=intel-rp\n", 5, "cannot sit under us"),
     ("us on a root bus", HEAD + "  us 10:01.0 preset=pex-gen5-oem\n", 3, "cannot sit under rc"),
-    ("endpoint on an upstream port", HEAD + "  rp 10:01.0 preset=intel-rp\n    us 11:00.0 preset=pex-gen5-oem\n      ep 12:00.0 preset=h100\n", 5, "cannot sit under us"),
+    ("endpoint on an upstream port", HEAD + "  rp 10:01.0 preset=intel-rp\n    us 11:00.0 preset=pex-gen5-oem\n"
+     "      ep 12:00.0 preset=h100\n", 5, "cannot sit under us"),
     ("duplicate address", HEAD + "  rp 10:01.0 preset=intel-rp\n  rp 10:01.0 preset=intel-rp\n", 4, "already used on line 3"),
-    ("function collides with functions=", HEAD + "  ep 10:02.0 preset=cx6-dx functions=2\n  ep 10:02.1 preset=nvme\n", 4, "already used on line 3"),
+    ("function collides with functions=", HEAD + "  ep 10:02.0 preset=cx6-dx functions=2\n  ep 10:02.1 preset=nvme\n", 4,
+     "already used on line 3"),
     ("VF collides with a function", HEAD + "  ep 10:02.0 preset=cx7-eth vfs=2\n  ep 10:02.2 preset=nvme\n", 4, "already used on line 3"),
     ("child bus not above its bridge", HEAD + "  rp 10:01.0 preset=intel-rp\n    ep 10:00.0 preset=h100\n", 4, "above its bridge"),
     ("root child off the root bus", HEAD + "  rp 11:01.0 preset=intel-rp\n", 3, "root bus 10"),
-    ("children of one bridge on two buses", HEAD + "  rp 10:01.0 preset=intel-rp\n    us 11:00.0 preset=pex-gen5-oem\n      ds 12:00.0\n      ds 13:00.0\n", 6, "share one bus"),
+    ("children of one bridge on two buses", HEAD + "  rp 10:01.0 preset=intel-rp\n    us 11:00.0 preset=pex-gen5-oem\n"
+     "      ds 12:00.0\n      ds 13:00.0\n", 6, "share one bus"),
     ("second device on a port link", HEAD + "  rp 10:01.0 preset=intel-rp\n    ep 11:01.0 preset=h100\n", 4, "device 00"),
     ("sibling subtrees overlap", HEAD + "  rp 10:01.0 preset=intel-rp\n    us 11:00.0 preset=pex-gen5-oem\n      ds 12:00.0\n"
      "        us 13:00.0 preset=pex-gen5-oem\n          ds 14:00.0\n            ep 16:00.0 preset=h100\n"
      "      ds 12:01.0\n        ep 15:00.0 preset=h100\n", 9, "buses 15-15, overlapping ds 0000:12:00.0 (line 5, buses 13-16)"),
-    ("VF lands on a sibling's address", HEAD + "  rp 10:01.0 preset=intel-rp\n    ep 11:00.0 preset=cx7-eth vfs=300\n  rp 10:02.0 preset=intel-rp\n    ep 12:00.0 preset=h100\n", 6, "0000:12:00.0 is already used on line 4 (a VF of 0000:11:00.0)"),
-    ("VF buses run into the next root complex", HEAD + "  rp 10:01.0 preset=intel-rp\n    ep 11:00.0 preset=cx7-eth vfs=300\nrc 0000:12 numa=0\n", 5, "overlapping rc 0000:10 (line 2, buses 10-12)"),
-    ("root complexes overlap", HEAD + "  rp 10:01.0 preset=intel-rp\n    ep 12:00.0 preset=h100\nrc 0000:11 numa=0\n", 5, "overlapping rc 0000:10"),
+    ("VF lands on a sibling's address", HEAD + "  rp 10:01.0 preset=intel-rp\n    ep 11:00.0 preset=cx7-eth vfs=300\n"
+     "  rp 10:02.0 preset=intel-rp\n    ep 12:00.0 preset=h100\n", 6, "0000:12:00.0 is already used on line 4 (a VF of 0000:11:00.0)"),
+    ("VF buses run into the next root complex", HEAD + "  rp 10:01.0 preset=intel-rp\n    ep 11:00.0 preset=cx7-eth vfs=300\n"
+     "rc 0000:12 numa=0\n", 5, "overlapping rc 0000:10 (line 2, buses 10-12)"),
+    ("root complexes overlap", HEAD + "  rp 10:01.0 preset=intel-rp\n    ep 12:00.0 preset=h100\nrc 0000:11 numa=0\n", 5,
+     "overlapping rc 0000:10"),
     ("unknown preset", HEAD + "  ep 10:02.0 preset=h1000\n", 3, "unknown preset 'h1000'"),
     ("unknown key", HEAD + "  ep 10:02.0 preset=h100 colour=green\n", 3, "unknown key 'colour'"),
     ("key given twice", HEAD + "  ep 10:02.0 preset=h100 numa=0 numa=0\n", 3, "given twice"),
@@ -319,7 +326,8 @@ BAD = [
     ("rc declared twice", "numa 0 cpus=0\nrc 0000:10 numa=0\nrc 0000:10 numa=0\n", 3, "already declared on line 2"),
     ("indented rc", "numa 0 cpus=0\n  rc 0000:10 numa=0\n", 2, "not indented"),
     ("device at top level", "numa 0 cpus=0\nep 10:00.0 preset=h100\n", 2, "must be indented"),
-    ("ragged indentation", HEAD + "  rp 10:01.0 preset=intel-rp\n      ep 11:00.0 preset=h100\n  rp 10:02.0 preset=intel-rp\n     ep 12:00.0 preset=h100\n    ep 12:00.1 preset=h100\n", 7, "does not line up"),
+    ("ragged indentation", HEAD + "  rp 10:01.0 preset=intel-rp\n      ep 11:00.0 preset=h100\n  rp 10:02.0 preset=intel-rp\n"
+     "     ep 12:00.0 preset=h100\n    ep 12:00.1 preset=h100\n", 7, "does not line up"),
     ("tab indentation", HEAD + "\trp 10:01.0 preset=intel-rp\n", 3, "tabs"),
     ("no numa line", "rc 0000:10 numa=-1\n", 1, "no 'numa' line"),
     ("numa CPUs shared", "numa 0 cpus=0-3\nnuma 1 cpus=3-5\n", 2, "shares CPUs"),

@@ -271,7 +271,8 @@ def mutated_domains(draw, base: st.SearchStrategy[Case] | None = None) -> tuple[
         if op == "attr":
             names = sorted(set(el.attrib) | {"index", "bus", "slot", "function", "domain", "busNr", "model", "type",
                                              "name", "id", "cellid", "nodeset", "chassis"})
-            el.set(draw(st.sampled_from(names)), draw(st.sampled_from(NASTY_VALUES) | st.text(st.characters(min_codepoint=0x20, max_codepoint=0xD7FF), max_size=8)))
+            el.set(draw(st.sampled_from(names)),
+                   draw(st.sampled_from(NASTY_VALUES) | st.text(st.characters(min_codepoint=0x20, max_codepoint=0xD7FF), max_size=8)))
         elif op == "text":
             el.text = draw(st.sampled_from(NASTY_VALUES))
         elif op == "drop" and el.getparent() is not None and el is not root:

@@ -33,7 +33,8 @@ def _boot(libvirtd, xml: bytes, label: str):
     t = r.timings
     print(
         f"\n[e2e] {label}: define {t['define']:.2f}s, start→end marker {t['run']:.2f}s, "
-        f"total {t['total']:.2f}s, QEMU CPU {t.get('qemu_cpu', float('nan')):.2f}s (guest firmware {r.firmware}; {libvirtd.versions().short()})"
+        f"total {t['total']:.2f}s, QEMU CPU {t.get('qemu_cpu', float('nan')):.2f}s "
+        f"(guest firmware {r.firmware}; {libvirtd.versions().short()})"
     )
     return r
 

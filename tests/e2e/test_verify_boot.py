@@ -41,7 +41,8 @@ def test_verify_in_a_booted_guest(libvirtd, tmp_path):
     pred = _run("xmlfix", "--json", "--sysfs", str(HOST), str(CASE / "domain.xml"))
     assert pred.returncode == 0, pred.stderr
     out = _run("xmlfix", "--sysfs", str(HOST), str(CASE / "domain.xml"))
-    booted = boot(out.stdout, libvirtd=libvirtd, timeout=float(os.environ.get("PCITOPO_E2E_BOOT_TIMEOUT") or 240), work_dir=tmp_path / "boot")
+    booted = boot(out.stdout, libvirtd=libvirtd, timeout=float(os.environ.get("PCITOPO_E2E_BOOT_TIMEOUT") or 240),
+                  work_dir=tmp_path / "boot")
     t = booted.timings
     print(f"\n[e2e verify] one-node booted: start→end marker {t['run']:.1f}s, total {t['total']:.1f}s; "
           f"guest firmware {booted.firmware}; on {libvirtd.versions().line()}")

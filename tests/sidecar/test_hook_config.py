@@ -34,7 +34,8 @@ def test_every_allowed_value(mode, on_error):
 
 
 def test_other_annotations_are_ignored():
-    _, opts = options_from_vmi(vmi({"kubevirt.io/placePCIDevicesOnRootComplex": "true", "pcitopo.example/mode": "x", "hooks.kubevirt.io/hookSidecars": "[]"}))
+    _, opts = options_from_vmi(vmi({"kubevirt.io/placePCIDevicesOnRootComplex": "true", "pcitopo.example/mode": "x",
+                                    "hooks.kubevirt.io/hookSidecars": "[]"}))
     assert opts == HookOptions()
 
 

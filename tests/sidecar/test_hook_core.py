@@ -34,7 +34,8 @@ def test_rewritten_equals_the_one_rewrite_function(b200):
     assert out.xml == rewrite_domain(dom, b200).xml
     assert out.result is not None and out.result.xml == out.xml
     s = out.summary
-    assert s["devices_placed"] == len(out.result.report.placed) == dom.count(b"<hostdev ") == 20 and s["pxbs"] >= 1 and s["switches"] >= 1 and s["fidelity_lost"] == 0
+    assert (s["devices_placed"] == len(out.result.report.placed) == dom.count(b"<hostdev ") == 20
+            and s["pxbs"] >= 1 and s["switches"] >= 1 and s["fidelity_lost"] == 0)
     assert out.vmi.ref == "ml/gpu-vm"
 
 

@@ -25,8 +25,8 @@ def _load_generator():
 generate = _load_generator()  # proto/generate.py
 
 # KubeVirt's wire API (pkg/hooks/info/api_info.proto, pkg/hooks/v1alpha{1,2,3}/api_v1alpha*.proto;
-# docs/SOURCES.md, "KubeVirt hook API"), written out independently of our .proto files: package -> service -> rpc -> (request, response), and every message's fields
-# as (name, number, type, repeated).
+# docs/SOURCES.md, "KubeVirt hook API"), written out independently of our .proto files: package -> service -> rpc -> (request, response),
+# and every message's fields as (name, number, type, repeated).
 B, S, I32, MSG = "bytes", "string", "int32", "message"
 ON_DEFINE = {
     "OnDefineDomainParams": [("domainXML", 1, B, False), ("vmi", 2, B, False)],

@@ -226,7 +226,8 @@ def test_unprivileged_node_hook_takes_acs_and_ats_from_the_doctors_report(client
     rec = last_line(srv)
     assert rec["doctor"]["unknown"] == 0 and config_findings(rec) == {"acs": 2, "ats": 2}
     assert any("(the doctor's report)" in f for f in rec["doctor_findings"])
-    assert re.fullmatch(r"(\d+) of \1 unknown acs/ats findings from .*", rec["doctor_report"]) and rec["doctor_report"].endswith(f"from {report}")
+    assert (re.fullmatch(r"(\d+) of \1 unknown acs/ats findings from .*", rec["doctor_report"])
+            and rec["doctor_report"].endswith(f"from {report}"))
 
 
 def test_unprivileged_node_hook_says_unknown_without_the_doctors_report(client, node_hook, kubevirt_cr, unprivileged_sysfs, tmp_path):

@@ -37,7 +37,8 @@ def dra_gpu(bdf: str) -> tuple[bytes, bytes]:
     domain = fixture_domain("hgx-h100", "one-pair")
     start = domain.index(b"<hostdev", domain.index(b"ua-gpu-gpu0"))  # the NIC's hostdev, after the GPU's
     domain = domain[:start] + domain[domain.index(b"</hostdev>", start) + len(b"</hostdev>"):]
-    domain = domain.replace(b'bus="0x18" slot="0x00"', f'bus="0x{bus}" slot="0x{slot}"'.encode()).replace(b"ua-gpu-gpu0", b"ua-dra-gpu-gpu0")
+    domain = (domain.replace(b'bus="0x18" slot="0x00"', f'bus="0x{bus}" slot="0x{slot}"'.encode())
+              .replace(b"ua-gpu-gpu0", b"ua-dra-gpu-gpu0"))
     vmi = json.loads(vmi_json(domain, REQUIRE))
     vmi["spec"]["domain"]["devices"]["gpus"] = [{"name": "gpu0", "claimName": "gpus", "requestName": "gpu0"}]
     vmi["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "one-h100"}]

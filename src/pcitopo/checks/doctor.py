@@ -138,7 +138,8 @@ def check_vfio_driver(files: HostFiles, t: Target, driver: object = _MODEL) -> F
         return _f("vfio-driver", "ok", f.bdf, t.label,
                   f"{held}: a host NIC (no GPU at PXB or closer), not one for GPUDirect RDMA in a VM")
     if held_by is None and not is_whole(files.source):  # a copy may have left the link out
-        return _f("vfio-driver", "unknown", f.bdf, t.label, f"no driver link: {LEFT_OUT['driver']}", kind=f"with no driver link ({LEFT_OUT['driver']})")
+        return _f("vfio-driver", "unknown", f.bdf, t.label, f"no driver link: {LEFT_OUT['driver']}",
+                  kind=f"with no driver link ({LEFT_OUT['driver']})")
     return _f("vfio-driver", "fail", f.bdf, t.label,
               f"{held}, not {VFIO}: KubeVirt passes only vfio-pci devices to a VM",
               rebind_fix(bdf, held_by, f.iommu_group is not None), f"{held}, not {VFIO}")

@@ -1,4 +1,5 @@
-"""Command-line programs: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, domain, preflight, serve) and ``xmlfix``.
+"""Command-line programs: ``pcitopo`` (topo, partitions, pairs, capture, verify, guest-tool, doctor, domain, preflight, serve)
+and ``xmlfix``.
 
 Each command parses its arguments, calls the library, and formats the result or the error.
 A user-caused failure is one line on stderr and exit 2; never a traceback.
@@ -274,25 +275,25 @@ def pcitopo_main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--json", action="store_true", help="machine-readable devices and pairs")
     t.add_argument("--tree", action="store_true", help="lspci -tv-like tree with roles, NUMA, switch kinds")
     t.add_argument("--vfs", action="store_true", help="include SR-IOV VFs in the default device list")
-    t.add_argument("--dot", action="store_true", help="Graphviz DOT: host tree and the guest a VM given these devices would see (render with dot -Tsvg)")
+    t.add_argument("--dot", action="store_true",
+                   help="Graphviz DOT: host tree and the guest a VM given these devices would see (render with dot -Tsvg)")
     t.add_argument("--nvlink-table", metavar="FILE", help="JSON NVLink board table overriding the built-in one")
     _fabric_args(t, "NV# from the fabric's active partitions instead of the board table")
     t.add_argument("bdf", nargs="*", help="devices to classify (default: all GPU and NIC physical functions)")
     pp = sub.add_parser(
         "partitions", help="NVLink fabric partitions with each GPU's best NIC (GPU pools that keep NVLink and GDR)",
         description="For each Fabric Manager partition (from `fmpm -l`): active or not, its GPUs (BDF, label, module ID), "
-        "each GPU's best compute NIC with NCCL's class, and whether every GPU is PIX to a NIC of its own.",
-    )
+        "each GPU's best compute NIC with NCCL's class, and whether every GPU is PIX to a NIC of its own.")
     pp.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     _fabric_args(pp, "required")
-    pp.add_argument("--json", action="store_true", help='{"partitions": [{"id", "active", "gpus": [{"bdf", "module", "nic", "nic_class"}], "all_pix"}]}')
+    pp.add_argument("--json", action="store_true",
+                    help='{"partitions": [{"id", "active", "gpus": [{"bdf", "module", "nic", "nic_class"}], "all_pix"}]}')
     pr = sub.add_parser(
         "pairs", help="each GPU's best NIC and whether DRA's pcieRoot alignment alone gets it on this host",
         description="For each GPU: its best NIC on the host with the pair's NCCL and nvidia-smi class (NCCL's decides, "
         "as it decides GPUDirect RDMA), its pcieRoot (resource.kubernetes.io/pcieRoot), and whether some NIC shares that "
         "root and every one that does is of the best class, i.e. whether a DRA claim matching on pcieRoot can be "
-        "satisfied and is enough on this host.",
-    )
+        "satisfied and is enough on this host.")
     pr.add_argument("--sysfs", default=default_sysfs(), help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or /sys)")
     pr.add_argument("--json", action="store_true", help='{"gpus": [{"gpu", "pcie_root", "nic", "nccl", "nvml", "gdr", '
                     '"same_pcie_root_nics", "pcie_root_enough"}], "pcie_root_enough", "pcie_root_not_enough_for"}')

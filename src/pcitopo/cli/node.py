@@ -132,7 +132,8 @@ def _doctor_pass(args: argparse.Namespace) -> int:
 
 def add_capture_parser(sub, default_sysfs: str) -> None:
     c = sub.add_parser("capture", help="snapshot what the reader needs into a .tar.gz")
-    c.add_argument("--sysfs", default=default_sysfs, help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
+    c.add_argument("--sysfs", default=default_sysfs,
+                   help="sysfs root to capture (default $PCITOPO_SYSFS or /sys; /host/sys under `kubectl debug node/...`)")
     c.add_argument("--from-topo", metavar="FILE.topo", help="instead of --sysfs: a planned or synthetic node described "
                    "in the .topo format (fixtures/README.md; its `cpu` line records the CPU width)")
     c.add_argument("-o", "--output", required=True, metavar="FILE.tar.gz", help="where to write the capture; - for stdout")

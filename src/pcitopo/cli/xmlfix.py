@@ -1,6 +1,7 @@
 """`xmlfix`: the rewrite on a captured domain XML and a captured (or live) sysfs.
 
-    xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json] [--diff] DOMAIN.xml|-
+    xmlfix [--sysfs PATH] [--vmi FILE] [--fabric FILE [--module-map FILE]] [-o FILE] [--check] [--explain] [--dot] [--json]
+           [--diff] DOMAIN.xml|-
     xmlfix --check --vmi FILE [--cluster FILE ...] [--kubevirt VERSION] [--door plugin|hook] [--sysfs PATH] DOMAIN.xml|-
     xmlfix --vmi FILE [--sysfs PATH] [--cluster FILE] [--kubevirt VERSION] [--devices BDF,...] [--cpu-policy POLICY] [...]
         (no domain argument: the domain `pcitopo domain` predicts, src/pcitopo/kubevirt/launcher/request.py)
@@ -12,8 +13,8 @@ one line on stderr for bad input; 4 (EXIT_UNKNOWN) when --check finds nothing wr
 something it needs (src/pcitopo/guest/verdict.py ``check_unknowns``). A passthrough or off outcome is always named on stderr, and so
 is everything the hook would only log and boot anyway (``xmlfix: warning: ...``: a firmware
 warning, the NVLink verdict under ``nvlink: warn``, the pairing findings under ``pairing:
-warn``, failed readiness checks under ``doctor: warn``). ``--fabric`` is read as the hook reads it, when the NVLink check runs: a bad file stops
-only ``nvlink: require``.
+warn``, failed readiness checks under ``doctor: warn``). ``--fabric`` is read as the hook reads it, when the NVLink check runs:
+a bad file stops only ``nvlink: require``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "without it, with --vmi: the domain `pcitopo domain` predicts for that manifest on --sysfs")
     p.add_argument("--sysfs", default=None, help="sysfs root, capture .tar.gz or fixture dir (default $PCITOPO_SYSFS or this "
                    "machine's /sys, which the verdict then names)")
-    p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its pcitopo.kubevirt.io/ annotations set the options")
+    p.add_argument("--vmi", metavar="FILE", help="the VMI (JSON or YAML, as `kubectl get vmi NAME -o yaml` prints it): its "
+                   "pcitopo.kubevirt.io/ annotations set the options")
     p.add_argument("--fabric", metavar="FILE", default=os.environ.get("PCITOPO_FABRIC") or None,
                    help="NVLink fabric partitions: the output of `fmpm -l` (default $PCITOPO_FABRIC); enables the "
                    "pcitopo.kubevirt.io/nvlink check and the fabric's NV# in --explain; read, as by the hook, only when the "
@@ -63,21 +65,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help='module ID -> BDF, {"gpus": [{"module", "bdf"}]}, for a fabric file with placeholder BDFs '
                    "(default $PCITOPO_MODULE_MAP)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the rewritten domain here instead of stdout")
-    p.add_argument("--check", action="store_true", help="the verdict on stderr, ending in check: ok (exit 0), check: failed: ... (exit 1: a pair's "
+    p.add_argument("--check", action="store_true",
+                   help="the verdict on stderr, ending in check: ok (exit 0), check: failed: ... (exit 1: a pair's "
                    "class, a device's NUMA cell, a firmware warning, NVLink with --fabric, or a GPU without a NIC at PIX or PXB "
                    "in the guest where the node has one for it) or check: unknown: <what is missing> (exit 4: BARs that cannot "
                    "be sized, an IOMMU group, driver or NUMA node sysfs does not give, a CPU width not recorded)")
     p.add_argument("--pairing", choices=("off",), metavar="off", help="count GPUDirect RDMA, do not judge it (what the VMI's "
                    "pcitopo.kubevirt.io/pairing: off also does): --check does not fail a GPU given a worse NIC")
-    p.add_argument("--explain", action="store_true", help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
-    p.add_argument("--dot", action="store_true", help="the explanation as a Graphviz picture: host and predicted guest trees in DOT (implies --explain; not with --json or --diff)")
-    p.add_argument("--json", action="store_true", help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
+    p.add_argument("--explain", action="store_true",
+                   help="a verdict line, host vs predicted guest matrices, differences grouped by reason, the guest tree")
+    p.add_argument("--dot", action="store_true", help="the explanation as a Graphviz picture: host and predicted guest trees in DOT "
+                   "(implies --explain; not with --json or --diff)")
+    p.add_argument("--json", action="store_true",
+                   help="the predicted guest (devices, pairs, notes) as JSON, for `pcitopo verify --expect` in the guest")
     p.add_argument("--nccl-topo", action="store_true", help="NCCL's topology file for the predicted guest (what the hook passes "
                    "through fw_cfg under nccl-topo: fwcfg), for the guest's /var/run/nvidia-topologyd/virtualTopology.xml")
     _add_cluster_args(p)
     p.add_argument("--summary", action="store_true", help="four lines: the host, the guest, the verdict --check gives, the doctor's "
                    "verdict on the placed devices (what `make demo` ends with)")
-    p.add_argument("--diff", action="store_true", help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
+    p.add_argument("--diff", action="store_true",
+                   help="unified diff of what the rewrite changes (both sides serialised alike: only real edits show)")
     from pcitopo.cli.prediction import add_prediction_args
 
     add_prediction_args(p, shared=False)  # --devices, --cpu-policy: only without a domain argument

@@ -72,7 +72,8 @@ class MissingCells:
     def line(self) -> str:
         """Which devices, which nodes, why, and the fix, in one line."""
         bdfs = ", ".join(str(b) for b in self.devices)
-        return (f"{self.short} ({bdfs}): the guest shows numa_node -1 for them; KubeVirt's guestMappingPassthrough makes one guest cell per host node of the pod's CPUs, "
+        return (f"{self.short} ({bdfs}): the guest shows numa_node -1 for them; KubeVirt's guestMappingPassthrough makes one guest "
+                "cell per host node of the pod's CPUs, "
                 f"here {_nodes(self.cell_nodes)} only. Fix: {self.fix}")
 
     @property

@@ -229,8 +229,8 @@ def source_width(source: Source) -> HostWidth:
     if isinstance(data, Unreadable):
         return HostWidth(None, f"{source.name}: {ADDRESS_SIZES_MEMBER} {data.why}")
     if not getattr(source, "cpu_is_local", True):
-        return HostWidth(None, f"not recorded in {getattr(source, 'label', source.name)} (captured from a directory without --phys-bits, or by an "
-                         "older pcitopo; capture again to record it)")
+        return HostWidth(None, f"not recorded in {getattr(source, 'label', source.name)} (captured from a directory without "
+                         "--phys-bits, or by an older pcitopo; capture again to record it)")
     return local_width()
 
 

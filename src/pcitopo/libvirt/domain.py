@@ -1,5 +1,5 @@
-"""Typed views over the PCI side of a libvirt domain: controllers, hostdevs, guest addresses,
-NUMA cells and pins, and the devices libvirt will place itself. XPath strings and attribute spellings live in this room (``pcitopo/libvirt/``) and nowhere else;
+"""Typed views over the PCI side of a libvirt domain: controllers, hostdevs, guest addresses, NUMA cells and pins, and the
+devices libvirt will place itself. XPath strings and attribute spellings live in this room (``pcitopo/libvirt/``) and nowhere else;
 the document itself (parse, serialisation, indentation) is :mod:`pcitopo.libvirt.document`'s,
 the ``<os>``/``<memory>``/``<cpu>`` spellings :mod:`pcitopo.libvirt.machine`'s.
 """

@@ -117,7 +117,8 @@ def check_gpu_set(fabric: Fabric | None, gpus: list[Bdf]) -> NvlinkVerdict:
             '{"gpus": [{"module", "bdf"}]}, e.g. from `nvidia-smi --query-gpu=module_id,pci.bus_id` before vfio-pci)',
         )
     if missing:
-        return NvlinkVerdict("not-a-partition", f"GPU {_bdfs_text(missing)} is in no partition of fabric file {fabric.path}: no NVLink in the guest")
+        return NvlinkVerdict("not-a-partition", f"GPU {_bdfs_text(missing)} is in no partition of fabric file {fabric.path}: "
+                             "no NVLink in the guest")
     want = frozenset(m for m in modules.values() if m is not None)
     exact = next((p for p in fabric.partitions if p.modules == want), None)
     if exact is None:
@@ -133,7 +134,8 @@ def check_gpu_set(fabric: Fabric | None, gpus: list[Bdf]) -> NvlinkVerdict:
 def _check_partition(fabric: Fabric, p: Partition, listed: str) -> NvlinkVerdict:
     if not p.active:
         busy = [q for q in fabric.partitions if q.active and q.modules & p.modules]
-        extra = f" (first deactivate {', '.join(f'partition {q.id} {q.modules_text()}' for q in busy)}, which holds some of them)" if busy else ""
+        extra = (f" (first deactivate {', '.join(f'partition {q.id} {q.modules_text()}' for q in busy)}, which holds some of them)"
+                 if busy else "")
         return NvlinkVerdict(
             "inactive",
             f"GPUs {listed} are partition {p.id} modules {p.modules_text()}, which is not active: activate it "

@@ -50,7 +50,8 @@ from pcitopo.serve.options import DEFAULT_OPTIONS, HookOptions, VmiFacts, annota
 from pcitopo.serve.plugin.devices import paths_of
 from pcitopo.serve.plugin.doctorfile import DoctorFile, owner_text, with_doctor_file
 
-__all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check", "pairing_check", "summarize"]  # InternalError: re-exported
+# InternalError: re-exported
+__all__ = ["HookOutcome", "InternalError", "handle_define_domain", "nvlink_check", "pairing_check", "summarize"]
 
 Outcome = Literal["rewritten", "unchanged-off", "passthrough"]
 # The host model, or a callable returning it. A callable that also has ``current(topo, bdfs)``

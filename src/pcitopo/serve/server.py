@@ -10,8 +10,8 @@ and what we do about it (the KubeVirt sources are named in docs/SOURCES.md, "Kub
   error. So what Info needs (opening the host model, building the server) happens before the
   socket exists, and nothing else: the hook handler is imported by the first OnDefineDomain
   (measured: importing it in the background right after binding delayed connections by
-  seconds on a loaded machine, as the import holds the GIL). It is bound with its final mode (0660; owned by uid/gid 107 when we run as root) and the server
-  started at once. A connection made after gRPC listens
+  seconds on a loaded machine, as the import holds the GIL). It is bound with its final mode
+  (0660; owned by uid/gid 107 when we run as root) and the server started at once. A connection made after gRPC listens
   but before start() waits in the backlog and is answered (tested). The one residual window is
   inside gRPC's bind: the file exists a moment (measured: usually microseconds, up to ~9 ms on
   a loaded machine) before it listens; a dial landing there is refused and virt-launcher dials
@@ -300,8 +300,8 @@ class HookServer:
         st = os.lstat(self.socket_path)
         self._ident = (st.st_dev, st.st_ino)
         self.log(
-            "serving", pcitopo_version=__version__, door=self.door, socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(), workers=self.workers,
-            replaced_stale_socket=replaced or None, ready_ms=elapsed_ms(t0), relies_on=RELIES_ON[self.door],
+            "serving", pcitopo_version=__version__, door=self.door, socket=self.socket_path, sysfs=self.sysfs, pid=os.getpid(),
+            workers=self.workers, replaced_stale_socket=replaced or None, ready_ms=elapsed_ms(t0), relies_on=RELIES_ON[self.door],
         )
 
     def wait(self) -> None:

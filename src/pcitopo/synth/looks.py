@@ -62,8 +62,8 @@ def _look(ids: str, sub: str, cls: int, speed: str, width: int, driver: str | No
 _MLX_VF = 0x101E  # ConnectX-5 and later, BlueField: "ConnectX Family mlx5Gen Virtual Function"
 
 # Ids from the PCI ID Repository (pci.ids) where it has them; the rest is marked "guess" and
-# listed in fixtures/README.md (sources: docs/SOURCES.md, "the fixture hosts"). GPUs default to vfio-pci (a GPU passthrough node binds all of them);
-# NICs to mlx5_core (the host's own driver) and fixtures say driver=vfio-pci where a NIC is
+# listed in fixtures/README.md (sources: docs/SOURCES.md, "the fixture hosts"). GPUs default to vfio-pci
+# (a GPU passthrough node binds all of them); NICs to mlx5_core (the host's own driver) and fixtures say driver=vfio-pci where a NIC is
 # handed to VMs whole.
 PRESETS: dict[str, Look] = {
     # GPUs and NVSwitches

@@ -101,7 +101,8 @@ def _draw_chain(side: _Side, f: PciFunction, live_root: str | None) -> str | Non
         if role == Role.DOWNSTREAM_PORT:
             continue  # inside its switch's box
         if role == Role.UPSTREAM_PORT:
-            nid = side.add(rc, str(a.bdf), f"shape=box, style=filled, fillcolor={_q(SWITCH_FILL)}, label={_q(_switch_label(topo, a, live_root))}")
+            nid = side.add(rc, str(a.bdf),
+                           f"shape=box, style=filled, fillcolor={_q(SWITCH_FILL)}, label={_q(_switch_label(topo, a, live_root))}")
         else:
             nid = side.add(rc, str(a.bdf), f"shape=ellipse, fontsize=10, label={_q('root port ' + str(a.bdf))}")
         if parent is not None:

@@ -169,7 +169,8 @@ def explain_differences(result, host: Topology, width: int = 100, fabric=None) -
     for why, items in groups.items():
         out.append(f"Differences ({len(items)} pair(s)): {why}")
         line = " "
-        shown_items = items if len(items) <= MAX_LISTED else items[:MAX_LISTED] + [f"... and {len(items) - MAX_LISTED} more (all pairs: xmlfix --json)"]
+        shown_items = (items if len(items) <= MAX_LISTED
+                       else items[:MAX_LISTED] + [f"... and {len(items) - MAX_LISTED} more (all pairs: xmlfix --json)"])
         for item in shown_items:
             if len(line) + len(item) + 2 > width and line.strip():
                 out.append(line.rstrip(";"))

@@ -91,7 +91,8 @@ def _golden_files(directory: str, update: bool = False) -> tuple[dict, dict[str,
         files = {}
         for fname in (VM_FILE, *FILES):
             path = os.path.join(directory, name, fname)
-            if not os.path.isfile(path) and fname != "nccl-topo.xml" and (fname == VM_FILE or not update):  # no NCCL file: no GPU or NIC placed
+            # no NCCL file: no GPU or NIC placed
+            if not os.path.isfile(path) and fname != "nccl-topo.xml" and (fname == VM_FILE or not update):
                 raise ConfigError(f"{path}: missing (pcitopo golden make writes it; --update cannot, the VM is in it)"
                                   if fname == VM_FILE else f"{path}: missing (pcitopo golden check --update writes it)")
             files[fname] = _read(path) if os.path.isfile(path) else b""

@@ -139,18 +139,21 @@ def compare_vm(golden: dict[str, bytes], fresh: dict[str, bytes]) -> Differences
     out = Differences()
     missing = [name for name in ("domain.xml", "prediction.json", "verdict.json") if not golden.get(name)]
     out.guest += [f"{name}: missing from the goldens" for name in missing]
-    gp, fp = _load(golden.get("prediction.json") or b"{}", "prediction.json"), _load(fresh.get("prediction.json") or b"{}", "prediction.json")
+    gp, fp = (_load(golden.get("prediction.json") or b"{}", "prediction.json"),
+              _load(fresh.get("prediction.json") or b"{}", "prediction.json"))
     labels = _labels(fp) | _labels(gp)
     if "domain.xml" not in missing and golden.get("domain.xml") != fresh.get("domain.xml"):
         d = compare_domains(golden.get("domain.xml", b""), fresh.get("domain.xml", b""), labels)
         out.guest += d.guest
         out.layout += d.layout
     for part in (compare_prediction(gp, fp),
-                 compare_verdict(_load(golden.get("verdict.json") or b"{}", "verdict.json"), _load(fresh.get("verdict.json") or b"{}", "verdict.json")),
+                 compare_verdict(_load(golden.get("verdict.json") or b"{}", "verdict.json"),
+                                 _load(fresh.get("verdict.json") or b"{}", "verdict.json")),
                  compare_nccl_file(golden.get("nccl-topo.xml", b""), fresh.get("nccl-topo.xml", b""))):
         out.guest += part.guest
         out.layout += part.layout
         out.text += part.text
-    was, now = golden.get("verdict.txt", b"").decode(errors="replace").splitlines(), fresh.get("verdict.txt", b"").decode(errors="replace").splitlines()
+    was, now = (golden.get("verdict.txt", b"").decode(errors="replace").splitlines(),
+                fresh.get("verdict.txt", b"").decode(errors="replace").splitlines())
     out.text += sum(a != b for a, b in zip(was, now)) + abs(len(was) - len(now))
     return out

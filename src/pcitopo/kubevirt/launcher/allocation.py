@@ -9,8 +9,8 @@ Which functions a device-plugin resource may be (``deviceName``):
 1. the KubeVirt CR's ``permittedHostDevices.pciHostDevices`` entries of that ``resourceName``
    (``--cluster``): their ``pciVendorSelector`` ``VENDOR:DEVICE`` s, exactly the functions the one
    rule (``src/pcitopo/kubevirt/hostdevices.py`` ``reach``, which the node hook uses too) says it can get;
-2. else, among the functions that rule says it could get, a guess: the ids the name's usual owner publishes it for: NVIDIA's KubeVirt GPU device plugin
-   names a resource ``nvidia.com/`` + the pci.ids device name with spaces and brackets turned
+2. else, among the functions that rule says it could get, a guess: the ids the name's usual owner publishes it for: NVIDIA's KubeVirt GPU
+   device plugin names a resource ``nvidia.com/`` + the pci.ids device name with spaces and brackets turned
    to ``_`` (``nvidia.com/GH100_H100_SXM5_80GB`` is 10de:2330); :data:`KNOWN_RESOURCES`;
 3. else the vendor of the name's domain (``nvidia.com/`` 10de, ``mellanox.com/`` 15b3,
    ``amd.com/`` 1002, ``intel.com/`` 8086), any device of it;

@@ -2,8 +2,8 @@
 to, and what each group does differently (the re-parse's struct fields between hook calls,
 the EFI loader, how ``allocateHotplugPorts`` makes hotplug room).
 
-The groups (the release table's ``REPARSE``, src/pcitopo/kubevirt/releases.py; ``api.DomainSpec`` in ``pkg/virt-launcher/virtwrap/api/schema.go`` per tag;
-docs/SOURCES.md, "KubeVirt's re-parse, per release"):
+The groups (the release table's ``REPARSE``, src/pcitopo/kubevirt/releases.py; ``api.DomainSpec`` in
+``pkg/virt-launcher/virtwrap/api/schema.go`` per tag; docs/SOURCES.md, "KubeVirt's re-parse, per release"):
 
 ============  ====================  ===================  ===========  =========================
 release       ``Controller.Target``  ``busNr``, ``node``  ``hotplug``  ``<qemu:commandline>``
