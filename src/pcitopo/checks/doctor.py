@@ -420,7 +420,8 @@ def allocation_checks(topo: Topology, bdfs: Sequence[Bdf], recheck_drivers: bool
             fresh[str(t.function.bdf)] = check_vfio_driver(files, t, driver)
     if not fresh:
         return kept
-    return replace(kept, findings=tuple(fresh.get(f.bdf, f) if f.check == "vfio-driver" and f.bdf is not None else f for f in kept.findings))
+    rechecked = (fresh.get(f.bdf, f) if f.check == "vfio-driver" and f.bdf is not None else f for f in kept.findings)
+    return replace(kept, findings=tuple(rechecked))
 
 
 def _link_name(target: str | None) -> str | None:
