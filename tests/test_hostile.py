@@ -460,7 +460,7 @@ import grpc
 from pcitopo.serve import server as srv
 from pcitopo.serve.hooks import JsonLog
 from pcitopo.serve.core import handle_define_domain
-from testkit.hookproto import v1alpha3_pb2, v1alpha3_pb2_grpc, info_pb2, info_pb2_grpc
+from pcitopo.serve import wire  # the request bytes (-I: the test kit's stubs are not importable)
 from pcitopo.host.sysfs import open_host
 import pcitopo.guest.rewrite, pcitopo.guest.view, pcitopo.views.report, encodings.idna
 
@@ -484,10 +484,10 @@ else:
     events.clear()
     server.start()
     with grpc.insecure_channel("unix:" + sock) as ch:
-        info_pb2_grpc.InfoStub(ch).Info(info_pb2.InfoParams(), timeout=10)
-        out = v1alpha3_pb2_grpc.CallbacksStub(ch).OnDefineDomain(
-            v1alpha3_pb2.OnDefineDomainParams(domainXML=domain, vmi=vmi.encode()), timeout=60).domainXML
-        assert out
+        ch.unary_unary("/kubevirt.hooks.info.Info/Info")(b"", timeout=10)
+        params = wire.encode_fields([(wire.DOMAIN_XML, domain), (wire.VMI, vmi.encode())])
+        out = ch.unary_unary("/kubevirt.hooks.v1alpha3.Callbacks/OnDefineDomain")(params, timeout=60)
+        assert wire.decode_fields(out).get(wire.DOMAIN_XML)
     server.shutdown("test")
 sys.stdout.write(json.dumps(events))
 """

@@ -155,8 +155,9 @@ class VersionAction(argparse.Action):
 
 def version_text(prog: str) -> str:
     """What ``--version`` prints: ``PROG VERSION``, and the commit when the package runs from a
-    git checkout (an editable install: its folders sit at the checkout's top, beside .git)."""
+    git checkout (an editable install: the package is the checkout's src/pcitopo/, beside .git)."""
     import pcitopo as lib
 
-    commit = git_commit(os.path.dirname(os.path.dirname(os.path.abspath(lib.__file__))))
+    package = os.path.dirname(os.path.abspath(lib.__file__))
+    commit = git_commit(os.path.dirname(os.path.dirname(package)))
     return f"{prog} {lib.__version__}" + (f" (git {commit})" if commit else "")

@@ -134,6 +134,7 @@ GUEST_MODULES = (
     "model/bars.py",
     "model/cpuinfo.py",
     "model/tree.py",
+    "model/keep.py",
     "host/__init__.py",
     "host/files.py",
     "host/sources.py",
