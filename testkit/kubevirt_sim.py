@@ -28,7 +28,7 @@ from pcitopo.kubevirt.launcher.release_groups import Release
 from pcitopo.kubevirt.launcher.reparse import reparse
 from pcitopo.kubevirt.launcher.skeleton import OVMF_VARS, GuestCell, Hostdev, LauncherSpec, launcher_domain, with_efi as launcher_efi
 from pcitopo.libvirt.define_sim import libvirt_define
-from pcitopo.libvirt.domain import QEMU_NS, ROOT_PORT, parse_cpuset, parse_int
+from pcitopo.libvirt.domain import ROOT_PORT, Q, parse_cpuset, parse_int
 from pcitopo.libvirt.marshal import sub as _sub, to_kubevirt_bytes
 from pcitopo.model.tree import Bdf, Role, Topology
 
@@ -191,11 +191,10 @@ def _strip_mmio_owned(root: etree._Element) -> None:
 
     for el in root.findall("cpu/maxphysaddr") + root.findall(f"cpu/feature[@name='{FEATURE_1G_PAGES}']"):
         el.getparent().remove(el)
-    q = f"{{{QEMU_NS}}}"
-    for ov in root.findall(f"{q}override"):
-        for dev in ov.findall(f"{q}device"):
-            for fe in dev.findall(f"{q}frontend"):
-                for p in fe.findall(f"{q}property"):
+    for ov in root.findall(f"{Q}override"):
+        for dev in ov.findall(f"{Q}device"):
+            for fe in dev.findall(f"{Q}frontend"):
+                for p in fe.findall(f"{Q}property"):
                     if p.get("name") in (PREF64_RESERVE, CLIQUE_PROPERTY, X_SPEED, X_WIDTH):
                         fe.remove(p)
                 if len(fe) == 0:

@@ -17,12 +17,10 @@ from pathlib import Path
 
 from lxml import etree
 
-from pcitopo.libvirt.domain import QEMU_NS
+from pcitopo.libvirt.domain import QEMU_NS, Q
 
 from .guesttree import GuestAddr, StandIn, _int
 from .standins import kind_of, source_bdf, standin
-
-Q = f"{{{QEMU_NS}}}"
 
 KERNEL_CMDLINE = "console=ttyS0 quiet loglevel=1 panic=-1"
 

@@ -24,14 +24,13 @@ from lxml import etree
 
 from pcitopo.guest.rewrite import rewrite_domain
 from pcitopo.host.sysfs import open_host
-from pcitopo.libvirt.domain import QEMU_NS, parse_int
+from pcitopo.libvirt.domain import QEMU_NS, Q, parse_int
 from pcitopo.model.bars import Bar
 from pcitopo.model.tree import Topology
 from pcitopo.synth import host_from_topo
 from testkit import REPO
 from testkit.kubevirt_sim import DomainSpec, gpus_and_nics, kubevirt_domain, with_efi
 
-Q = f"{{{QEMU_NS}}}"
 IVSHMEM = ("0x1af4", "0x1110")  # ivshmem's vendor:device in the guest
 OVMF = "/usr/share/ovmf/OVMF.fd"  # the stack's `ovmf` package (2025.02 in the Debian 13 root)
 KEEP_CPU = ("maxphysaddr", "feature")

@@ -19,6 +19,7 @@ from pcitopo.model.address import MAX_CONTROLLER_INDEX, address_in_range
 from pcitopo.model.tree import Bdf
 
 QEMU_NS = "http://libvirt.org/schemas/domain/qemu/1.0"
+Q = f"{{{QEMU_NS}}}"  # lxml's prefix for qemu: elements (Clark notation)
 
 # Every controller we create carries an alias with this prefix; KubeVirt keeps controller
 # aliases through its re-parse only when they start with "ua-".

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from lxml import etree
 
 from pcitopo.libvirt.document import append_child, indent_subtree, indent_unit, remove_element
-from pcitopo.libvirt.domain import QEMU_NS
+from pcitopo.libvirt.domain import QEMU_NS, Q
 
-Q = f"{{{QEMU_NS}}}"
 OVERRIDE = f"{Q}override"
 DEVICE = f"{Q}device"
 FRONTEND = f"{Q}frontend"

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from lxml import etree
 
-from pcitopo.libvirt.domain import QEMU_NS, parse_int
-
-Q = f"{{{QEMU_NS}}}"
+from pcitopo.libvirt.domain import QEMU_NS, Q, parse_int
 
 
 def keep_only(el: etree._Element, attributes: tuple[str, ...], children: tuple[str, ...]) -> None:
